@@ -1,0 +1,189 @@
+"""The ``gpushare`` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .policy.model import GPU, PolicyConfig
+
+
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments get one sentence and exit status 2, never a usage dump or a traceback."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: {message}; see '{self.prog} --help'\n")
+
+
+class UsageError(Exception):
+    """Input the user can fix; printed as one line, exit status 2."""
+
+
+def _positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
+    return value
+
+
+def _seconds(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, not {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, not {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="gpushare", description="Share GPUs in JupyterHub: build slices "
+                     "for notebooks, a guaranteed-quota train pool for jobs.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser,
+                                metavar="COMMAND")
+    sim = sub.add_parser("simulate", help="replay a GPU-cluster trace under a scheduling policy",
+                         description="Replay a trace (CSV: job_id,submit_time,duration,gpus,"
+                         "project[,user,priority,kind]) on a simulated train pool.")
+    sim.add_argument("--trace", required=True, metavar="FILE", help="trace CSV, may be gzipped")
+    sim.add_argument("--quotas", metavar="FILE|proportional",
+                     help="CSV project,quota (GPUs), or 'proportional' to derive quotas from each "
+                     "project's share of the trace's GPU-hours; projects left out have quota 0")
+    sim.add_argument("--capacity", type=_positive_int, metavar="GPUS",
+                     help="GPUs in the train pool (default: the sum of the quotas file)")
+    sim.add_argument("--gpus-per-node", type=_positive_int, default=8, metavar="N",
+                     help="GPUs per node (default 8)")
+    sim.add_argument("--policy", choices=("guaranteed", "static", "fifo"), default="guaranteed",
+                     help="guaranteed (ours), static (each project confined to its quota) or "
+                     "fifo (one queue, no quotas, no preemption)")
+    sim.add_argument("--scale-quotas", action="store_true",
+                     help="scale the quotas to add up to exactly the capacity (whole GPUs)")
+    sim.add_argument("--json", action="store_true", help="print one JSON object")
+    sim.add_argument("--events", metavar="FILE.jsonl", help="write every submit/start/preempt/"
+                     "finish as one JSON object per line, in time order")
+    sim.add_argument("--plot", metavar="FILE.png", help="draw allocated GPUs per project and "
+                     "the queue over time (needs matplotlib)")
+    sim.add_argument("--grace-period", type=_seconds, default=30.0, metavar="S",
+                     help="seconds a preempted job keeps its GPUs before it is killed (default 30)")
+    sim.add_argument("--checkpoint-interval", type=_seconds, default=1800.0, metavar="S",
+                     help="seconds of run time between a job's checkpoints; a preempted job loses "
+                     "the work since its last one (default 1800; 0: no checkpoints)")
+    sim.add_argument("--min-runtime", type=_seconds, default=0.0, metavar="S",
+                     help="seconds a job runs before it may be preempted (default 0)")
+    sim.add_argument("--reserve-after", type=_seconds, default=PolicyConfig.reserve_after_s,
+                     metavar="S", help="seconds a job waits before nodes are reserved for it "
+                     f"(default {PolicyConfig.reserve_after_s:g})")
+    sim.add_argument("--cycle-interval", type=_seconds, default=0.0, metavar="S",
+                     help="least seconds between scheduling cycles (default 0: after every event)")
+    sim.set_defaults(func=cmd_simulate)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except UsageError as e:
+        print(f"gpushare {args.command}: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+
+
+def cmd_simulate(args) -> int:
+    from .sim.engine import SimConfig, Simulator
+    from .sim.metrics import summarize
+    from .sim.trace import TraceError, apportion, proportional_quotas, read_quotas, read_trace
+
+    try:
+        jobs = read_trace(args.trace)
+        if args.quotas == "proportional":
+            quotas = None
+        elif args.quotas:
+            quotas = read_quotas(args.quotas)
+        else:
+            quotas = {}
+    except TraceError as e:
+        raise UsageError(str(e)) from None
+    capacity = args.capacity
+    if capacity is None:
+        if not quotas:
+            raise UsageError("say how many GPUs the train pool has with --capacity GPUS")
+        total = sum(quotas.values())
+        if total % GPU:
+            raise UsageError("the quotas add up to a fraction of a GPU; give --capacity GPUS")
+        capacity = total // GPU
+    if quotas is None:
+        quotas = proportional_quotas(jobs, capacity)
+    elif args.scale_quotas and sum(quotas.values()) > 0:
+        quotas = apportion({p: q for p, q in quotas.items()}, capacity)
+    elif sum(quotas.values()) > capacity * GPU:
+        raise UsageError(f"the quotas add up to {sum(quotas.values()) / GPU:g} GPUs but the "
+                         f"train pool has {capacity}; lower them, raise --capacity or pass "
+                         f"--scale-quotas")
+    for job in jobs:
+        if job.kind == "train" and job.gpus > capacity * GPU:
+            raise UsageError(f"{args.trace}, line {job.line}: job {job.id} asks for "
+                             f"{job.gpus // GPU} GPUs but the train pool has only {capacity}; "
+                             f"raise --capacity or remove the job")
+    config = SimConfig(
+        capacity_gpus=capacity, gpus_per_node=args.gpus_per_node, policy=args.policy,
+        grace_s=args.grace_period, checkpoint_interval_s=args.checkpoint_interval,
+        cycle_interval_s=args.cycle_interval,
+        policy_config=PolicyConfig(min_runtime_s=args.min_runtime,
+                                   reserve_after_s=args.reserve_after))
+    events = _open_out(args.events)
+    try:
+        run = Simulator(jobs, quotas, config, events=events, timeline=bool(args.plot)).run()
+    finally:
+        if events is not None:
+            events.close()
+    summary = summarize(run)
+    if args.plot:
+        from .sim.plot import plot_run
+        try:
+            plot_run(run, args.plot)
+        except RuntimeError as e:
+            raise UsageError(str(e)) from None
+        except OSError as e:
+            raise UsageError(f"cannot write {args.plot} ({e.strerror})") from None
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(format_summary(summary))
+    return 0
+
+
+def _open_out(path):
+    if not path:
+        return None
+    try:
+        return open(path, "w", encoding="utf-8")
+    except OSError as e:
+        raise UsageError(f"cannot write {path} ({e.strerror}); check the directory") from None
+
+
+def format_summary(s: dict) -> str:
+    hours = lambda sec: f"{sec / 3600:.2f} h"  # noqa: E731
+    lines = [
+        f"policy {s['policy']} on {s['capacity_gpus']} GPUs ({s['gpus_per_node']} per node)",
+        f"  jobs {s['jobs']}, completed {s['completed']}, unschedulable {s['unschedulable']}",
+        f"  allocation {s['allocation']:.1%} over {s['span_s'] / 86400:.1f} days",
+        f"  JCT avg {hours(s['avg_jct_s'])}, p50 {hours(s['p50_jct_s'])}, p99 {hours(s['p99_jct_s'])}",
+        f"  queueing avg {hours(s['avg_queue_s'])}, p99 {hours(s['p99_queue_s'])}",
+        f"  preemptions {s['preemptions']} ({s['within_quota_preemptions']} within quota), "
+        f"lost {s['lost_gpu_hours']:.1f} GPU-hours, p99 reclaim {s['p99_reclaim_s']:.0f} s",
+        f"  decision ms p50 {s['decision_ms']['p50']}, p99 {s['decision_ms']['p99']}, "
+        f"max {s['decision_ms']['max']}; wall {s['wall_s']} s",
+        "",
+        f"  {'project':<12}{'quota':>7}{'jobs':>7}{'done':>7}{'GPU-h':>10}{'avg queue':>12}"
+        f"{'preempted':>11}",
+    ]
+    for name, p in s["per_project"].items():
+        lines.append(f"  {name:<12}{p['quota_gpus']:>7g}{p['jobs']:>7}{p['completed']:>7}"
+                     f"{p['gpu_hours']:>10.1f}{hours(p['avg_queue_s']):>12}{p['preemptions']:>11}")
+    return "\n".join(lines)

@@ -1,0 +1,177 @@
+"""The scheduling model: immutable values in integer milli-GPUs.
+
+Everything the policy sees is in this module. One GPU is ``GPU`` (1000) units; fractions
+exist only for build slices. Floats never carry GPU amounts, so two quantities are equal
+exactly when they are equal.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+GPU = 1000
+"""Milli-GPU units in one whole GPU."""
+
+TRAIN = "train"
+BUILD = "build"
+
+
+def gpus_text(milli: int) -> str:
+    """Say a milli-GPU amount in words: ``2000`` → ``"2 GPUs"``, ``250`` → ``"0.25 GPU"``."""
+    if milli % GPU == 0:
+        n = milli // GPU
+        return f"{n} GPU" if n == 1 else f"{n} GPUs"
+    return f"{milli / GPU:g} GPU"
+
+
+def _frozen(mapping: Mapping | None) -> Mapping:
+    return MappingProxyType(dict(mapping or {}))
+
+
+class JobState(str, enum.Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A machine with ``gpus`` whole GPUs in one pool (``train`` or ``build``)."""
+
+    name: str
+    gpus: int
+    pool: str = TRAIN
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.gpus < 0:
+            raise ValueError(f"node {self.name} has a negative number of GPUs")
+        object.__setattr__(self, "labels", _frozen(self.labels))
+
+    @property
+    def milli(self) -> int:
+        return self.gpus * GPU
+
+
+@dataclass(frozen=True, slots=True)
+class Project:
+    """A queue of train jobs with a guaranteed ``quota``.
+
+    ``quota`` and ``limit`` are milli-GPUs; ``limit=None`` means no cap beyond the pool.
+    ``over_quota_weight`` sets the project's share of idle GPUs beyond quotas; ``priority``
+    decides which projects borrow first.
+    """
+
+    name: str
+    quota: int = 0
+    over_quota_weight: int = 1
+    limit: int | None = None
+    priority: int = 0
+
+    def __post_init__(self):
+        if self.quota < 0:
+            raise ValueError(f"project {self.name}: quota must be 0 or more")
+        if self.over_quota_weight < 0:
+            raise ValueError(f"project {self.name}: over_quota_weight must be 0 or more")
+        if self.limit is not None and self.limit < self.quota:
+            raise ValueError(
+                f"project {self.name}: limit ({gpus_text(self.limit)}) is below its quota "
+                f"({gpus_text(self.quota)}); raise the limit or lower the quota"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class TrainJob:
+    """A gang of whole GPUs: ``gpus`` milli-GPUs, a multiple of ``GPU``.
+
+    A running job has a ``placement`` (node name → milli-GPUs) and a ``start_time``;
+    ``preempting`` marks a running job that was told to stop and still holds its GPUs
+    until its grace period ends. ``reserved`` names the nodes kept for a pending job that
+    waited too long (see ``PolicyConfig.reserve_after_s``); the caller hands back what the
+    previous cycle decided so that a reservation stays put.
+    """
+
+    id: str
+    project: str
+    gpus: int
+    user: str = ""
+    priority: int = 0
+    submit_time: float = 0.0
+    state: JobState = JobState.PENDING
+    attempt: int = 1
+    placement: Mapping[str, int] = field(default_factory=dict)
+    start_time: float | None = None
+    preempting: bool = False
+    reserved: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if self.gpus <= 0 or self.gpus % GPU:
+            raise ValueError(f"job {self.id}: a train job asks for a whole number of GPUs (1 or more)")
+        object.__setattr__(self, "placement", _frozen(self.placement))
+
+    @property
+    def running(self) -> bool:
+        return self.state is JobState.RUNNING
+
+    @property
+    def pending(self) -> bool:
+        return self.state is JobState.PENDING
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    """A build slice: ``milli`` of GPU number ``gpu`` on build-pool node ``node``."""
+
+    id: str
+    user: str
+    milli: int
+    node: str
+    gpu: int
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    """Knobs of the guaranteed-quota policy. Times are seconds."""
+
+    min_runtime_s: float = 0.0
+    """A running job is not preempted before it has run this long."""
+    reserve_after_s: float = 1800.0
+    """A job pending this long gets nodes reserved: no borrowing job starts there until it does."""
+    reclaim_fair_share: bool = True
+    """Projects below their fair share of idle GPUs may reclaim from projects above theirs."""
+    preempt_within_project: bool = False
+    """A higher-priority job may preempt lower-priority jobs of its own project."""
+    preemption: bool = True
+    """Reclaim at all; off for baselines that never preempt."""
+    reservations: bool = True
+    """Keep nodes for starving large gangs; off for plain first-fit baselines."""
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What one scheduling cycle sees. ``now`` is the caller's clock, never read here."""
+
+    now: float
+    nodes: tuple[Node, ...]
+    projects: tuple[Project, ...]
+    jobs: tuple[TrainJob, ...]
+    slices: tuple[Slice, ...] = ()
+
+    def train_nodes(self) -> tuple[Node, ...]:
+        return tuple(n for n in self.nodes if n.pool == TRAIN)
+
+    def build_nodes(self) -> tuple[Node, ...]:
+        return tuple(n for n in self.nodes if n.pool == BUILD)
+
+    def train_capacity(self) -> int:
+        return sum(n.milli for n in self.nodes if n.pool == TRAIN)

@@ -1,0 +1,262 @@
+"""A trace-driven, event-driven simulation of the train pool around ``policy.cycle``.
+
+Time only moves through the event queue (submit, finish, release after a grace period,
+cycle); the policy sees one immutable snapshot per cycle, exactly as the service will.
+
+Preemption is modelled honestly: a job told to stop keeps its GPUs for the termination
+grace period and then loses the work done since its last checkpoint (one every
+``checkpoint_interval_s`` of run time). That loss, grace included, is ``lost_gpu_s``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+import time
+from dataclasses import dataclass, field, replace
+from typing import IO
+
+from ..policy import Node, PolicyConfig, Snapshot, TrainJob, cycle
+from ..policy.model import GPU, JobState
+from ..policy.reasons import MinRuntime
+from .baselines import config_for, projects_for, queue_of
+from .trace import TraceJob
+
+# Event kinds, in the order they are handled at one instant: GPUs come free before new
+# work arrives, and the cycle sees both.
+FINISH, RELEASE, SUBMIT, CYCLE = range(4)
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    capacity_gpus: int
+    gpus_per_node: int = 8
+    policy: str = "guaranteed"
+    grace_s: float = 30.0
+    checkpoint_interval_s: float = 1800.0
+    cycle_interval_s: float = 0.0
+    """Least time between two cycles; 0 runs one after every instant at which something changed."""
+    policy_config: PolicyConfig = field(default_factory=PolicyConfig)
+
+
+@dataclass
+class JobRecord:
+    trace: TraceJob
+    remaining: float  # run time still needed, seconds
+    attempt: int = 1
+    pending_since: float = 0.0
+    queued_s: float = 0.0
+    attempt_start: float | None = None
+    finish: float | None = None
+    preemptions: int = 0
+    lost_gpu_s: float = 0.0
+    allocated_gpu_s: float = 0.0
+    claim_since: float | None = None  # when GPUs were first reclaimed for this job
+    unschedulable: str | None = None
+
+
+@dataclass
+class SimRun:
+    config: SimConfig
+    quotas: dict[str, int]
+    records: dict[str, JobRecord]
+    decision_s: list[float]
+    reclaim_s: list[float]
+    within_quota_preemptions: int
+    start: float
+    end: float
+    wall_s: float
+    timeline: list[tuple[float, dict[str, int], int]]  # (t, allocated milli per project, queued)
+
+
+def make_nodes(capacity_gpus: int, gpus_per_node: int) -> tuple[Node, ...]:
+    full, rest = divmod(capacity_gpus, gpus_per_node)
+    sizes = [gpus_per_node] * full + ([rest] if rest else [])
+    width = len(str(len(sizes) - 1))
+    return tuple(Node(f"node-{i:0{width}d}", g) for i, g in enumerate(sizes))
+
+
+class Simulator:
+    def __init__(self, jobs: list[TraceJob], quotas: dict[str, int], config: SimConfig,
+                 events: IO[str] | None = None, timeline: bool = False):
+        self.cfg = config
+        self.quotas = {p: quotas.get(p, 0) for p in sorted({j.project for j in jobs} | set(quotas))}
+        self.nodes = make_nodes(config.capacity_gpus, config.gpus_per_node)
+        self.projects = projects_for(config.policy, self.quotas)
+        self.policy_config = config_for(config.policy, config.policy_config)
+        self.quota_of = {p.name: p.quota for p in self.projects}
+        self.records = {j.id: JobRecord(j, j.duration) for j in jobs if j.kind == "train"}
+        self.active: dict[str, TrainJob] = {}
+        self.usage = dict.fromkeys(self.quota_of, 0)  # running, not being preempted
+        self.holder: str | None = None
+        self.heap: list[tuple] = []
+        self.seq = 0
+        self.cycle_due: float | None = None
+        self.last_cycle = -math.inf
+        self.decision_s: list[float] = []
+        self.reclaim_s: list[float] = []
+        self.within_quota = 0
+        self.out = events
+        self.timeline = [] if timeline else None
+        for rec in self.records.values():
+            self._push(rec.trace.submit_time, SUBMIT, rec.trace.id, 1)
+
+    def _push(self, t: float, kind: int, job: str = "", attempt: int = 0) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, kind, self.seq, job, attempt))
+
+    def _emit(self, t: float, event: str, rec: JobRecord, **extra) -> None:
+        if self.out is not None:
+            line = {"t": t, "event": event, "job": rec.trace.id, "project": rec.trace.project,
+                    "gpus": rec.trace.gpus // GPU, **extra}
+            self.out.write(json.dumps(line) + "\n")
+
+    def _changed(self, t: float) -> None:
+        if self.cycle_due is None:
+            self.cycle_due = max(t, self.last_cycle + self.cfg.cycle_interval_s)
+            self._push(self.cycle_due, CYCLE)
+
+    def run(self) -> SimRun:
+        wall = time.perf_counter()
+        first = min((r.trace.submit_time for r in self.records.values()), default=0.0)
+        end = first
+        while self.heap:
+            t, kind, _, job, attempt = heapq.heappop(self.heap)
+            if kind == SUBMIT:
+                self._submit(t, job)
+            elif kind == FINISH:
+                self._finish(t, job, attempt)
+            elif kind == RELEASE:
+                self._release(t, job, attempt)
+            else:
+                self._cycle(t)
+            end = max(end, t)
+        ends = [r.finish for r in self.records.values() if r.finish is not None]
+        return SimRun(self.cfg, self.quotas, self.records, self.decision_s, self.reclaim_s,
+                      self.within_quota, first, max(ends, default=end),
+                      time.perf_counter() - wall, self.timeline or [])
+
+    # -- events ------------------------------------------------------------------------
+    def _submit(self, t: float, job_id: str) -> None:
+        rec = self.records[job_id]
+        tj = rec.trace
+        rec.pending_since = t
+        self.active[job_id] = TrainJob(job_id, queue_of(self.cfg.policy, tj.project), tj.gpus,
+                                       user=tj.user, priority=tj.priority, submit_time=tj.submit_time)
+        self._emit(t, "submit", rec)
+        self._changed(t)
+
+    def _finish(self, t: float, job_id: str, attempt: int) -> None:
+        rec = self.records[job_id]
+        job = self.active.get(job_id)
+        if job is None or rec.attempt != attempt or not job.running:
+            return  # a stale event of an attempt that was preempted
+        rec.allocated_gpu_s += rec.trace.gpus / GPU * (t - rec.attempt_start)
+        rec.finish = t
+        rec.remaining = 0.0
+        if not job.preempting:
+            self.usage[job.project] -= job.gpus
+        del self.active[job_id]
+        self._emit(t, "finish", rec)
+        self._changed(t)
+
+    def _release(self, t: float, job_id: str, attempt: int) -> None:
+        rec = self.records[job_id]
+        job = self.active.get(job_id)
+        if job is None or rec.attempt != attempt:
+            return
+        ran = t - rec.attempt_start
+        interval = self.cfg.checkpoint_interval_s
+        saved = math.floor((ran - self.cfg.grace_s) / interval) * interval if interval > 0 else 0.0
+        saved = max(0.0, min(saved, rec.remaining))
+        gpus = rec.trace.gpus / GPU
+        rec.allocated_gpu_s += gpus * ran
+        rec.lost_gpu_s += gpus * (ran - saved)
+        rec.remaining -= saved
+        rec.attempt += 1
+        rec.attempt_start = None
+        rec.pending_since = t
+        self.active[job_id] = replace(job, state=JobState.PENDING, attempt=rec.attempt,
+                                      placement={}, start_time=None, preempting=False)
+        self._changed(t)
+
+    def _cycle(self, t: float) -> None:
+        self.cycle_due = None
+        self.last_cycle = t
+        snap = Snapshot(t, self.nodes, self.projects, tuple(self.active.values()))
+        tick = time.perf_counter()
+        result = cycle(snap, self.policy_config)
+        self.decision_s.append(time.perf_counter() - tick)
+        for p in result.preemptions:
+            self._preempt(t, p.job)
+            claimant = self.records[p.for_job]
+            if claimant.claim_since is None:
+                claimant.claim_since = t
+        for s in result.starts:
+            self._start(t, s.job, s.placement)
+        self._apply_waits(t, result.waits)
+        if self.timeline is not None:
+            alloc: dict[str, int] = {}
+            for j in self.active.values():
+                if j.running:
+                    proj = self.records[j.id].trace.project
+                    alloc[proj] = alloc.get(proj, 0) + j.gpus
+            self.timeline.append((t, alloc, sum(1 for j in self.active.values() if j.pending)))
+
+    def _start(self, t: float, job_id: str, placement) -> None:
+        rec = self.records[job_id]
+        job = self.active[job_id]
+        rec.queued_s += t - rec.pending_since
+        rec.attempt_start = t
+        if rec.claim_since is not None:
+            self.reclaim_s.append(t - rec.claim_since)
+            rec.claim_since = None
+        self.usage[job.project] += job.gpus
+        self.active[job_id] = replace(job, state=JobState.RUNNING, placement=placement,
+                                      start_time=t, reserved=())
+        if self.holder == job_id:
+            self.holder = None
+        self._push(t + rec.remaining, FINISH, job_id, rec.attempt)
+        self._emit(t, "start", rec, attempt=rec.attempt,
+                   placement={n: m // GPU for n, m in sorted(placement.items())})
+
+    def _preempt(self, t: float, job_id: str) -> None:
+        rec = self.records[job_id]
+        job = self.active[job_id]
+        # Checked here, apart from the policy: the guarantee says this never happens.
+        if self.usage[job.project] <= self.quota_of[job.project]:
+            self.within_quota += 1
+        self.usage[job.project] -= job.gpus
+        rec.preemptions += 1
+        self.active[job_id] = replace(job, preempting=True)
+        if rec.attempt_start + rec.remaining > t + self.cfg.grace_s:
+            self._push(t + self.cfg.grace_s, RELEASE, job_id, rec.attempt)
+        self._emit(t, "preempt", rec, attempt=rec.attempt)
+
+    def _apply_waits(self, t: float, waits) -> None:
+        holder = None
+        wake = None
+        for w in waits:
+            if w.position is None:  # can never run as asked
+                rec = self.records[w.job]
+                rec.unschedulable = str(w.reason)
+                del self.active[w.job]
+                continue
+            if w.reserved:
+                holder = w.job
+                job = self.active[w.job]
+                if job.reserved != w.reserved:
+                    self.active[w.job] = replace(job, reserved=w.reserved)
+            if isinstance(w.reason, MinRuntime):
+                wake = self.policy_config.min_runtime_s
+        if self.holder not in (None, holder) and self.holder in self.active:
+            old = self.active[self.holder]
+            if old.pending:
+                self.active[self.holder] = replace(old, reserved=())
+        self.holder = holder
+        if wake is not None:  # young jobs become preemptible without any event
+            young = [j.start_time for j in self.active.values()
+                     if j.running and not j.preempting and j.start_time + wake > t]
+            if young:
+                self._changed(min(young) + wake)

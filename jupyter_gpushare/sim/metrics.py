@@ -1,0 +1,74 @@
+"""The figures of a simulation run, as the ``--json`` object of ``gpushare simulate``."""
+
+from __future__ import annotations
+
+from ..policy.model import GPU
+from .engine import SimRun
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (``q`` in 0..100); 0.0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * q // 100))
+    return ordered[int(min(rank, len(ordered))) - 1]
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def summarize(run: SimRun) -> dict:
+    cfg = run.config
+    recs = list(run.records.values())
+    done = [r for r in recs if r.finish is not None]
+    span = max(run.end - run.start, 0.0)
+    allocated = sum(r.allocated_gpu_s for r in recs)
+    jct = [r.finish - r.trace.submit_time for r in done]
+    queued = [r.queued_s for r in done]
+    decisions = [d * 1000 for d in run.decision_s]
+    per_project = {}
+    for name in sorted({r.trace.project for r in recs}):
+        mine = [r for r in recs if r.trace.project == name]
+        fin = [r for r in mine if r.finish is not None]
+        per_project[name] = {
+            "quota_gpus": run.quotas.get(name, 0) / GPU,
+            "jobs": len(mine),
+            "completed": len(fin),
+            "unschedulable": sum(1 for r in mine if r.unschedulable),
+            "gpu_hours": round(sum(r.allocated_gpu_s for r in mine) / 3600, 2),
+            "avg_jct_s": round(_mean([r.finish - r.trace.submit_time for r in fin]), 1),
+            "avg_queue_s": round(_mean([r.queued_s for r in fin]), 1),
+            "p99_queue_s": round(percentile([r.queued_s for r in fin], 99), 1),
+            "preemptions": sum(r.preemptions for r in mine),
+            "lost_gpu_hours": round(sum(r.lost_gpu_s for r in mine) / 3600, 2),
+        }
+    return {
+        "policy": cfg.policy,
+        "capacity_gpus": cfg.capacity_gpus,
+        "gpus_per_node": cfg.gpus_per_node,
+        "jobs": len(recs),
+        "completed": len(done),
+        "unschedulable": sum(1 for r in recs if r.unschedulable),
+        "span_s": round(span, 1),
+        "allocation": round(allocated / (cfg.capacity_gpus * span), 4) if span else 0.0,
+        "avg_jct_s": round(_mean(jct), 1),
+        "p50_jct_s": round(percentile(jct, 50), 1),
+        "p99_jct_s": round(percentile(jct, 99), 1),
+        "avg_queue_s": round(_mean(queued), 1),
+        "p99_queue_s": round(percentile(queued, 99), 1),
+        "preemptions": sum(r.preemptions for r in recs),
+        "lost_gpu_hours": round(sum(r.lost_gpu_s for r in recs) / 3600, 2),
+        "within_quota_preemptions": run.within_quota_preemptions,
+        "p99_reclaim_s": round(percentile(run.reclaim_s, 99), 1),
+        "reclaims": len(run.reclaim_s),
+        "cycles": len(decisions),
+        "decision_ms": {"p50": round(percentile(decisions, 50), 3),
+                        "p99": round(percentile(decisions, 99), 3),
+                        "max": round(max(decisions, default=0.0), 3)},
+        "wall_s": round(run.wall_s, 2),
+        "grace_s": cfg.grace_s,
+        "checkpoint_interval_s": cfg.checkpoint_interval_s,
+        "per_project": per_project,
+    }
