@@ -73,9 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "the work since its last one (default 1800; 0: no checkpoints)")
     sim.add_argument("--min-runtime", type=_seconds, default=0.0, metavar="S",
                      help="seconds a job runs before it may be preempted (default 0)")
-    sim.add_argument("--reserve-after", type=_seconds, default=PolicyConfig.reserve_after_s,
+    sim.add_argument("--reserve-after", type=_seconds, default=PolicyConfig().reserve_after_s,
                      metavar="S", help="seconds a job waits before nodes are reserved for it "
-                     f"(default {PolicyConfig.reserve_after_s:g})")
+                     f"(default {PolicyConfig().reserve_after_s:g})")
     sim.add_argument("--cycle-interval", type=_seconds, default=0.0, metavar="S",
                      help="least seconds between scheduling cycles (default 0: after every event)")
     sim.set_defaults(func=cmd_simulate)

@@ -7,8 +7,10 @@ Built once per cycle from the snapshot. A job being preempted still holds its GP
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from .model import TRAIN, Project, Snapshot, TrainJob
+from .queues import QueueView
 from .placement import FreeMap
 
 
@@ -19,37 +21,32 @@ class Cluster:
     free: FreeMap
     releasing: dict[str, int]
     usage: dict[str, int]
-    running: list[TrainJob]
     projects: dict[str, Project]
+    all_running: tuple[TrainJob, ...]
+
+    @cached_property
+    def running(self) -> list[TrainJob]:
+        """Running jobs not being preempted: the possible victims. Only reclaim needs them."""
+        return [j for j in self.all_running if not j.preempting]
 
     @classmethod
-    def from_snapshot(cls, snap: Snapshot) -> "Cluster":
+    def from_snapshot(cls, snap: Snapshot, view: QueueView) -> "Cluster":
         nodes = {n.name: n.milli for n in snap.nodes if n.pool == TRAIN}
-        free = dict(nodes)
-        releasing = dict.fromkeys(nodes, 0)
+        allocated, releasing = view.allocated, view.releasing
+        free = {name: max(0, size - allocated.get(name, 0)) for name, size in nodes.items()}
         projects = {p.name: p for p in snap.projects}
+        for name in (*view.pending, *view.usage):
+            if name not in projects:  # a job outlives its project: it only borrows
+                projects[name] = Project(name)
         usage = dict.fromkeys(projects, 0)
-        running = []
-        for job in snap.jobs:
-            if job.project not in projects:  # a job outlives its project: it only borrows
-                projects[job.project] = Project(job.project)
-                usage[job.project] = 0
-            if not job.running:
-                continue
-            for name, amount in job.placement.items():
-                if name in free:  # a vanished node holds nothing
-                    free[name] = max(0, free[name] - amount)
-                    if job.preempting:
-                        releasing[name] += amount
-            if not job.preempting:
-                usage[job.project] += job.gpus
-                running.append(job)
+        usage.update(view.usage)
+        node_size = max(nodes.values(), default=0)
         return cls(
             capacity=sum(nodes.values()),
-            node_size=max(nodes.values(), default=0),
-            free=FreeMap(free, max(nodes.values(), default=0)),
-            releasing=releasing,
+            node_size=node_size,
+            free=FreeMap(free, node_size),
+            releasing={name: releasing.get(name, 0) for name in nodes},
             usage=usage,
-            running=running,
             projects=projects,
+            all_running=view.running,
         )

@@ -4,26 +4,32 @@ The pipeline:
   1. cache    what runs: free and releasing GPUs, usage per project       (cache.py)
   2. shares   each project's deserved share                                (shares.py)
   3. order    requests that keep their project within quota first, by project priority,
-              job priority and submit time; then borrowers, the project furthest below its
-              deserved share first
-  4. admit    place on free GPUs (placement.py); else reclaim (preemption.py); else wait
+              job priority and submit time; then borrowers: those that stay within their
+              project's deserved share first, then by priority, the project furthest below
+              its deserved share first
+  4. admit    place on free GPUs (placement.py); else reclaim (preemption.py); else wait.
+              Once no GPU is left to give, the rest of the queue is not visited.
   5. reserve  keep nodes for the job that has waited longest, so no stream of small jobs
               starves a large gang
-  6. explain  queue positions and reasons in words (reasons.py)
+  6. explain  queue positions and reasons in words (reasons.py), made when first read
 """
 
 from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from typing import Mapping
+from functools import cached_property
+from typing import Callable, Mapping
 
 from . import reasons as R
 from .cache import Cluster
-from .model import PolicyConfig, Snapshot, TrainJob, gpus_text
+from .model import GPU, PolicyConfig, Project, Snapshot, TrainJob, gpus_text
 from .placement import nodes_needed
 from .preemption import Floor, choose_victims
+from .queues import QueueView, Queues
 from .shares import deserved_shares
+
+_NEVER = 1 << 62
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +44,7 @@ class Preempt:
     project: str
     for_job: str
     why: str
+    kind: str = "guarantee"  # guarantee | fair | priority: which rule took the GPUs back
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,66 +57,116 @@ class Wait:
 
 @dataclass(frozen=True)
 class CycleResult:
+    """The decisions of one cycle.
+
+    ``starts``, ``preemptions``, ``reservation`` and ``unschedulable`` are what a caller acts
+    on; ``waits`` (every pending job with its queue position and reason) is worked out the
+    first time it is read, so a caller that does not show reasons does not pay for them.
+    """
+
     starts: tuple[Start, ...]
     preemptions: tuple[Preempt, ...]
-    waits: tuple[Wait, ...]
     deserved: Mapping[str, int]
     usage: Mapping[str, int]
-    held: Mapping[str, int] = field(default_factory=dict)
+    held: Mapping[str, int]
     """Free GPUs kept idle this cycle for a job whose reclaimed GPUs are on their way."""
+    reservation: Wait | None
+    unschedulable: tuple[Wait, ...]
+    _explain: Callable[[], tuple[Wait, ...]] = field(repr=False, compare=False)
 
-    @property
-    def reservation(self) -> Wait | None:
-        return next((w for w in self.waits if w.reserved), None)
+    @cached_property
+    def waits(self) -> tuple[Wait, ...]:
+        return self._explain()
 
 
 def cycle(snapshot: Snapshot, config: PolicyConfig = PolicyConfig()) -> CycleResult:
-    cluster = Cluster.from_snapshot(snapshot)                                # 1
-    pending = [j for j in snapshot.jobs if j.pending]
+    view = (snapshot.queues or Queues(snapshot.jobs)).view()
+    cluster = Cluster.from_snapshot(snapshot, view)                          # 1
     demand = dict(cluster.usage)
-    for job in pending:
-        demand[job.project] += job.gpus
+    for project, gpus in view.demand.items():
+        demand[project] += gpus
     deserved = deserved_shares(cluster.projects.values(), demand, cluster.capacity)  # 2
-    return _Admission(snapshot, config, cluster, deserved).run(pending)      # 3–6
+    return _Admission(snapshot, config, cluster, deserved, view).run()       # 3–6
+
+
+def never_fits(job: TrainJob, project: Project, capacity: int) -> R.Reason | None:
+    """Why ``job`` can never run as asked (larger than the pool or its project's limit)."""
+    if job.gpus > capacity:
+        return R.TooLarge(job.gpus, capacity)
+    if project.limit is not None and job.gpus > project.limit:
+        return R.TooLarge(job.gpus, project.limit, project=project.name)
+    return None
 
 
 class _Admission:
     """Working state of steps 3–6; lives for one call."""
 
     def __init__(self, snap: Snapshot, config: PolicyConfig, cluster: Cluster,
-                 deserved: dict[str, int]):
+                 deserved: dict[str, int], view: QueueView):
         self.snap, self.config, self.c, self.deserved = snap, config, cluster, deserved
+        self.queues = view.pending
         self.projects = cluster.projects
         self.usage = dict(cluster.usage)  # running, plus what starts this cycle
+        self.kept = dict(cluster.usage)  # running before this cycle, less its victims
         self.claimed = dict.fromkeys(self.projects, 0)  # promised to claimants awaiting reclaim
         self.starts: list[Start] = []
         self.preempts: list[Preempt] = []
         self.waits: list[tuple[TrainJob, R.Reason]] = []
+        self.done: set[str] = set()  # started or claiming this cycle
+        self.seen: set[str] = set()  # handled before the borrowers' turn
+        self.never: list[Wait] = []
         self.held: dict[str, int] = {}
         self.victims: set[str] = set()
         self._no_fit: dict[tuple, int] = {}  # (mode, exclusion, nodes) → smallest gang that failed
         self._candidates: dict[str, list[TrainJob]] = {}
         self._young = 0  # over-quota jobs spared by the minimum runtime
-        self.holder, self.reserved = self._current_reservation()
+        self.holder, self.reserved = self._current_reservation(view.holder)
+        held = self._pending_job(self.holder) if self.holder else None
+        self.holder_project = held.project if held else None
 
     # -- 3. order ---------------------------------------------------------------------
-    def run(self, pending: list[TrainJob]) -> CycleResult:
-        prio = {name: p.priority for name, p in self.projects.items()}
-        order = sorted(pending, key=lambda j: (-prio[j.project], -j.priority, j.submit_time, j.id))
-        borrowers: dict[str, list[TrainJob]] = {}
-        never = []
-        for job in order:
-            p = self.projects[job.project]
-            if job.gpus > self.c.capacity:
-                never.append((job, R.TooLarge(job.gpus, self.c.capacity)))
-            elif p.limit is not None and job.gpus > p.limit:
-                never.append((job, R.TooLarge(job.gpus, p.limit, project=p.name)))
-            elif self._committed(p.name) + job.gpus <= p.quota:
+    def run(self) -> CycleResult:
+        self._admit_guaranteed_all()
+        tail = self._admit_borrowers()
+        reservation = self._reserve()
+        return CycleResult(tuple(self.starts), tuple(self.preempts), self.deserved, self.usage,
+                           self.held, reservation, tuple(self.never),
+                           lambda: self._explain(tail, reservation))
+
+    def _room(self, project: str) -> int:
+        return self.projects[project].quota - self._committed(project)
+
+    def _admit_guaranteed_all(self) -> None:
+        """Jobs that keep their project within quota, merged across projects in order of
+        project priority, job priority and submit time."""
+        heap = []
+        for name, queue in self.queues.items():
+            i = self._next_guaranteed(name, queue, 0)
+            if i is not None:
+                heap.append((self._global_key(queue[i]), name, i))
+        heapq.heapify(heap)
+        while heap:
+            _, name, i = heapq.heappop(heap)
+            queue = self.queues[name]
+            job = queue[i]
+            if job.gpus <= self._room(name):  # the room may have shrunk since it was pushed
+                self.seen.add(job.id)
                 self._admit_guaranteed(job)
-            else:
-                borrowers.setdefault(job.project, []).append(job)
-        self._admit_borrowers(borrowers)
-        return self._explain(never)
+            nxt = self._next_guaranteed(name, queue, i + 1)
+            if nxt is not None:
+                heapq.heappush(heap, (self._global_key(queue[nxt]), name, nxt))
+
+    def _next_guaranteed(self, name: str, queue, i: int) -> int | None:
+        room = self._room(name)
+        if room <= 0:
+            return None
+        for j in range(i, len(queue)):
+            if queue[j].gpus <= room:
+                return j
+        return None
+
+    def _global_key(self, job: TrainJob) -> tuple:
+        return (-self.projects[job.project].priority, -job.priority, job.submit_time, job.id)
 
     def _committed(self, project: str) -> int:
         return self.usage[project] + self.claimed[project]
@@ -118,7 +175,9 @@ class _Admission:
         share = self.deserved.get(project, 0)
         after = self._committed(project) + job.gpus
         ratio = after / share if share else float("inf")
-        return (-self.projects[project].priority, ratio, after, project)
+        # Shares already rank priority tiers: a borrower beyond its share must not take the
+        # GPUs a project below its share reclaims, or the two would preempt each other forever.
+        return (after > share, -self.projects[project].priority, ratio, after, project)
 
     # -- 4. admit ---------------------------------------------------------------------
     def _admit_guaranteed(self, job: TrainJob) -> None:
@@ -128,16 +187,60 @@ class _Admission:
             return
         self._wait(job, self._why_no_room(job, frozenset()))
 
-    def _admit_borrowers(self, borrowers: dict[str, list[TrainJob]]) -> None:
-        heap = [(self._borrow_key(p, jobs[0]), p, 0) for p, jobs in borrowers.items()]
+    def _admit_borrowers(self) -> list[tuple]:
+        """Admit borrowers in fair-share order until no GPU is left to give; return the
+        queue entries not visited (their order is fixed from then on)."""
+        heap = []
+        for name, queue in self.queues.items():
+            i = self._next_borrower(queue, 0)
+            if i is not None:
+                heap.append((self._borrow_key(name, queue[i]), name, i))
         heapq.heapify(heap)
+        tail = []
         while heap:
-            _, project, i = heapq.heappop(heap)
-            job = borrowers[project][i]
-            self._admit_borrower(job)
-            if i + 1 < len(borrowers[project]):
-                nxt = borrowers[project][i + 1]
-                heapq.heappush(heap, (self._borrow_key(project, nxt), project, i + 1))
+            entry = heapq.heappop(heap)
+            _, name, i = entry
+            queue = self.queues[name]
+            if self._exhausted() and not self._may_reclaim(name, queue, i):
+                tail.append(entry)
+                continue
+            job = queue[i]
+            reason = never_fits(job, self.projects[name], self.c.capacity)
+            if reason is not None:
+                self.never.append(Wait(job.id, None, reason))
+                self.seen.add(job.id)
+            else:
+                self._admit_borrower(job)
+            nxt = self._next_borrower(queue, i + 1)
+            if nxt is not None:
+                heapq.heappush(heap, (self._borrow_key(name, queue[nxt]), name, nxt))
+        return tail
+
+    def _next_borrower(self, queue, i: int) -> int | None:
+        seen = self.seen
+        for j in range(i, len(queue)):
+            if queue[j].id not in seen:
+                return j
+        return None
+
+    def _exhausted(self) -> bool:
+        """No borrower but the reservation holder can start on a free GPU any more."""
+        return self.c.free.total(self.reserved) == 0
+
+    def _may_reclaim(self, project: str, queue, i: int) -> bool:
+        """Whether a job of ``project`` from position ``i`` on may still get GPUs once no
+        free GPU is left: by the holder's reservation, or by reclaiming."""
+        cfg = self.config
+        if project == self.holder_project and self.holder not in self.done:
+            return True  # the holder may start on its reserved nodes
+        if not cfg.preemption:
+            return False
+        if cfg.preempt_within_project:
+            return True
+        if not cfg.reclaim_fair_share or self._committed(project) >= self.deserved.get(project, 0):
+            return False
+        smallest_failed = min(self._no_fit.get(("reclaim-fair", x, 1), _NEVER) for x in (False, True))
+        return smallest_failed > GPU  # once one GPU cannot be reclaimed, nothing can
 
     def _admit_borrower(self, job: TrainJob) -> None:
         p = self.projects[job.project]
@@ -154,11 +257,11 @@ class _Admission:
                 return
         if cfg.preemption and cfg.preempt_within_project and self._reclaim(job, "priority", exclude):
             return
-        self._wait(job, self._why_no_room(job, exclude))
+        self._wait(job, None)  # the reason is worked out when someone reads it
 
     def _try_start(self, job: TrainJob, exclude: frozenset, mode: str) -> bool:
         key = (mode, bool(exclude), nodes_needed(job.gpus, self.c.node_size))
-        if job.gpus >= self._no_fit.get(key, 1 << 62):
+        if job.gpus >= self._no_fit.get(key, _NEVER):
             return False  # a gang this large already failed; free GPUs only shrink in a cycle
         placement = self.c.free.fit(job.gpus, exclude)
         if placement is None:
@@ -167,23 +270,28 @@ class _Admission:
         self.c.free.take(placement)
         self.usage[job.project] += job.gpus
         self.starts.append(Start(job.id, placement))
+        self.done.add(job.id)
         return True
 
     def _reclaim(self, job: TrainJob, mode: str, exclude: frozenset) -> bool:
         """Preempt a minimal set of victims (or wait for GPUs already being released)."""
         key = ("reclaim-" + mode, bool(exclude), nodes_needed(job.gpus, self.c.node_size))
-        if mode != "priority" and job.gpus >= self._no_fit.get(key, 1 << 62):
+        if mode != "priority" and job.gpus >= self._no_fit.get(key, _NEVER):
             return False
         free = self.c.free.free
         hypo = {n: free[n] + self.c.releasing[n] for n in free}
+        # Victims are judged on what ran before this cycle: a job started now never makes
+        # its project look over its quota or share, so no cycle starts and preempts at once.
         found = choose_victims(job.gpus, hypo, self.c.node_size, self._victim_pool(mode, job),
-                               self.usage, self.projects, self.deserved,
+                               self.kept, self.projects, self.deserved,
                                self._floor(mode), exclude)
         if found is None:
             if mode != "priority":
                 self._no_fit[key] = job.gpus
             return False
         victims, placement = found
+        if mode == "priority" and not self._keeps_its_turn(job, victims):
+            return False
         taken: dict[str, int] = {}
         for name, need in placement.items():
             hold = min(free[name], need)
@@ -196,14 +304,16 @@ class _Admission:
         for victim in victims:
             self.victims.add(victim.id)
             self.usage[victim.project] -= victim.gpus
+            self.kept[victim.project] -= victim.gpus
             for name, amount in victim.placement.items():
                 if name in self.c.releasing:  # what the claimant does not need frees for others
                     use = min(amount, taken.get(name, 0))
                     taken[name] = taken.get(name, 0) - use
                     self.c.releasing[name] += amount - use
             self.preempts.append(Preempt(victim.id, victim.project, job.id,
-                                         self._preempt_why(mode, job)))
+                                         self._preempt_why(mode, job), mode))
         self.claimed[job.project] += job.gpus
+        self.done.add(job.id)
         k = nodes_needed(job.gpus, self.c.node_size)
         if victims:
             by_project: dict[str, int] = {}
@@ -214,22 +324,32 @@ class _Admission:
             self._wait(job, R.Releasing(job.gpus, k))
         return True
 
+    def _keeps_its_turn(self, job: TrainJob, victims: list[TrainJob]) -> bool:
+        """Whether the claimant, not a requeued victim, is served first once GPUs free up.
+
+        Below quota a requeued victim keeps its project within quota and goes before this
+        borrower, which would preempt it again: allowed only if the claimant then fits the quota.
+        """
+        quota = self.projects[job.project].quota
+        left = self.usage[job.project] - sum(v.gpus for v in victims)
+        return left >= quota or left + self.claimed[job.project] + job.gpus <= quota
+
     def _victim_pool(self, mode: str, job: TrainJob) -> list[TrainJob]:
         old_enough = self.snap.now - self.config.min_runtime_s
         if mode == "priority":
             return [j for j in self.c.running if j.project == job.project
                     and j.priority < job.priority and j.id not in self.victims
                     and (j.start_time or 0.0) <= old_enough]
-        if mode not in self._candidates:
+        if "old" not in self._candidates:
             pool = []
             for j in self.c.running:
                 if (j.start_time or 0.0) <= old_enough:
                     pool.append(j)
                 elif self.usage[j.project] > self.projects[j.project].quota:
                     self._young += 1
-            self._candidates[mode] = pool
-        pool = self._candidates[mode] = [j for j in self._candidates[mode]
-                                         if j.id not in self.victims]
+            self._candidates["old"] = pool
+        pool = self._candidates["old"] = [j for j in self._candidates["old"]
+                                          if j.id not in self.victims]
         return [j for j in pool if j.project != job.project]
 
     def _floor(self, mode: str) -> Floor:
@@ -239,7 +359,7 @@ class _Admission:
             return Floor(above=quota, keep=lambda name: 0, prefer=quota)
         if mode == "fair":  # only above-share projects give back, and never fall below it
             return Floor(above=share, keep=share, prefer=share)
-        return Floor(above=lambda name: -1, keep=lambda name: 0, prefer=lambda name: 0)
+        return Floor(above=lambda name: -1, keep=lambda name: 0, prefer=quota)
 
     def _preempt_why(self, mode: str, job: TrainJob) -> str:
         p = self.projects[job.project]
@@ -254,7 +374,7 @@ class _Admission:
     def _why_no_room(self, job: TrainJob, exclude: frozenset) -> R.Reason:
         k = nodes_needed(job.gpus, self.c.node_size)
         p = self.projects[job.project]
-        if exclude and job.gpus < self._no_fit.get(("borrow-any", False, k), 1 << 62):
+        if exclude and job.gpus < self._no_fit.get(("borrow-any", False, k), _NEVER):
             if self.c.free.fit(job.gpus) is not None:
                 return R.BehindReservation(job.gpus, k, self.holder)
             self._no_fit[("borrow-any", False, k)] = job.gpus
@@ -264,30 +384,52 @@ class _Admission:
             return R.MinRuntime(job.gpus, k, self.config.min_runtime_s)
         return R.Fragmented(job.gpus, k, self.c.free.total())
 
-    def _wait(self, job: TrainJob, reason: R.Reason) -> None:
+    def _wait(self, job: TrainJob, reason: R.Reason | None) -> None:
         self.waits.append((job, reason))
 
     # -- 5. reserve -------------------------------------------------------------------
-    def _current_reservation(self) -> tuple[str | None, frozenset[str]]:
-        if not self.config.reservations:
+    def _current_reservation(self, holder: str | None) -> tuple[str | None, frozenset[str]]:
+        if not self.config.reservations or holder is None:
             return None, frozenset()
-        for job in self.snap.jobs:
-            if job.pending and job.reserved and all(n in self.c.releasing for n in job.reserved):
-                return job.id, frozenset(job.reserved)
-        return None, frozenset()
+        job = self._pending_job(holder)
+        if job is None or not all(n in self.c.releasing for n in job.reserved):
+            return None, frozenset()  # a node of the reservation is gone: reserve anew
+        return holder, frozenset(job.reserved)
 
-    def _reserve(self) -> tuple[str | None, tuple[str, ...]]:
+    def _pending_job(self, job_id: str) -> TrainJob | None:
+        for queue in self.queues.values():
+            for job in queue:
+                if job.id == job_id:
+                    return job
+        return None
+
+    def _reserve(self) -> Wait | None:
+        """Keep the holder's nodes, or reserve for the first job in order that waited too long."""
         if not self.config.reservations:
-            return None, ()
-        waiting = {job.id for job, _ in self.waits}
-        if self.holder in waiting:
-            return self.holder, tuple(sorted(self.reserved))
-        starved = (R.NoIdleGpus, R.BehindReservation, R.Fragmented, R.MinRuntime)
-        for job, reason in self.waits:
-            if isinstance(reason, starved) and \
-                    self.snap.now - job.submit_time >= self.config.reserve_after_s:
-                return job.id, self._drain_nodes(job.gpus)
-        return None, ()
+            return None
+        if self.holder is not None and self.holder not in self.done:
+            job = self._pending_job(self.holder)
+            nodes = tuple(sorted(self.reserved))
+            return Wait(job.id, None, R.Reserved(job.gpus, nodes), nodes)
+        oldest = self.snap.now - self.config.reserve_after_s
+        best = None
+        for name, queue in self.queues.items():
+            p = self.projects[name]
+            limit = p.limit if p.limit is not None else self.c.capacity
+            for job in queue:  # the first starving job of each project, then the earliest
+                if job.submit_time > oldest or job.id in self.done:
+                    continue
+                if job.gpus > limit or self._committed(name) + job.gpus > limit:
+                    continue  # never fits, or waits for its own project, not for nodes
+                key = self._global_key(job)
+                if best is None or key < best[0]:
+                    best = (key, job)
+                break
+        if best is None:
+            return None
+        job = best[1]
+        nodes = self._drain_nodes(job.gpus)
+        return Wait(job.id, None, R.Reserved(job.gpus, nodes), nodes)
 
     def _drain_nodes(self, gpus: int) -> tuple[str, ...]:
         """The freest nodes, enough for the gang; free GPUs there only grow from now on."""
@@ -302,16 +444,37 @@ class _Admission:
         return tuple(sorted(chosen))
 
     # -- 6. explain -------------------------------------------------------------------
-    def _explain(self, never: list) -> CycleResult:
-        holder, nodes = self._reserve()
+    def _explain(self, tail, reservation: Wait | None) -> tuple[Wait, ...]:
+        """Every waiting job in queue order, with its reason. Runs after the cycle's
+        decisions, so it sees the state they left and changes nothing but reasons."""
+        entries = list(self.waits)
+        never = list(self.never)
+        heapq.heapify(tail)
+        while tail:
+            _, name, i = heapq.heappop(tail)
+            queue = self.queues[name]
+            job = queue[i]
+            p = self.projects[name]
+            reason = never_fits(job, p, self.c.capacity)
+            if reason is not None:
+                never.append(Wait(job.id, None, reason))
+            elif p.limit is not None and self._committed(name) + job.gpus > p.limit:
+                entries.append((job, R.AtLimit(name, p.limit, self._committed(name))))
+            else:
+                exclude = self.reserved if job.id != self.holder else frozenset()
+                entries.append((job, self._why_no_room(job, exclude)))
+            nxt = self._next_borrower(queue, i + 1)
+            if nxt is not None:
+                heapq.heappush(tail, (self._borrow_key(name, queue[nxt]), name, nxt))
         waits = []
-        for position, (job, reason) in enumerate(self.waits, start=1):
-            if job.id == holder:
+        for position, (job, reason) in enumerate(entries, start=1):
+            if reason is None:
+                exclude = self.reserved if job.id != self.holder else frozenset()
+                reason = self._why_no_room(job, exclude)
+            if reservation is not None and job.id == reservation.job:
                 if not isinstance(reason, (R.Reclaiming, R.Releasing)):
-                    reason = R.Reserved(job.gpus, nodes)
-                waits.append(Wait(job.id, position, reason, nodes))
+                    reason = reservation.reason
+                waits.append(Wait(job.id, position, reason, reservation.reserved))
             else:
                 waits.append(Wait(job.id, position, reason))
-        waits.extend(Wait(job.id, None, reason) for job, reason in never)
-        return CycleResult(tuple(self.starts), tuple(self.preempts), tuple(waits),
-                           self.deserved, self.usage, self.held)
+        return tuple(waits) + tuple(never)

@@ -147,8 +147,10 @@ class PolicyConfig:
     """A running job is not preempted before it has run this long."""
     reserve_after_s: float = 1800.0
     """A job pending this long gets nodes reserved: no borrowing job starts there until it does."""
-    reclaim_fair_share: bool = True
-    """Projects below their fair share of idle GPUs may reclaim from projects above theirs."""
+    reclaim_fair_share: bool = False
+    """Borrowers below their deserved share may preempt borrowers above theirs. Off by
+    default: on the Philly trace it multiplied preemptions and lost work (README); fair
+    borrowing then comes from the order in which idle GPUs are handed out."""
     preempt_within_project: bool = False
     """A higher-priority job may preempt lower-priority jobs of its own project."""
     preemption: bool = True
@@ -159,13 +161,22 @@ class PolicyConfig:
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """What one scheduling cycle sees. ``now`` is the caller's clock, never read here."""
+    """What one scheduling cycle sees. ``now`` is the caller's clock, never read here.
+
+    The jobs (pending and running) come either as ``jobs`` or, from a caller that runs many
+    cycles, as a ``queues.Queues`` it keeps up to date, so that no cycle sorts the backlog.
+    """
 
     now: float
     nodes: tuple[Node, ...]
     projects: tuple[Project, ...]
-    jobs: tuple[TrainJob, ...]
+    jobs: tuple[TrainJob, ...] = ()
     slices: tuple[Slice, ...] = ()
+    queues: object = None  # queues.Queues; not imported here to keep the model at the bottom
+
+    def __post_init__(self):
+        if self.queues is not None and self.jobs:
+            raise ValueError("a snapshot takes its jobs as jobs or as queues, not both")
 
     def train_nodes(self) -> tuple[Node, ...]:
         return tuple(n for n in self.nodes if n.pool == TRAIN)

@@ -19,17 +19,18 @@ def nodes_needed(gpus: int, node_size: int) -> int:
 class FreeMap:
     """Free milli-GPUs per node, indexed by amount so that best fit costs little."""
 
-    __slots__ = ("free", "_buckets", "node_size")
+    __slots__ = ("free", "_buckets", "node_size", "_total")
 
     def __init__(self, free: Mapping[str, int], node_size: int):
         self.free = dict(free)
         self.node_size = node_size
+        self._total = sum(self.free.values())
         self._buckets: dict[int, list[str]] = {}
         for name in sorted(self.free):
             self._buckets.setdefault(self.free[name], []).append(name)
 
-    def total(self) -> int:
-        return sum(self.free.values())
+    def total(self, exclude: frozenset[str] | set[str] = frozenset()) -> int:
+        return self._total - sum(self.free[n] for n in exclude if n in self.free)
 
     def _move(self, name: str, new: int) -> None:
         old = self.free[name]
@@ -38,6 +39,7 @@ class FreeMap:
         if not bucket:
             del self._buckets[old]
         self.free[name] = new
+        self._total += new - old
         bisect.insort(self._buckets.setdefault(new, []), name)
 
     def take(self, placement: Mapping[str, int]) -> None:

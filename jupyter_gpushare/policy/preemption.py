@@ -9,6 +9,7 @@ greedily until the claimant fits, then put back every victim that was not needed
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import combinations, islice
 from typing import Callable, Mapping
 
 from .model import Project, TrainJob
@@ -39,6 +40,50 @@ def choose_victims(gpus: int, free: Mapping[str, int], node_size: int,
     running jobs that may be preempted at all (minimum runtime and over-quota checked by the
     caller), ``usage`` the projects' running milli-GPUs.
     """
+    found = _greedy(gpus, free, node_size, candidates, usage, projects, deserved, floor, exclude)
+    if found is not None:
+        return found
+    # Newest first can spread its victims over nodes none of which then holds the gang (and
+    # use up what projects may give). Aim at each set of the fewest nodes instead, with only
+    # the jobs lying wholly on it, and take the one that preempts least.
+    best = None
+    for nodes in _node_sets(gpus, free, node_size, candidates, usage, floor, exclude):
+        inside = set(nodes)
+        found = _greedy(gpus, {n: free[n] for n in nodes}, node_size,
+                        [j for j in candidates if j.placement.keys() <= inside],
+                        usage, projects, deserved, floor, frozenset())
+        if found is not None:
+            cost = (sum(v.gpus for v in found[0]), len(found[0]))
+            if best is None or cost < best[0]:
+                best = (cost, found)
+    return None if best is None else best[1]
+
+
+_MAX_NODE_SETS = 256
+
+
+def _node_sets(gpus: int, free: Mapping[str, int], node_size: int, candidates: list[TrainJob],
+               usage: Mapping[str, int], floor: Floor, exclude) -> list[tuple[str, ...]]:
+    """Sets of the fewest nodes a gang needs that could hold it were their jobs gone."""
+    k = -(-gpus // node_size)
+    movable = [j for j in candidates if usage[j.project] > floor.above(j.project)]
+    gain = {n: a for n, a in free.items() if n not in exclude}
+    for job in movable:
+        for name, amount in job.placement.items():
+            if name in gain:
+                gain[name] += amount
+    ranked = sorted((n for n in gain if gain[n] > 0), key=lambda n: (-gain[n], n))
+    sets = []
+    for nodes in islice(combinations(ranked, k), _MAX_NODE_SETS):
+        inside = set(nodes)
+        room = sum(free[n] for n in nodes)
+        room += sum(j.gpus for j in movable if j.placement.keys() <= inside)
+        if room >= gpus:
+            sets.append(nodes)
+    return sets
+
+
+def _greedy(gpus, free, node_size, candidates, usage, projects, deserved, floor, exclude):
     by_project: dict[str, list[TrainJob]] = {}
     for job in sorted(candidates, key=lambda j: (-(j.start_time or 0.0), j.id)):
         by_project.setdefault(job.project, []).append(job)

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field, replace
 from typing import IO
 
 from ..policy import Node, PolicyConfig, Snapshot, TrainJob, cycle
+from ..policy.cycle import never_fits
 from ..policy.model import GPU, JobState
-from ..policy.reasons import MinRuntime
+from ..policy.queues import Queues
 from .baselines import config_for, projects_for, queue_of
 from .trace import TraceJob
 
@@ -52,7 +53,7 @@ class JobRecord:
     preemptions: int = 0
     lost_gpu_s: float = 0.0
     allocated_gpu_s: float = 0.0
-    claim_since: float | None = None  # when GPUs were first reclaimed for this job
+    claim_since: float | None = None  # when GPUs were first reclaimed for its guarantee
     unschedulable: str | None = None
 
 
@@ -86,8 +87,9 @@ class Simulator:
         self.projects = projects_for(config.policy, self.quotas)
         self.policy_config = config_for(config.policy, config.policy_config)
         self.quota_of = {p.name: p.quota for p in self.projects}
+        self.project = {p.name: p for p in self.projects}
         self.records = {j.id: JobRecord(j, j.duration) for j in jobs if j.kind == "train"}
-        self.active: dict[str, TrainJob] = {}
+        self.active = Queues()  # pending and running jobs, as the policy sees them
         self.usage = dict.fromkeys(self.quota_of, 0)  # running, not being preempted
         self.holder: str | None = None
         self.heap: list[tuple] = []
@@ -97,6 +99,7 @@ class Simulator:
         self.decision_s: list[float] = []
         self.reclaim_s: list[float] = []
         self.within_quota = 0
+        self.claimants: dict[str, set[str]] = {}  # project → jobs it reclaimed GPUs for
         self.out = events
         self.timeline = [] if timeline else None
         for rec in self.records.values():
@@ -142,9 +145,15 @@ class Simulator:
         rec = self.records[job_id]
         tj = rec.trace
         rec.pending_since = t
-        self.active[job_id] = TrainJob(job_id, queue_of(self.cfg.policy, tj.project), tj.gpus,
-                                       user=tj.user, priority=tj.priority, submit_time=tj.submit_time)
+        job = TrainJob(job_id, queue_of(self.cfg.policy, tj.project), tj.gpus,
+                       user=tj.user, priority=tj.priority, submit_time=tj.submit_time)
         self._emit(t, "submit", rec)
+        project = self.project.get(job.project)
+        never = never_fits(job, project, self.cfg.capacity_gpus * GPU) if project else None
+        if never is not None:  # what the policy would say at once; no cycle needed
+            rec.unschedulable = str(never)
+            return
+        self.active.put(job)
         self._changed(t)
 
     def _finish(self, t: float, job_id: str, attempt: int) -> None:
@@ -157,7 +166,7 @@ class Simulator:
         rec.remaining = 0.0
         if not job.preempting:
             self.usage[job.project] -= job.gpus
-        del self.active[job_id]
+        self.active.remove(job_id)
         self._emit(t, "finish", rec)
         self._changed(t)
 
@@ -177,86 +186,98 @@ class Simulator:
         rec.attempt += 1
         rec.attempt_start = None
         rec.pending_since = t
-        self.active[job_id] = replace(job, state=JobState.PENDING, attempt=rec.attempt,
-                                      placement={}, start_time=None, preempting=False)
+        self.active.put(replace(job, state=JobState.PENDING, attempt=rec.attempt,
+                                placement={}, start_time=None, preempting=False))
         self._changed(t)
+
+    def snapshot(self, t: float) -> Snapshot:
+        """What the policy sees at ``t``: the queues kept up to date between cycles."""
+        return Snapshot(t, self.nodes, self.projects, queues=self.active)
 
     def _cycle(self, t: float) -> None:
         self.cycle_due = None
         self.last_cycle = t
-        snap = Snapshot(t, self.nodes, self.projects, tuple(self.active.values()))
+        snap = self.snapshot(t)
         tick = time.perf_counter()
         result = cycle(snap, self.policy_config)
         self.decision_s.append(time.perf_counter() - tick)
         for p in result.preemptions:
             self._preempt(t, p.job)
             claimant = self.records[p.for_job]
-            if claimant.claim_since is None:
+            if p.kind == "guarantee" and claimant.claim_since is None:
                 claimant.claim_since = t
+                self.claimants.setdefault(self.active.get(p.for_job).project, set()).add(p.for_job)
         for s in result.starts:
             self._start(t, s.job, s.placement)
-        self._apply_waits(t, result.waits)
+        self._apply_waits(t, result)
         if self.timeline is not None:
+            view = self.active.view()
             alloc: dict[str, int] = {}
-            for j in self.active.values():
-                if j.running:
-                    proj = self.records[j.id].trace.project
-                    alloc[proj] = alloc.get(proj, 0) + j.gpus
-            self.timeline.append((t, alloc, sum(1 for j in self.active.values() if j.pending)))
+            for j in view.running:
+                proj = self.records[j.id].trace.project
+                alloc[proj] = alloc.get(proj, 0) + j.gpus
+            self.timeline.append((t, alloc, sum(len(q) for q in view.pending.values())))
 
     def _start(self, t: float, job_id: str, placement) -> None:
         rec = self.records[job_id]
-        job = self.active[job_id]
+        job = self.active.get(job_id)
         rec.queued_s += t - rec.pending_since
         rec.attempt_start = t
-        if rec.claim_since is not None:
-            self.reclaim_s.append(t - rec.claim_since)
-            rec.claim_since = None
         self.usage[job.project] += job.gpus
-        self.active[job_id] = replace(job, state=JobState.RUNNING, placement=placement,
-                                      start_time=t, reserved=())
+        self._guarantee_met(t, job.project, job_id)
+        self.active.put(replace(job, state=JobState.RUNNING, placement=placement,
+                                start_time=t, reserved=()))
         if self.holder == job_id:
             self.holder = None
         self._push(t + rec.remaining, FINISH, job_id, rec.attempt)
         self._emit(t, "start", rec, attempt=rec.attempt,
                    placement={n: m // GPU for n, m in sorted(placement.items())})
 
+    def _guarantee_met(self, t: float, project: str, started: str) -> None:
+        """A guarantee reclaim is done when its job starts, or when the project is back at
+        its quota by other means (its other jobs started first)."""
+        waiting = self.claimants.get(project)
+        if not waiting:
+            return
+        met = self.usage[project] >= self.quota_of[project]
+        for job_id in list(waiting):
+            if job_id == started or met:
+                rec = self.records[job_id]
+                self.reclaim_s.append(t - rec.claim_since)
+                rec.claim_since = None
+                waiting.discard(job_id)
+
     def _preempt(self, t: float, job_id: str) -> None:
         rec = self.records[job_id]
-        job = self.active[job_id]
+        job = self.active.get(job_id)
         # Checked here, apart from the policy: the guarantee says this never happens.
         if self.usage[job.project] <= self.quota_of[job.project]:
             self.within_quota += 1
         self.usage[job.project] -= job.gpus
         rec.preemptions += 1
-        self.active[job_id] = replace(job, preempting=True)
+        self.active.put(replace(job, preempting=True))
         if rec.attempt_start + rec.remaining > t + self.cfg.grace_s:
             self._push(t + self.cfg.grace_s, RELEASE, job_id, rec.attempt)
         self._emit(t, "preempt", rec, attempt=rec.attempt)
 
-    def _apply_waits(self, t: float, waits) -> None:
-        holder = None
-        wake = None
-        for w in waits:
-            if w.position is None:  # can never run as asked
-                rec = self.records[w.job]
-                rec.unschedulable = str(w.reason)
-                del self.active[w.job]
-                continue
-            if w.reserved:
-                holder = w.job
-                job = self.active[w.job]
-                if job.reserved != w.reserved:
-                    self.active[w.job] = replace(job, reserved=w.reserved)
-            if isinstance(w.reason, MinRuntime):
-                wake = self.policy_config.min_runtime_s
-        if self.holder not in (None, holder) and self.holder in self.active:
-            old = self.active[self.holder]
-            if old.pending:
-                self.active[self.holder] = replace(old, reserved=())
+    def _apply_waits(self, t: float, result) -> None:
+        for w in result.unschedulable:  # can never run as asked
+            self.records[w.job].unschedulable = str(w.reason)
+            self.active.remove(w.job)
+        holder = result.reservation.job if result.reservation else None
+        if holder is not None:
+            job = self.active.get(holder)
+            if job.reserved != result.reservation.reserved:
+                self.active.put(replace(job, reserved=result.reservation.reserved))
+        if self.holder not in (None, holder):
+            old = self.active.get(self.holder)
+            if old is not None and old.pending:
+                self.active.put(replace(old, reserved=()))
         self.holder = holder
-        if wake is not None:  # young jobs become preemptible without any event
-            young = [j.start_time for j in self.active.values()
-                     if j.running and not j.preempting and j.start_time + wake > t]
-            if young:
-                self._changed(min(young) + wake)
+        wait = self.policy_config.min_runtime_s
+        if wait > 0:  # a young job becomes preemptible with no event to say so
+            view = self.active.view()
+            young = [j.start_time for j in view.running
+                     if not j.preempting and j.start_time + wait > t]
+            if young and view.pending:
+                self._changed(min(young) + wait)

@@ -114,7 +114,7 @@ def read_trace(path: str | Path) -> list[TraceJob]:
         priority = row.get("priority")
         priority = _number(path, line, "priority", priority, integer=True) if priority else 0
         jobs.append(TraceJob(job_id, submit, duration, round(gpus * GPU), project,
-                             (row.get("user") or "").strip(), priority, kind))
+                             (row.get("user") or "").strip(), priority, kind, line))
     if not jobs:
         raise TraceError(path, None, "has no jobs")
     return jobs

@@ -1,0 +1,19 @@
+from pathlib import Path
+
+import pytest
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+EXAMPLES = Path(__file__).resolve().parents[1] / "jupyter_gpushare" / "sim" / "examples"
+
+
+@pytest.fixture
+def philly():
+    trace = SHARED / "traces" / "philly.csv.gz"
+    if not trace.exists():
+        pytest.skip(f"the Philly trace is not at {trace}")
+    return trace, SHARED / "traces" / "philly_quotas.csv"
+
+
+@pytest.fixture
+def example():
+    return EXAMPLES / "small.csv", EXAMPLES / "small_quotas.csv"

@@ -1,0 +1,112 @@
+"""`gpushare simulate` as a person and a script use it: figures, files, and clear refusals."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jupyter_gpushare.cli import main
+
+HEADER = "job_id,submit_time,duration,gpus,project\n"
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def refused(capsys, *argv):
+    with pytest.raises(SystemExit) as e:
+        main(list(argv))
+    out, err = capsys.readouterr()
+    return e.value.code, err
+
+
+def test_json_and_human_output(capsys, example):
+    trace, quotas = example
+    code, out, _ = run(capsys, "simulate", "--trace", str(trace), "--quotas", str(quotas), "--json")
+    assert code == 0
+    summary = json.loads(out)
+    assert summary["policy"] == "guaranteed" and summary["capacity_gpus"] == 32
+    code, out, _ = run(capsys, "simulate", "--trace", str(trace), "--quotas", str(quotas),
+                       "--policy", "fifo")
+    assert code == 0 and "policy fifo on 32 GPUs" in out and "vision" in out
+
+
+def test_events_and_plot_files(capsys, example, tmp_path):
+    trace, quotas = example
+    events, plot = tmp_path / "e.jsonl", tmp_path / "p.png"
+    code, _, _ = run(capsys, "simulate", "--trace", str(trace), "--quotas", str(quotas),
+                     "--events", str(events), "--plot", str(plot), "--json")
+    assert code == 0
+    lines = [json.loads(line) for line in events.read_text().splitlines()]
+    assert {e["event"] for e in lines} == {"submit", "start", "preempt", "finish"}
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_proportional_and_scaled_quotas(capsys, example):
+    trace, quotas = example
+    code, out, _ = run(capsys, "simulate", "--trace", str(trace), "--quotas", "proportional",
+                       "--capacity", "24", "--json")
+    per = json.loads(out)["per_project"]
+    assert code == 0 and sum(p["quota_gpus"] for p in per.values()) == 24
+    code, out, _ = run(capsys, "simulate", "--trace", str(trace), "--quotas", str(quotas),
+                       "--capacity", "16", "--scale-quotas", "--json")
+    per = json.loads(out)["per_project"]
+    assert code == 0 and [per[p]["quota_gpus"] for p in ("vision", "nlp", "speech")] == [8, 4, 4]
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--capacity", "0"], "--capacity: must be 1 or more"),
+    (["--capacity", "lots"], "--capacity: must be a whole number"),
+    (["--gpus-per-node", "-8"], "--gpus-per-node: must be 1 or more"),
+    (["--policy", "lottery"], "invalid choice: 'lottery'"),
+    (["--grace-period", "soon"], "--grace-period: must be a number of seconds"),
+    (["--frobnicate"], "unrecognized arguments: --frobnicate"),
+], ids=["zero-capacity", "word-capacity", "negative-node", "unknown-policy", "bad-seconds",
+        "unknown-option"])
+def test_bad_options_get_one_sentence(capsys, example, extra, words):
+    code, err = refused(capsys, "simulate", "--trace", str(example[0]), *extra)
+    assert code == 2 and words in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("setup, words", [
+    ("a,0,-5,1,p\n", "t.csv, line 2: duration must be more than 0 seconds, not -5"),
+    ("a,0,10,x,p\n", "t.csv, line 2: gpus must be a number, not 'x'"),
+    ("a,0,10,64,p\n", "t.csv, line 2: job a asks for 64 GPUs but the train pool has only 8"),
+], ids=["negative-duration", "non-numeric-gpus", "larger-than-pool"])
+def test_bad_trace_gets_file_line_and_exit_2(capsys, tmp_path, setup, words):
+    trace = tmp_path / "t.csv"
+    trace.write_text(HEADER + setup)
+    code, _, err = run(capsys, "simulate", "--trace", str(trace), "--capacity", "8")
+    assert code == 2 and words in err and err.count("\n") == 1
+
+
+def test_quotas_beyond_capacity_are_refused_unless_scaled(capsys, example):
+    trace, quotas = example
+    code, _, err = run(capsys, "simulate", "--trace", str(trace), "--quotas", str(quotas),
+                       "--capacity", "16")
+    assert code == 2
+    assert "quotas add up to 32 GPUs but the train pool has 16" in err and "--scale-quotas" in err
+
+
+def test_capacity_is_needed_without_a_quota_file(capsys, example):
+    code, _, err = run(capsys, "simulate", "--trace", str(example[0]))
+    assert code == 2 and "--capacity GPUS" in err
+
+
+def test_console_script_exit_status_and_no_traceback(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("job_id,submit_time,gpus,project\n")
+    exe = Path(sys.executable).with_name("gpushare")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "jupyter_gpushare"]
+    proc = subprocess.run([*cmd, "simulate", "--trace", str(trace), "--capacity", "8"],
+                          capture_output=True, text=True, env={**os.environ})
+    assert proc.returncode == 2
+    assert "the header lacks column(s) duration" in proc.stderr
+    assert "Traceback" not in proc.stderr

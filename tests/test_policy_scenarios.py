@@ -1,0 +1,489 @@
+"""Scenarios of the scheduling contract (DESIGN.md, points 1–8), one table per rule."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from builders import (GPU, apply, cluster, finish, job, job_of, milli, pending, preempted,
+                      project, reason_of, started, step, submit, wait_of)
+from jupyter_gpushare.policy import (BUILD, Node, PolicyConfig, Slice, SliceRefused, cycle,
+                                     deserved_shares, place_slice)
+from jupyter_gpushare.policy import reasons as R
+from jupyter_gpushare.policy.slices import SlicePlacement
+
+EVEN_THIRDS = (project("susan").quota(2), project("joe").quota(2), project("jemma").quota(2))
+
+
+def running(id, project_name, gpus, since, node="n0"):
+    return job(id).project(project_name).gpus(gpus).submitted(since).running_on(
+        since=since, **{node: gpus})
+
+
+# -- the design-notes story ---------------------------------------------------------------
+
+@pytest.mark.parametrize("susan, victims", [
+    pytest.param([("s1", 4, 0)], [], id="susan-runs-4-joe-takes-idle-gpus"),
+    pytest.param([("s1", 4, 0), ("s2", 2, 10), ("s3", 2, 20)], ["s3"],
+                 id="susan-runs-8-as-4+2+2-newest-goes"),
+    pytest.param([("s1", 2, 0), ("s2", 2, 10), ("s3", 2, 20), ("s4", 2, 30)], ["s4"],
+                 id="susan-runs-8-as-4x2-newest-goes"),
+    pytest.param([(f"s{i}", 1, 10 * i) for i in range(1, 9)], ["s8", "s7"],
+                 id="susan-runs-8-as-8x1-two-newest-go"),
+])
+def test_joe_gets_his_quota_back_from_susans_newest_jobs(susan, victims):
+    snap = (cluster(nodes=1, gpus_per_node=8).projects(*EVEN_THIRDS)
+            .jobs(*(running(i, "susan", g, t) for i, g, t in susan),
+                  pending("j1", "joe", gpus=2, submitted=100))
+            .at(100))
+
+    result, snap = step(snap)
+
+    assert preempted(result) == victims
+    if not victims:
+        assert started(result) == {"j1": {"n0": 2}}
+        return
+    assert started(result) == {}
+    assert all(p.for_job == "j1" and p.project == "susan" for p in result.preemptions)
+    assert str(reason_of(result, "j1")) == (
+        "waiting for 2 GPUs on one node; reclaiming 2 GPUs from project susan")
+    assert result.preemptions[0].why == (
+        "preempted to give project joe back GPUs within its quota of 2 GPUs (job j1); "
+        "it is requeued")
+
+    result, snap = step(snap)  # the victims' grace period
+    assert isinstance(reason_of(result, "j1"), R.Releasing)
+
+    result, snap = step(snap)
+    assert started(result) == {"j1": {"n0": 2}}
+    for v in victims:
+        requeued = job_of(snap, v)
+        assert requeued.pending and requeued.attempt == 2
+        assert requeued.submit_time == dict((i, t) for i, _, t in susan)[v]
+
+
+def test_story_requeued_jobs_resume_when_capacity_frees():
+    snap = (cluster(nodes=1, gpus_per_node=8).projects(*EVEN_THIRDS)
+            .jobs(running("s1", "susan", 4, 0), running("s2", "susan", 2, 10),
+                  running("s3", "susan", 2, 20), pending("j1", "joe", gpus=2, submitted=100))
+            .at(100))
+    timeline = []
+    for t in range(100, 400, 10):
+        if t == 150:
+            snap = submit(snap, pending("m1", "jemma", gpus=2, submitted=150))
+        if t == 250:
+            snap = finish(snap, "j1")
+        if t == 300:
+            snap = finish(snap, "m1")
+        result, snap = step(snap)
+        timeline += [(t, "start", s.job) for s in result.starts]
+        timeline += [(t, "preempt", p.job) for p in result.preemptions]
+
+    assert timeline == [
+        (100, "preempt", "s3"),  # joe's claim: susan's newest job
+        (120, "start", "j1"),  # one cycle plus the grace step
+        (150, "preempt", "s2"),  # jemma's claim: susan's newest running job now
+        (170, "start", "m1"),
+        (250, "start", "s2"),  # joe is done: the requeued job submitted first resumes
+        (300, "start", "s3"),
+    ]
+    assert {j.id: (j.state.value, j.attempt) for j in snap.jobs} == {
+        "s1": ("running", 1), "s2": ("running", 2), "s3": ("running", 2)}
+
+
+# -- the guarantee: within-quota projects are never preempted ----------------------------
+
+@pytest.mark.parametrize("jobs, claimant, victims, reason", [
+    pytest.param([running("s1", "susan", 6, 0), running("j0", "joe", 2, 50)],
+                 pending("m1", "jemma", gpus=2, submitted=100), ["s1"], R.Reclaiming,
+                 id="newest-job-is-joes-but-joe-is-within-quota"),
+    pytest.param([running("s1", "susan", 2, 0), running("j0", "joe", 2, 10),
+                  running("x0", "extra", 2, 20), running("s2", "susan", 2, 30)],
+                 pending("m1", "jemma", gpus=2, submitted=100), ["s2"], R.Reclaiming,
+                 id="only-the-over-quota-project-gives"),
+    pytest.param([running("s1", "susan", 2, 0), running("j0", "joe", 2, 10),
+                  running("m0", "jemma", 2, 20), running("x1", "extra", 2, 30)],
+                 pending("m1", "jemma", gpus=1, submitted=100), [], R.NoIdleGpus,
+                 id="everyone-within-quota-borrower-waits"),
+])
+def test_within_quota_projects_are_never_preempted(jobs, claimant, victims, reason):
+    snap = (cluster(nodes=1, gpus_per_node=8)
+            .projects(*EVEN_THIRDS, project("extra").quota(2))
+            .jobs(*jobs, claimant).at(100))
+    result = cycle(snap)
+    assert preempted(result) == victims
+    assert isinstance(reason_of(result, claimant.build().id), reason)
+
+
+# -- limits, minimum runtime --------------------------------------------------------------
+
+def test_limit_is_respected_and_said_in_words():
+    snap = (cluster(nodes=1, gpus_per_node=8)
+            .projects(project("joe").quota(2).limit(3))
+            .jobs(running("j0", "joe", 2, 0), running("j1", "joe", 1, 10),
+                  pending("j2", "joe", gpus=1, submitted=20),
+                  pending("j3", "joe", gpus=4, submitted=30))
+            .at(100))
+    result = cycle(snap)
+    assert started(result) == {}  # five GPUs idle, but joe may use only three
+    assert str(reason_of(result, "j2")) == "project joe is at its limit of 3 GPUs (3 GPUs in use)"
+    assert str(reason_of(result, "j3")) == (
+        "the job asks for 4 GPUs but project joe may never use more than 3 GPUs; "
+        "ask for fewer GPUs")
+    assert wait_of(result, "j3").position is None
+
+
+@pytest.mark.parametrize("now, victims", [
+    pytest.param(100, [], id="both-jobs-young-claim-waits"),
+    pytest.param(385, ["s1"], id="only-the-older-job-is-old-enough"),
+    pytest.param(390, ["s2"], id="both-old-enough-newest-goes"),
+])
+def test_minimum_runtime_protects_young_jobs(now, victims):
+    snap = (cluster(nodes=1, gpus_per_node=8).projects(*EVEN_THIRDS)
+            .jobs(running("s1", "susan", 6, 80), running("s2", "susan", 2, 90),
+                  pending("j1", "joe", gpus=2, submitted=95))
+            .at(now))
+    result = cycle(snap, PolicyConfig(min_runtime_s=300))
+    assert preempted(result) == victims
+    if not victims:
+        assert str(reason_of(result, "j1")) == (
+            "waiting for 2 GPUs on one node; the over-quota jobs that could give them back "
+            "have run less than the minimum of 300 s")
+
+
+# -- victims: order, preference, minimal set ------------------------------------------------
+
+@pytest.mark.parametrize("nodes, projects, jobs, claim, victims", [
+    pytest.param(
+        1, (project("susan").quota(2), project("joe").quota(2)),
+        [running("big", "susan", 4, 0), running("small", "susan", 1, 50),
+         running("j0", "joe", 1, 0), running("s3", "susan", 2, 10)],
+        pending("j1", "joe", gpus=1, submitted=100), ["small"],
+        id="newest-is-a-1-gpu-job-and-it-alone-goes"),
+    pytest.param(
+        1, (project("susan").quota(2), project("joe").quota(2)),
+        [running("small", "susan", 1, 0), running("big", "susan", 4, 50),
+         running("j0", "joe", 1, 0), running("s3", "susan", 2, 10)],
+        pending("j1", "joe", gpus=1, submitted=100), ["big"],
+        id="recency-not-size-newest-4-gpu-job-goes"),
+    pytest.param(
+        2, (project("a").quota(7), project("b").quota(6), project("c").quota(2),
+            project("x").quota(0)),
+        [running("a0", "a", 7, 0, "n0"), running("x1", "x", 1, 50, "n0"),
+         running("b0", "b", 6, 0, "n1"), running("x2", "x", 2, 40, "n1")],
+        pending("c1", "c", gpus=2, submitted=100), ["x2"],
+        id="put-back-what-did-not-help"),
+    pytest.param(
+        1, (project("susan").quota(4), project("joe").quota(2), project("jemma").quota(2)),
+        [running("s_old", "susan", 2, 0), running("s_new", "susan", 4, 10),
+         running("m0", "jemma", 2, 0)],
+        pending("j1", "joe", gpus=2, submitted=100), ["s_old"],
+        id="prefer-the-job-that-leaves-susan-at-quota"),
+    pytest.param(
+        1, EVEN_THIRDS,
+        [running("s1", "susan", 4, 0), running("m1", "jemma", 2, 10),
+         running("m2", "jemma", 1, 20), running("j0", "joe", 1, 30)],
+        pending("j1", "joe", gpus=1, submitted=100), ["m2"],
+        id="prefer-jemma-at-quota-over-susan-most-over-share"),
+    pytest.param(
+        1, (project("susan").quota(1), project("jemma").quota(1), project("joe").quota(3)),
+        [running("s1", "susan", 1, 0), running("s2", "susan", 1, 10),
+         running("s3", "susan", 1, 20), running("s4", "susan", 1, 30),
+         running("m1", "jemma", 1, 40), running("m2", "jemma", 1, 50),
+         running("j0", "joe", 2, 0)],
+        pending("j1", "joe", gpus=1, submitted=100), ["s4"],
+        id="most-over-share-project-first"),
+    pytest.param(
+        1, (project("susan").quota(1).weight(0), project("jemma").quota(1).weight(0).priority(1),
+            project("joe").quota(4)),
+        [running("s1", "susan", 3, 0), running("m1", "jemma", 3, 50), running("j0", "joe", 2, 0)],
+        pending("j1", "joe", gpus=2, submitted=100), ["s1"],
+        id="equal-over-share-lowest-priority-first"),
+])
+def test_victims(nodes, projects, jobs, claim, victims):
+    snap = cluster(nodes=nodes, gpus_per_node=8).projects(*projects).jobs(*jobs, claim).at(100)
+    result = cycle(snap)
+    assert preempted(result) == victims
+    assert isinstance(reason_of(result, claim.build().id), R.Reclaiming)
+
+
+# -- deserved shares: quotas, priority tiers, water-filling ---------------------------------
+
+@pytest.mark.parametrize("projects, demand, capacity, shares", [
+    pytest.param([project("a").weight(1), project("b").weight(3)], {"a": 8, "b": 8}, 8,
+                 {"a": 2, "b": 6}, id="weights-1-to-3-split-8-idle-gpus"),
+    pytest.param([project("a").weight(1), project("b").weight(3)], {"a": 1, "b": 8}, 8,
+                 {"a": 1, "b": 7}, id="a-sated-b-takes-the-rest"),
+    pytest.param([project("a").priority(1), project("b")], {"a": 6, "b": 6}, 8,
+                 {"a": 6, "b": 2}, id="higher-priority-tier-borrows-first"),
+    pytest.param([project("a").priority(1), project("b").quota(3)], {"a": 8, "b": 8}, 8,
+                 {"a": 5, "b": 3}, id="quotas-before-any-tier"),
+    pytest.param([project("a").quota(4), project("b")], {"a": 1, "b": 8}, 8,
+                 {"a": 1, "b": 7}, id="quota-only-up-to-demand"),
+    pytest.param([project("a").limit(3), project("b")], {"a": 8, "b": 8}, 8,
+                 {"a": 3, "b": 5}, id="limit-caps-the-share"),
+    pytest.param([project("a").quota(2).weight(0), project("b")], {"a": 8, "b": 8}, 8,
+                 {"a": 2, "b": 6}, id="weight-zero-borrows-nothing"),
+])
+def test_deserved_shares(projects, demand, capacity, shares):
+    got = deserved_shares([p.build() for p in projects],
+                          {k: milli(v) for k, v in demand.items()}, milli(capacity))
+    assert got == {k: milli(v) for k, v in shares.items()}
+
+
+def test_deserved_shares_stay_integer_and_split_leftover_milli_gpus_by_name():
+    got = deserved_shares([project(n).build() for n in "cab"], {n: GPU for n in "abc"}, GPU)
+    assert got == {"a": 334, "b": 333, "c": 333}
+
+
+def test_idle_gpus_go_by_over_quota_weight_in_a_cycle():
+    snap = (cluster(nodes=1, gpus_per_node=8)
+            .projects(project("a").weight(1), project("b").weight(3))
+            .jobs(*(pending(f"a{i}", "a", submitted=i) for i in range(8)),
+                  *(pending(f"b{i}", "b", submitted=i) for i in range(8)))
+            .at(100))
+    result = cycle(snap)
+    by_project = {"a": 0, "b": 0}
+    for s in result.starts:
+        by_project[s.job[0]] += 1
+    assert by_project == {"a": 2, "b": 6}
+    assert result.deserved == {"a": 2000, "b": 6000}
+
+
+# -- placement: best fit, fewest nodes, atomic gangs ----------------------------------------
+
+PARTLY_FULL = [running("u0", "other", 6, 0, "n0"), running("u1", "other", 4, 0, "n1")]
+
+
+@pytest.mark.parametrize("gpus, placement", [
+    pytest.param(1, {"n0": 1}, id="1-gpu-on-the-fullest-node"),
+    pytest.param(2, {"n0": 2}, id="2-gpus-fill-n0"),
+    pytest.param(3, {"n1": 3}, id="3-gpus-skip-n0"),
+    pytest.param(4, {"n1": 4}, id="4-gpus-fill-n1"),
+    pytest.param(5, {"n2": 5}, id="5-gpus-need-the-empty-node"),
+    pytest.param(12, {"n2": 8, "n1": 4}, id="12-gpus-whole-node-plus-best-fit"),
+    pytest.param(14, {"n2": 8, "n1": 4, "n0": 2}, id="14-gpus-cannot-use-2-nodes-waits"),
+])
+def test_best_fit_placement(gpus, placement):
+    snap = (cluster(nodes=3, gpus_per_node=8).projects(project("other"), project("p"))
+            .jobs(*PARTLY_FULL, pending("j", "p", gpus=gpus)).at(100))
+    result = cycle(snap)
+    if gpus == 14:  # 14 free GPUs in all, but a 14-GPU gang is two nodes' worth at most
+        assert started(result) == {}
+        assert str(reason_of(result, "j")) == (
+            "waiting for 14 GPUs on 2 nodes to borrow: this would take project p (0 GPUs in "
+            "use) beyond its quota of 0 GPUs, and no idle GPUs fit")
+    else:
+        assert started(result) == {"j": placement}
+
+
+@pytest.mark.parametrize("sizes, gpus, placement", [
+    pytest.param((8, 8, 8), 12, {"n0": 8, "n1": 4}, id="12-on-8-gpu-nodes-uses-2"),
+    pytest.param((8, 8, 8), 16, {"n0": 8, "n1": 8}, id="16-uses-2-whole-nodes"),
+    pytest.param((8, 8, 8), 20, {"n0": 8, "n1": 8, "n2": 4}, id="20-uses-3"),
+    pytest.param((4, 8, 8), 12, {"n1": 8, "n0": 4}, id="12-remainder-on-the-small-node"),
+])
+def test_gangs_use_the_fewest_nodes(sizes, gpus, placement):
+    snap = (cluster(sizes=sizes).projects(project("p").quota(sum(sizes)))
+            .jobs(pending("j", "p", gpus=gpus)).at(0))
+    assert started(cycle(snap)) == {"j": placement}
+
+
+@pytest.mark.parametrize("busy, gpus, text", [
+    pytest.param({"n0": 6, "n1": 6}, 4,
+                 "waiting for 4 GPUs on one node; 4 GPUs are free but not on few enough "
+                 "nodes, and no over-quota jobs can be reclaimed", id="4-free-as-2+2"),
+    pytest.param({"n0": 1}, 16,
+                 "waiting for 16 GPUs on 2 nodes to borrow: this would take project p (0 GPUs "
+                 "in use) beyond its quota of 15 GPUs, and no idle GPUs fit", id="16-with-15-free"),
+])
+def test_gangs_start_whole_or_not_at_all(busy, gpus, text):
+    used = sum(busy.values())
+    snap = (cluster(nodes=2, gpus_per_node=8)
+            .projects(project("owner").quota(used), project("p").quota(16 - used))
+            .jobs(*(running(f"u{n}", "owner", g, 0, n) for n, g in busy.items()),
+                  pending("j", "p", gpus=gpus))
+            .at(100))
+    result = cycle(snap)
+    assert started(result) == {} and preempted(result) == []
+    assert str(reason_of(result, "j")) == text
+
+
+# -- reservations: a large gang is not starved by a stream of small ones --------------------
+
+def _stream_of_small_jobs(config: PolicyConfig, horizon: int = 600):
+    """Two busy 8-GPU nodes, three 1-GPU jobs of 60 s arriving every 10 s, an 8-GPU job at 0."""
+    busy = [job(f"r{i}").project("small").running_on(since=-10 * (i % 6), **{f"n{i % 2}": 1})
+            for i in range(16)]
+    snap = (cluster(nodes=2, gpus_per_node=8)
+            .projects(project("small"), project("big"))
+            .jobs(*busy, pending("big", "big", gpus=8, submitted=0)).at(0))
+    seen = {"reserved": None, "big_started": None, "small_on_reserved": 0}
+    for t in range(0, horizon, 10):
+        done = [j.id for j in snap.jobs if j.running and snap.now - j.start_time >= 60]
+        snap = submit(finish(snap, *done),
+                      *(pending(f"s{t}-{i}", "small", submitted=t) for i in range(3)))
+        before = snap
+        result, snap = step(snap, config)
+        holder = next((j for j in before.jobs if j.reserved), None)
+        for s in result.starts:
+            if s.job == "big":
+                seen["big_started"] = t
+            elif holder is not None and set(s.placement) & set(holder.reserved):
+                seen["small_on_reserved"] += 1
+        if result.reservation is not None and seen["reserved"] is None:
+            seen["reserved"] = (t, result.reservation.job, result.reservation.reserved,
+                                str(result.reservation.reason))
+        if seen["big_started"] is not None:
+            break
+    return seen
+
+
+def test_reservation_lets_a_large_gang_start_despite_a_stream_of_small_jobs():
+    config = PolicyConfig(reserve_after_s=100, reclaim_fair_share=False)
+    seen = _stream_of_small_jobs(config)
+    t, holder, nodes, text = seen["reserved"]
+    assert (t, holder) == (100, "big")
+    assert len(nodes) == 1
+    assert text == (f"waiting for 8 GPUs; node(s) {nodes[0]} are reserved for this job and "
+                    f"start no new borrowing jobs until it runs")
+    assert seen["small_on_reserved"] == 0
+    assert seen["big_started"] is not None and seen["big_started"] <= t + 60 + 10
+
+
+def test_without_reservations_the_stream_starves_the_large_gang():
+    seen = _stream_of_small_jobs(PolicyConfig(reservations=False, reclaim_fair_share=False))
+    assert seen["big_started"] is None and seen["reserved"] is None
+
+
+def test_jobs_behind_a_reservation_are_told_why():
+    snap = (cluster(nodes=2, gpus_per_node=8)
+            .projects(project("small"), project("big"))
+            .jobs(job("big").project("big").gpus(16).submitted(0).reserved("n0", "n1"),
+                  running("s0", "small", 4, 0, "n0"), pending("s1", "small", submitted=50))
+            .at(100))
+    result = cycle(snap)
+    assert started(result) == {}
+    assert str(reason_of(result, "s1")) == (
+        "waiting for 1 GPU on one node; the free GPUs are reserved for job big, which has "
+        "waited longest")
+    assert result.reservation.job == "big" and result.reservation.reserved == ("n0", "n1")
+
+
+def test_a_guaranteed_job_is_not_held_back_by_a_reservation():
+    snap = (cluster(nodes=2, gpus_per_node=8)
+            .projects(project("small").quota(1), project("big"))
+            .jobs(job("big").project("big").gpus(16).submitted(0).reserved("n0", "n1"),
+                  running("s0", "other", 4, 0, "n0"), pending("s1", "small", submitted=50))
+            .at(100))
+    assert started(cycle(snap)) == {"s1": {"n0": 1}}
+
+
+# -- reasons are sentences ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("reason, text", [
+    (R.TooLarge(milli(20), milli(16)),
+     "the job asks for 20 GPUs but the train pool has only 16 GPUs; ask for fewer GPUs"),
+    (R.AtLimit("joe", milli(3), milli(3)), "project joe is at its limit of 3 GPUs (3 GPUs in use)"),
+    (R.NoIdleGpus("susan", milli(2), milli(6), milli(2), 1),
+     "waiting for 2 GPUs on one node to borrow: this would take project susan (6 GPUs in use) "
+     "beyond its quota of 2 GPUs, and no idle GPUs fit"),
+    (R.Reclaiming(milli(12), 2, (("jemma", GPU), ("susan", milli(4)))),
+     "waiting for 12 GPUs on 2 nodes; reclaiming 1 GPU from project jemma, 4 GPUs from "
+     "project susan"),
+    (R.Releasing(GPU, 1),
+     "waiting for 1 GPU on one node; preempted jobs are releasing them within their grace period"),
+    (R.MinRuntime(milli(2), 1, 600.0),
+     "waiting for 2 GPUs on one node; the over-quota jobs that could give them back have run "
+     "less than the minimum of 600 s"),
+    (R.Reserved(milli(8), ("n1",)),
+     "waiting for 8 GPUs; node(s) n1 are reserved for this job and start no new borrowing jobs "
+     "until it runs"),
+    (R.BehindReservation(GPU, 1, "big"),
+     "waiting for 1 GPU on one node; the free GPUs are reserved for job big, which has waited "
+     "longest"),
+    (R.Fragmented(milli(4), 1, milli(4)),
+     "waiting for 4 GPUs on one node; 4 GPUs are free but not on few enough nodes, and no "
+     "over-quota jobs can be reclaimed"),
+], ids=lambda v: type(v).__name__ if isinstance(v, R.Reason) else "")
+def test_reasons_are_plain_sentences(reason, text):
+    assert str(reason) == text
+
+
+def test_a_job_larger_than_the_pool_can_never_run():
+    snap = (cluster(nodes=2, gpus_per_node=8).projects(project("p"))
+            .jobs(pending("huge", "p", gpus=20)).at(0))
+    w = wait_of(cycle(snap), "huge")
+    assert w.position is None
+    assert str(w.reason) == ("the job asks for 20 GPUs but the train pool has only 16 GPUs; "
+                             "ask for fewer GPUs")
+
+
+# -- determinism ---------------------------------------------------------------------------------
+
+def _busy_snapshot():
+    return (cluster(sizes=(8, 8, 4, 2))
+            .projects(project("susan").quota(4), project("joe").quota(6).weight(2),
+                      project("jemma").quota(2).priority(1), project("zed").limit(4))
+            .jobs(running("s1", "susan", 8, 0, "n0"), running("s2", "susan", 4, 5, "n1"),
+                  running("z1", "zed", 2, 10, "n2"), running("z2", "zed", 2, 20, "n3"),
+                  pending("j1", "joe", gpus=4, submitted=30), pending("j2", "joe", 2, submitted=31),
+                  pending("m1", "jemma", gpus=1, submitted=40), pending("z3", "zed", submitted=41),
+                  pending("s3", "susan", gpus=12, submitted=0))
+            .at(5000))
+
+
+def test_the_same_snapshot_gives_the_same_decisions():
+    snap = _busy_snapshot()
+    first, second = cycle(snap), cycle(snap)
+    assert first == second
+    assert first.preemptions  # the snapshot is busy enough to exercise reclaim
+
+
+def test_the_order_of_jobs_in_the_snapshot_does_not_matter():
+    snap = _busy_snapshot()
+    assert cycle(replace(snap, jobs=snap.jobs[::-1])) == cycle(snap)
+
+
+# -- build slices --------------------------------------------------------------------------------
+
+BUILD_NODES = (Node("b0", 2, BUILD), Node("b1", 1, BUILD), Node("n0", 8))
+HELD = (Slice("s1", "ann", 750, "b0", 0), Slice("s2", "bob", 250, "b0", 1))
+
+
+@pytest.mark.parametrize("milli_gpus, where", [
+    pytest.param(250, SlicePlacement("b0", 0), id="quarter-fills-the-fullest-gpu"),
+    pytest.param(500, SlicePlacement("b0", 1), id="half-skips-the-gpu-with-a-quarter-left"),
+    pytest.param(750, SlicePlacement("b0", 1), id="three-quarters-fit-exactly"),
+    pytest.param(1000, SlicePlacement("b1", 0), id="a-whole-gpu-needs-an-empty-one"),
+])
+def test_slices_are_packed_best_fit(milli_gpus, where):
+    assert place_slice(BUILD_NODES, HELD, "cat", milli_gpus) == where
+
+
+def test_slice_beyond_the_users_allowance_is_refused():
+    refused = place_slice(BUILD_NODES, HELD, "ann", 500, allowance=1000)
+    assert isinstance(refused, SliceRefused)
+    assert str(refused) == ("ann already holds 0.75 GPU of a build allowance of 1 GPU; stop "
+                            "another notebook server or pick a smaller slice")
+    assert place_slice(BUILD_NODES, HELD, "ann", 250, allowance=1000) == SlicePlacement("b0", 0)
+
+
+def test_slice_on_a_full_build_pool_is_refused():
+    full = HELD + (Slice("s3", "cat", 250, "b0", 0), Slice("s4", "cat", 750, "b0", 1),
+                   Slice("s5", "dan", 1000, "b1", 0))
+    refused = place_slice(BUILD_NODES, full, "eve", 250)
+    assert str(refused) == ("the build pool is full: no GPU has 0.25 GPU free; try a smaller "
+                            "slice or a CPU-only server, or try again later")
+
+
+@pytest.mark.parametrize("milli_gpus, text", [
+    pytest.param(0, "0 GPUs", id="zero"),
+    pytest.param(-250, "-0.25 GPU", id="negative"),
+    pytest.param(1500, "1.5 GPU", id="more-than-one-gpu"),
+])
+def test_slice_of_a_bad_fraction_is_refused(milli_gpus, text):
+    refused = place_slice(BUILD_NODES, HELD, "eve", milli_gpus)
+    assert str(refused) == ("a build slice is a fraction of one GPU (more than 0, at most 1), "
+                            f"not {text}")
