@@ -173,7 +173,8 @@ def apply(snap: Snapshot, result: CycleResult) -> Snapshot:
     """
     starts = {s.job: dict(s.placement) for s in result.starts}
     preempted = {p.job for p in result.preemptions}
-    reserved = {w.job: tuple(w.reserved) for w in result.waits if w.reserved}
+    holder = result.reservation
+    reserved = {holder.job: tuple(holder.reserved)} if holder is not None else {}
     jobs = []
     for j in snap.jobs:
         if j.running and j.preempting:

@@ -102,8 +102,8 @@ def snapshots(draw, now=100.0):
     projects = draw(project_lists(capacity))
     names = [p.name for p in projects]
     jobs, free = [], {f"n{i}": g for i, g in enumerate(sizes)}
-    for node, size in list(free.items()):
-        for gpus in draw(st.lists(st.integers(1, size), max_size=4)):
+    for node, size in list(free.items()):  # mostly full nodes of small jobs: contention
+        for gpus in draw(st.lists(st.integers(1, max(1, size // 2)), max_size=6)):
             if gpus > free[node]:
                 break
             free[node] -= gpus
@@ -122,7 +122,7 @@ def snapshots(draw, now=100.0):
                             submit_time=since, state=JobState.RUNNING,
                             placement={n: g * GPU for n, g in placement.items()},
                             start_time=since, preempting=draw(st.integers(0, 9)) == 0))
-    for i in range(draw(st.integers(1, 6))):
+    for i in range(draw(st.integers(1, 4))):
         gpus = draw(st.one_of(st.integers(1, max(sizes)), st.integers(1, capacity + 1)))
         out.append(TrainJob(f"q{i}", draw(st.sampled_from(names)), gpus * GPU,
                             priority=draw(st.integers(0, 2)),
@@ -133,6 +133,39 @@ def snapshots(draw, now=100.0):
         out[i] = replace(out[i], reserved=tuple(sorted(held)))
     nodes = tuple(Node(f"n{i}", g) for i, g in enumerate(sizes))
     return Snapshot(now, nodes, tuple(projects), tuple(out))
+
+
+@st.composite
+def full_pools(draw, now=100.0):
+    """A full pool of small jobs of three projects and a claimant ``z`` within its quota.
+
+    Quotas fit the pool, so the others run at least the claimant's gang beyond their quotas;
+    whether it can be made room for on few enough nodes depends on where their jobs lie.
+    """
+    size, count = draw(st.integers(2, 8)), draw(st.integers(2, 5))
+    jobs, usage = [], {"x": 0, "y": 0, "w": 0}
+    for node in range(count):
+        left = size
+        while left:
+            gpus = min(left, draw(st.integers(1, max(1, size // 2))))
+            left -= gpus
+            project = draw(st.sampled_from(sorted(usage)))
+            usage[project] += gpus
+            since = now - draw(st.sampled_from([10.0, 20.0, 30.0, 40.0, 50.0]))
+            jobs.append(TrainJob(f"r{len(jobs)}", project, gpus * GPU, submit_time=since,
+                                 state=JobState.RUNNING, placement={f"n{node}": gpus * GPU},
+                                 start_time=since))
+    gpus = draw(st.integers(1, 2 * size))
+    quotas = {p: draw(st.integers(0, u)) for p, u in sorted(usage.items())}
+    excess = sum(quotas.values()) + gpus - size * count
+    for p in sorted(quotas):
+        cut = min(quotas[p], max(0, excess))
+        quotas[p] -= cut
+        excess -= cut
+    projects = tuple(Project(p, q * GPU) for p, q in quotas.items()) + (Project("z", gpus * GPU),)
+    claimant = TrainJob("z1", "z", gpus * GPU, submit_time=now)
+    nodes = tuple(Node(f"n{i}", size) for i in range(count))
+    return Snapshot(now, nodes, projects, tuple(jobs) + (claimant,))
 
 
 # -- brute-force arithmetic of the checks -------------------------------------------------------
@@ -429,6 +462,15 @@ def test_every_cycle_keeps_the_contract(world):
 def test_any_snapshot_gets_decisions_that_keep_the_contract(snap, config):
     note(f"snapshot: {snap}")
     Contract(config).check(snap)
+
+
+@SETTINGS
+@given(full_pools(), configs())
+def test_a_within_quota_job_gets_room_in_a_full_pool(snap, config):
+    note(f"snapshot: {snap}")
+    contract = Contract(config)
+    contract.check(snap)
+    event(f"room on few enough nodes: {bool(contract.stats['guarantees'])}")
 
 
 @SETTINGS

@@ -487,3 +487,97 @@ def test_slice_of_a_bad_fraction_is_refused(milli_gpus, text):
     refused = place_slice(BUILD_NODES, HELD, "eve", milli_gpus)
     assert str(refused) == ("a build slice is a fraction of one GPU (more than 0, at most 1), "
                             f"not {text}")
+
+
+# -- found by the property tests ----------------------------------------------------------------
+
+def test_a_guaranteed_gang_gets_a_whole_node_back_when_newest_first_would_spread():
+    # Newest first takes x3 (n1) and x2 (n0): 4 + 4 GPUs back, but on no single node.
+    snap = (cluster(nodes=2, gpus_per_node=8)
+            .projects(project("x").quota(4), project("y").quota(4), project("z").quota(8))
+            .jobs(running("x1", "x", 4, 0, "n0"), running("x2", "x", 4, 10, "n0"),
+                  running("y1", "y", 4, 0, "n1"), running("x3", "x", 4, 20, "n1"),
+                  pending("z1", "z", gpus=8, submitted=30))
+            .at(100))
+    result, snap = step(snap)
+    assert sorted(preempted(result)) == ["x1", "x2"]
+    assert str(reason_of(result, "z1")) == (
+        "waiting for 8 GPUs on one node; reclaiming 8 GPUs from project x")
+    _, snap = step(snap)
+    result, snap = step(snap)
+    assert started(result) == {"z1": {"n0": 8}}
+
+
+def test_within_quota_jobs_are_not_moved_to_make_room_for_a_gang():
+    # x is over its quota, but no node frees 4 GPUs unless y, within its quota, gives too.
+    snap = (cluster(nodes=2, gpus_per_node=4)
+            .projects(project("x"), project("y").quota(4), project("z").quota(4))
+            .jobs(running("x1", "x", 2, 0, "n0"), running("y1", "y", 2, 0, "n0"),
+                  running("x2", "x", 2, 0, "n1"), running("y2", "y", 2, 0, "n1"),
+                  pending("z1", "z", gpus=4, submitted=30))
+            .at(100))
+    result = cycle(snap)
+    assert preempted(result) == [] and started(result) == {}
+    assert isinstance(reason_of(result, "z1"), R.Fragmented)
+
+
+@pytest.mark.parametrize("now, victims", [
+    pytest.param(100, [], id="young-low-priority-job-is-spared"),
+    pytest.param(400, ["low"], id="old-enough-low-priority-job-goes"),
+])
+def test_preempting_within_a_project_respects_the_minimum_runtime(now, victims):
+    snap = (cluster(nodes=1, gpus_per_node=4).projects(project("p"))
+            .jobs(running("low", "p", 4, 90), pending("high", "p", gpus=4, priority=1))
+            .at(now))
+    config = PolicyConfig(preempt_within_project=True, min_runtime_s=300)
+    assert preempted(cycle(snap, config)) == victims
+
+
+def _history(snap, config, cycles=12):
+    events = []
+    for _ in range(cycles):
+        result, snap = step(snap, config)
+        events += [(snap.now - 10, "start", s.job) for s in result.starts]
+        events += [(snap.now - 10, "preempt", p.job) for p in result.preemptions]
+    return events, snap
+
+
+@pytest.mark.parametrize("quota, running_gpus, high_gpus, expected", [
+    pytest.param(4, 4, 2, [(0, "preempt", "low"), (20, "start", "high")],
+                 id="claimant-then-fits-the-quota-preempts"),
+    pytest.param(3, 3, 4, [], id="claimant-beyond-quota-would-lose-to-the-requeued-victim"),
+])
+def test_preempting_within_a_project_does_not_flap(quota, running_gpus, high_gpus, expected):
+    snap = (cluster(nodes=1, gpus_per_node=4).projects(project("p").quota(quota))
+            .jobs(running("low", "p", running_gpus, -100),
+                  pending("high", "p", gpus=high_gpus, priority=1))
+            .at(0))
+    events, _ = _history(snap, PolicyConfig(preempt_within_project=True))
+    assert events == expected
+
+
+def test_a_borrower_beyond_its_share_goes_after_one_within_its_share():
+    # p2's priority tier borrows first, but its share is its quota (weight 0): one GPU. Were
+    # b to start first, c would reclaim from p2 and b take the GPU back, forever.
+    snap = (cluster(nodes=2, gpus_per_node=1)
+            .projects(project("p2").quota(1).weight(0).priority(1), project("p3"))
+            .jobs(pending("a", "p2"), pending("b", "p2", submitted=1), pending("c", "p3"))
+            .at(0))
+    events, snap = _history(snap, PolicyConfig(reclaim_fair_share=True))
+    assert events == [(0, "start", "a"), (0, "start", "c")]
+    assert job_of(snap, "b").pending
+
+
+def test_a_reservation_holder_at_its_projects_limit_gives_the_nodes_back():
+    snap = (cluster(nodes=2, gpus_per_node=4)
+            .projects(project("p").quota(1).limit(4), project("q"))
+            .jobs(running("g", "p", 1, 0, "n0"), running("q0", "q", 3, 0, "n0"),
+                  job("h").project("p").gpus(4).submitted(0).reserved("n1"),
+                  pending("b", "q", submitted=50))
+            .at(100))
+    result, snap = step(snap)
+    assert result.reservation is None
+    assert str(reason_of(result, "h")) == "project p is at its limit of 4 GPUs (1 GPU in use)"
+    assert isinstance(reason_of(result, "b"), R.BehindReservation)  # it held this cycle
+    result, snap = step(snap)
+    assert started(result) == {"b": {"n1": 1}}

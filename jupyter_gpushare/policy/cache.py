@@ -19,7 +19,7 @@ class Cluster:
     capacity: int
     node_size: int
     free: FreeMap
-    releasing: dict[str, int]
+    releasing: dict[str, int]  # only nodes where preempted jobs still hold GPUs
     usage: dict[str, int]
     projects: dict[str, Project]
     all_running: tuple[TrainJob, ...]
@@ -45,7 +45,7 @@ class Cluster:
             capacity=sum(nodes.values()),
             node_size=node_size,
             free=FreeMap(free, node_size),
-            releasing={name: releasing.get(name, 0) for name in nodes},
+            releasing={name: a for name, a in releasing.items() if a and name in nodes},
             usage=usage,
             projects=projects,
             all_running=view.running,

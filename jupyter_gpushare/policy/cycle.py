@@ -25,7 +25,7 @@ from . import reasons as R
 from .cache import Cluster
 from .model import GPU, PolicyConfig, Project, Snapshot, TrainJob, gpus_text
 from .placement import nodes_needed
-from .preemption import Floor, choose_victims
+from .preemption import Floor, VictimPool, choose_victims
 from .queues import QueueView, Queues
 from .shares import deserved_shares
 
@@ -118,7 +118,7 @@ class _Admission:
         self.held: dict[str, int] = {}
         self.victims: set[str] = set()
         self._no_fit: dict[tuple, int] = {}  # (mode, exclusion, nodes) → smallest gang that failed
-        self._candidates: dict[str, list[TrainJob]] = {}
+        self._candidates: dict[str, VictimPool] = {}
         self._young = 0  # over-quota jobs spared by the minimum runtime
         self.holder, self.reserved = self._current_reservation(view.holder)
         held = self._pending_job(self.holder) if self.holder else None
@@ -171,13 +171,16 @@ class _Admission:
     def _committed(self, project: str) -> int:
         return self.usage[project] + self.claimed[project]
 
-    def _borrow_key(self, project: str, job: TrainJob) -> tuple:
+    def _borrow_key(self, project: str) -> tuple:
+        """Projects below their deserved share first, then higher priority, then the one
+        furthest below its share. The key changes only when the project gets GPUs, so a
+        project's jobs that cannot start are passed over together (``_next_hopeful``)."""
         share = self.deserved.get(project, 0)
-        after = self._committed(project) + job.gpus
-        ratio = after / share if share else float("inf")
+        committed = self._committed(project)
+        ratio = committed / share if share else float("inf")
         # Shares already rank priority tiers: a borrower beyond its share must not take the
         # GPUs a project below its share reclaims, or the two would preempt each other forever.
-        return (after > share, -self.projects[project].priority, ratio, after, project)
+        return (committed >= share, -self.projects[project].priority, ratio, committed, project)
 
     # -- 4. admit ---------------------------------------------------------------------
     def _admit_guaranteed(self, job: TrainJob) -> None:
@@ -194,7 +197,7 @@ class _Admission:
         for name, queue in self.queues.items():
             i = self._next_borrower(queue, 0)
             if i is not None:
-                heap.append((self._borrow_key(name, queue[i]), name, i))
+                heap.append((self._borrow_key(name), name, i))
         heapq.heapify(heap)
         tail = []
         while heap:
@@ -203,6 +206,9 @@ class _Admission:
             queue = self.queues[name]
             if self._exhausted() and not self._may_reclaim(name, queue, i):
                 tail.append(entry)
+                continue
+            i = self._next_hopeful(queue, i)
+            if i is None:
                 continue
             job = queue[i]
             reason = never_fits(job, self.projects[name], self.c.capacity)
@@ -213,8 +219,36 @@ class _Admission:
                 self._admit_borrower(job)
             nxt = self._next_borrower(queue, i + 1)
             if nxt is not None:
-                heapq.heappush(heap, (self._borrow_key(name, queue[nxt]), name, nxt))
+                heapq.heappush(heap, (self._borrow_key(name), name, nxt))
         return tail
+
+    def _next_hopeful(self, queue, i: int) -> int | None:
+        """The first job from ``i`` on that might still get GPUs; the ones passed over wait.
+        Their project's key does not change meanwhile, so the order is the heap's."""
+        seen, no_fit, node_size = self.seen, self._no_fit, self.c.node_size
+        for j in range(i, len(queue)):
+            job = queue[j]
+            if job.id in seen:
+                continue
+            excluded = bool(self.reserved) and job.id != self.holder
+            k = nodes_needed(job.gpus, node_size)
+            if job.gpus < no_fit.get(("borrow", excluded, k), _NEVER) or self._may_take(job, k):
+                return j
+            self._wait(job, None)
+        return None
+
+    def _may_take(self, job: TrainJob, k: int) -> bool:
+        """Whether reclaim could still serve ``job`` when no free GPUs fit it."""
+        cfg = self.config
+        if not cfg.preemption:
+            return False
+        if cfg.preempt_within_project:
+            return True
+        if not cfg.reclaim_fair_share or \
+                self._committed(job.project) + job.gpus > self.deserved.get(job.project, 0):
+            return False
+        excluded = bool(self.reserved) and job.id != self.holder
+        return job.gpus < self._no_fit.get(("reclaim-fair", excluded, k), _NEVER)
 
     def _next_borrower(self, queue, i: int) -> int | None:
         seen = self.seen
@@ -245,7 +279,7 @@ class _Admission:
     def _admit_borrower(self, job: TrainJob) -> None:
         p = self.projects[job.project]
         if p.limit is not None and self._committed(p.name) + job.gpus > p.limit:
-            self._wait(job, R.AtLimit(p.name, p.limit, self._committed(p.name)))
+            self._wait(job, None)
             return
         exclude = self.reserved if job.id != self.holder else frozenset()
         if self._try_start(job, exclude, "borrow"):
@@ -279,17 +313,15 @@ class _Admission:
         if mode != "priority" and job.gpus >= self._no_fit.get(key, _NEVER):
             return False
         free = self.c.free.free
-        hypo = {n: free[n] + self.c.releasing[n] for n in free}
-        # Victims are judged on what ran before this cycle: a job started now never makes
-        # its project look over its quota or share, so no cycle starts and preempts at once.
-        found = choose_victims(job.gpus, hypo, self.c.node_size, self._victim_pool(mode, job),
-                               self.kept, self.projects, self.deserved,
-                               self._floor(mode), exclude)
+        pool = self._victim_pool(mode, job)
+        found = choose_victims(job.gpus, free, self.c.releasing, self.c.node_size, pool, exclude)
         if found is None:
             if mode != "priority":
                 self._no_fit[key] = job.gpus
             return False
         victims, placement = found
+        for other in {id(pool): pool, **{id(p): p for p in self._candidates.values()}}.values():
+            other.commit(victims)
         if mode == "priority" and not self._keeps_its_turn(job, victims):
             return False
         taken: dict[str, int] = {}
@@ -298,18 +330,19 @@ class _Admission:
             if hold:
                 self.c.free.take({name: hold})
                 self.held[name] = self.held.get(name, 0) + hold
-            rel = min(self.c.releasing[name], need - hold)
-            self.c.releasing[name] -= rel
+            rel = min(self.c.releasing.get(name, 0), need - hold)
+            if rel:
+                self.c.releasing[name] -= rel
             taken[name] = need - hold - rel
         for victim in victims:
             self.victims.add(victim.id)
             self.usage[victim.project] -= victim.gpus
             self.kept[victim.project] -= victim.gpus
             for name, amount in victim.placement.items():
-                if name in self.c.releasing:  # what the claimant does not need frees for others
+                if name in free:  # what the claimant does not need frees for others
                     use = min(amount, taken.get(name, 0))
                     taken[name] = taken.get(name, 0) - use
-                    self.c.releasing[name] += amount - use
+                    self.c.releasing[name] = self.c.releasing.get(name, 0) + amount - use
             self.preempts.append(Preempt(victim.id, victim.project, job.id,
                                          self._preempt_why(mode, job), mode))
         self.claimed[job.project] += job.gpus
@@ -334,23 +367,29 @@ class _Admission:
         left = self.usage[job.project] - sum(v.gpus for v in victims)
         return left >= quota or left + self.claimed[job.project] + job.gpus <= quota
 
-    def _victim_pool(self, mode: str, job: TrainJob) -> list[TrainJob]:
+    def _victim_pool(self, mode: str, job: TrainJob) -> VictimPool:
+        """The jobs reclaim may take: old enough, and (guarantee, fair) from other projects,
+        which the floors ensure, or (priority) of lower priority in the job's own project.
+        Victims are judged on what ran before this cycle (``kept``): a job started now never
+        makes its project look over its quota or share, so no cycle starts and preempts at once."""
         old_enough = self.snap.now - self.config.min_runtime_s
         if mode == "priority":
-            return [j for j in self.c.running if j.project == job.project
-                    and j.priority < job.priority and j.id not in self.victims
-                    and (j.start_time or 0.0) <= old_enough]
-        if "old" not in self._candidates:
+            return VictimPool([j for j in self.c.running if j.project == job.project
+                               and j.priority < job.priority and j.id not in self.victims
+                               and (j.start_time or 0.0) <= old_enough],
+                              self.kept, self.projects, self.deserved, self._floor(mode))
+        if mode not in self._candidates:
             pool = []
             for j in self.c.running:
+                if j.id in self.victims:
+                    continue
                 if (j.start_time or 0.0) <= old_enough:
                     pool.append(j)
                 elif self.usage[j.project] > self.projects[j.project].quota:
                     self._young += 1
-            self._candidates["old"] = pool
-        pool = self._candidates["old"] = [j for j in self._candidates["old"]
-                                          if j.id not in self.victims]
-        return [j for j in pool if j.project != job.project]
+            self._candidates[mode] = VictimPool(pool, self.kept, self.projects, self.deserved,
+                                                self._floor(mode))
+        return self._candidates[mode]
 
     def _floor(self, mode: str) -> Floor:
         quota = lambda name: self.projects[name].quota  # noqa: E731
@@ -384,6 +423,12 @@ class _Admission:
             return R.MinRuntime(job.gpus, k, self.config.min_runtime_s)
         return R.Fragmented(job.gpus, k, self.c.free.total())
 
+    def _borrower_reason(self, job: TrainJob) -> R.Reason:
+        p = self.projects[job.project]
+        if p.limit is not None and self._committed(p.name) + job.gpus > p.limit:
+            return R.AtLimit(p.name, p.limit, self._committed(p.name))
+        return self._why_no_room(job, self.reserved if job.id != self.holder else frozenset())
+
     def _wait(self, job: TrainJob, reason: R.Reason | None) -> None:
         self.waits.append((job, reason))
 
@@ -392,7 +437,7 @@ class _Admission:
         if not self.config.reservations or holder is None:
             return None, frozenset()
         job = self._pending_job(holder)
-        if job is None or not all(n in self.c.releasing for n in job.reserved):
+        if job is None or not all(n in self.c.free.free for n in job.reserved):
             return None, frozenset()  # a node of the reservation is gone: reserve anew
         return holder, frozenset(job.reserved)
 
@@ -409,17 +454,16 @@ class _Admission:
             return None
         if self.holder is not None and self.holder not in self.done:
             job = self._pending_job(self.holder)
-            nodes = tuple(sorted(self.reserved))
-            return Wait(job.id, None, R.Reserved(job.gpus, nodes), nodes)
+            if not self._at_limit(job):  # else it waits for its own project, not for nodes
+                nodes = tuple(sorted(self.reserved))
+                return Wait(job.id, None, R.Reserved(job.gpus, nodes), nodes)
         oldest = self.snap.now - self.config.reserve_after_s
         best = None
         for name, queue in self.queues.items():
-            p = self.projects[name]
-            limit = p.limit if p.limit is not None else self.c.capacity
             for job in queue:  # the first starving job of each project, then the earliest
                 if job.submit_time > oldest or job.id in self.done:
                     continue
-                if job.gpus > limit or self._committed(name) + job.gpus > limit:
+                if self._at_limit(job):
                     continue  # never fits, or waits for its own project, not for nodes
                 key = self._global_key(job)
                 if best is None or key < best[0]:
@@ -430,6 +474,11 @@ class _Admission:
         job = best[1]
         nodes = self._drain_nodes(job.gpus)
         return Wait(job.id, None, R.Reserved(job.gpus, nodes), nodes)
+
+    def _at_limit(self, job: TrainJob) -> bool:
+        p = self.projects[job.project]
+        limit = p.limit if p.limit is not None else self.c.capacity
+        return job.gpus > limit or self._committed(p.name) + job.gpus > limit
 
     def _drain_nodes(self, gpus: int) -> tuple[str, ...]:
         """The freest nodes, enough for the gang; free GPUs there only grow from now on."""
@@ -454,23 +503,18 @@ class _Admission:
             _, name, i = heapq.heappop(tail)
             queue = self.queues[name]
             job = queue[i]
-            p = self.projects[name]
-            reason = never_fits(job, p, self.c.capacity)
+            reason = never_fits(job, self.projects[name], self.c.capacity)
             if reason is not None:
                 never.append(Wait(job.id, None, reason))
-            elif p.limit is not None and self._committed(name) + job.gpus > p.limit:
-                entries.append((job, R.AtLimit(name, p.limit, self._committed(name))))
             else:
-                exclude = self.reserved if job.id != self.holder else frozenset()
-                entries.append((job, self._why_no_room(job, exclude)))
+                entries.append((job, None))
             nxt = self._next_borrower(queue, i + 1)
             if nxt is not None:
-                heapq.heappush(tail, (self._borrow_key(name, queue[nxt]), name, nxt))
+                heapq.heappush(tail, (self._borrow_key(name), name, nxt))
         waits = []
         for position, (job, reason) in enumerate(entries, start=1):
             if reason is None:
-                exclude = self.reserved if job.id != self.holder else frozenset()
-                reason = self._why_no_room(job, exclude)
+                reason = self._borrower_reason(job)
             if reservation is not None and job.id == reservation.job:
                 if not isinstance(reason, (R.Reclaiming, R.Releasing)):
                     reason = reservation.reason

@@ -8,12 +8,12 @@ greedily until the claimant fits, then put back every victim that was not needed
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from itertools import combinations, islice
 from typing import Callable, Mapping
 
 from .model import Project, TrainJob
-from .placement import FreeMap
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,29 +29,90 @@ class Floor:
     prefer: Callable[[str], int]
 
 
-def choose_victims(gpus: int, free: Mapping[str, int], node_size: int,
-                   candidates: list[TrainJob], usage: Mapping[str, int],
-                   projects: Mapping[str, Project], deserved: Mapping[str, int],
-                   floor: Floor, exclude: frozenset[str] = frozenset()
+class VictimPool:
+    """The jobs one kind of reclaim may take in one cycle, grouped by project, newest first.
+
+    Built once per cycle; each claimant's search starts from the cached best victim of
+    every project, and ``commit`` applies a search's victims so the next one sees them gone.
+    """
+
+    def __init__(self, jobs: list[TrainJob], usage: Mapping[str, int],
+                 projects: Mapping[str, Project], deserved: Mapping[str, int], floor: Floor):
+        self.by_project: dict[str, list[TrainJob]] = {}
+        for job in sorted(jobs, key=lambda j: (-(j.start_time or 0.0), j.id)):
+            self.by_project.setdefault(job.project, []).append(job)
+        self.used = dict(usage)
+        self.projects, self.deserved, self.floor = projects, deserved, floor
+        self.best = {name: self.entry(name, self.used[name], ()) for name in self.by_project}
+
+    def entry(self, name: str, used: int, taken) -> tuple | None:
+        """The heap entry of the project's next victim in contract order, or None."""
+        floor = self.floor
+        if used <= floor.above(name):
+            return None
+        keep, prefer = floor.keep(name), floor.prefer(name)
+        choice = None
+        for job in self.by_project[name]:  # most recently started first
+            if job.id in taken:
+                continue
+            left = used - job.gpus
+            if left < keep:
+                continue
+            if left >= prefer:
+                choice = (False, job)
+                break
+            if choice is None:
+                choice = (True, job)
+        if choice is None:
+            return None
+        below, job = choice
+        return (below, -(used - self.deserved.get(name, 0)), self.projects[name].priority,
+                -(job.start_time or 0.0), job.id, name, job)
+
+    def jobs(self) -> list[TrainJob]:
+        return [j for jobs in self.by_project.values() for j in jobs]
+
+    def commit(self, victims: list[TrainJob]) -> None:
+        """Victims chosen (by this pool's search or another's) are gone from now on."""
+        for victim in victims:
+            jobs = self.by_project.get(victim.project)
+            if jobs is not None and victim in jobs:
+                jobs.remove(victim)
+            if victim.project in self.used:
+                self.used[victim.project] -= victim.gpus
+        for name in {v.project for v in victims}:
+            if name in self.by_project:
+                self.best[name] = self.entry(name, self.used[name], ())
+
+
+def choose_victims(gpus: int, free: Mapping[str, int], releasing: Mapping[str, int],
+                   node_size: int, pool: VictimPool, exclude: frozenset[str] = frozenset()
                    ) -> tuple[list[TrainJob], dict[str, int]] | None:
     """The minimal victim set that lets a gang of ``gpus`` fit, with its placement, or None.
 
-    ``free`` already counts GPUs that are free or being released; ``candidates`` are the
-    running jobs that may be preempted at all (minimum runtime and over-quota checked by the
-    caller), ``usage`` the projects' running milli-GPUs.
+    ``free`` are the GPUs free now, in which the gang does not fit; ``releasing`` those that
+    preempted jobs are giving back; ``pool`` holds the jobs this kind of reclaim may take.
+    The pool is not changed: ``pool.commit`` the victims.
     """
-    found = _greedy(gpus, free, node_size, candidates, usage, projects, deserved, floor, exclude)
-    if found is not None:
-        return found
+    if gpus <= node_size:
+        found = _greedy_one_node(gpus, free, releasing, pool, exclude)
+        if found is not None:
+            return found
+    free = {n: a + releasing.get(n, 0) for n, a in free.items()}
+    if gpus > node_size:
+        found = _greedy(gpus, free, node_size, pool, exclude)
+        if found is not None:
+            return found
     # Newest first can spread its victims over nodes none of which then holds the gang (and
     # use up what projects may give). Aim at each set of the fewest nodes instead, with only
     # the jobs lying wholly on it, and take the one that preempts least.
     best = None
-    for nodes in _node_sets(gpus, free, node_size, candidates, usage, floor, exclude):
+    candidates = pool.jobs()
+    for nodes in _node_sets(gpus, free, node_size, candidates, pool.used, pool.floor, exclude):
         inside = set(nodes)
-        found = _greedy(gpus, {n: free[n] for n in nodes}, node_size,
-                        [j for j in candidates if j.placement.keys() <= inside],
-                        usage, projects, deserved, floor, frozenset())
+        sub = VictimPool([j for j in candidates if j.placement.keys() <= inside], pool.used,
+                         pool.projects, pool.deserved, pool.floor)
+        found = _greedy(gpus, {n: free[n] for n in nodes}, node_size, sub, frozenset())
         if found is not None:
             cost = (sum(v.gpus for v in found[0]), len(found[0]))
             if best is None or cost < best[0]:
@@ -83,37 +144,88 @@ def _node_sets(gpus: int, free: Mapping[str, int], node_size: int, candidates: l
     return sets
 
 
-def _greedy(gpus, free, node_size, candidates, usage, projects, deserved, floor, exclude):
-    by_project: dict[str, list[TrainJob]] = {}
-    for job in sorted(candidates, key=lambda j: (-(j.start_time or 0.0), j.id)):
-        by_project.setdefault(job.project, []).append(job)
-    hypo = dict(free)
-    used = dict(usage)
+def _greedy_one_node(gpus, free, releasing, pool: VictimPool, exclude):
+    """``_greedy`` for a gang on one node. The free GPUs alone did not hold it, so only
+    nodes that gain GPUs (released or reclaimed) can: only they are looked at."""
+    gain = {n: a for n, a in releasing.items() if a and n not in exclude and n in free}
+
+    def fit():
+        best = None
+        for name, extra in gain.items():
+            amount = free[name] + extra
+            if amount >= gpus and (best is None or (amount, name) < best):
+                best = (amount, name)
+        return None if best is None else {best[1]: gpus}
+
+    placement = fit()
     removed: list[TrainJob] = []
-    placement = _fit(hypo, gpus, node_size, exclude)
+    picker = _VictimPicker(pool)
     while placement is None:
-        victim = _next_victim(by_project, used, projects, deserved, floor)
+        victim = picker.pop()
         if victim is None:
             return None
-        by_project[victim.project].remove(victim)
-        used[victim.project] -= victim.gpus
+        grew = False
+        for name, amount in victim.placement.items():
+            if name in free and name not in exclude:
+                gain[name] = gain.get(name, 0) + amount
+                grew = grew or free[name] + gain[name] >= gpus
+        removed.append(victim)
+        if grew:
+            placement = fit()
+    kept: list[TrainJob] = []
+    for victim in reversed(removed):  # put back what the claimant can do without
+        back = {n: a for n, a in victim.placement.items() if n in gain}
+        for name, amount in back.items():
+            gain[name] -= amount
+        trial = fit()
+        if trial is not None:
+            placement = trial
+        else:
+            for name, amount in back.items():
+                gain[name] += amount
+            kept.append(victim)
+    kept.reverse()
+    return kept, placement
+
+
+def _greedy(gpus, free, node_size, pool: VictimPool, exclude):
+    hypo = dict(free)
+    removed: list[TrainJob] = []
+    room = sum(a for n, a in hypo.items() if n not in exclude)
+    single = gpus <= node_size
+    placement = _fit(hypo, gpus, node_size, exclude)
+    picker = _VictimPicker(pool)
+    while placement is None:
+        victim = picker.pop()
+        if victim is None:
+            return None
+        changed = []
         for name, amount in victim.placement.items():
             if name in hypo:
                 hypo[name] += amount
+                if name not in exclude:
+                    room += amount
+                    changed.append(name)
         removed.append(victim)
-        if sum(hypo[n] for n in hypo if n not in exclude) >= gpus:
+        if room < gpus:
+            continue
+        if single:  # only the victim's nodes grew, so only they can newly hold the gang
+            if any(hypo[name] >= gpus for name in changed):
+                placement = _fit(hypo, gpus, node_size, exclude)
+        else:
             placement = _fit(hypo, gpus, node_size, exclude)
     # Put back, newest choice first, every victim the claimant can do without.
     kept: list[TrainJob] = []
     for victim in reversed(removed):
-        trial = dict(hypo)
-        for name, amount in victim.placement.items():
-            if name in trial:
-                trial[name] -= amount
-        fit = _fit(trial, gpus, node_size, exclude)
+        back = {n: a for n, a in victim.placement.items() if n in hypo}
+        for name, amount in back.items():
+            hypo[name] -= amount
+        fit = _fit(hypo, gpus, node_size, exclude)
         if fit is not None:
-            hypo, placement = trial, fit
+            placement = fit
         else:
+            for name, amount in back.items():
+                hypo[name] += amount
             kept.append(victim)
     kept.reverse()
     return kept, placement
@@ -127,33 +239,39 @@ def _fit(free: Mapping[str, int], gpus: int, node_size: int, exclude) -> dict[st
                     best is None or (amount, name) < (free[best], best)):
                 best = name
         return None if best is None else {best: gpus}
-    return FreeMap(free, node_size).fit(gpus, exclude)
+    # The k-1 freest nodes whole and the rest best fit, as FreeMap.fit does, without
+    # building its index for a single question.
+    k = -(-gpus // node_size)
+    top = heapq.nsmallest(k, ((-a, n) for n, a in free.items() if a > 0 and n not in exclude))
+    if len(top) < k or -sum(a for a, _ in top) < gpus:
+        return None
+    placement = {n: -a for a, n in top[: k - 1]}
+    rest = gpus - sum(placement.values())
+    best = min((a, n) for n, a in free.items()
+               if a >= rest and n not in exclude and n not in placement)
+    placement[best[1]] = rest
+    return placement
 
 
-def _next_victim(by_project, used, projects, deserved, floor: Floor) -> TrainJob | None:
-    best_key, best = None, None
-    for name, jobs in by_project.items():
-        if not jobs:
-            continue
-        if used[name] <= floor.above(name):
-            continue
-        keep = floor.keep(name)
-        prefer = floor.prefer(name)
-        choice = None
-        for job in jobs:  # most recently started first
-            left = used[name] - job.gpus
-            if left < keep:
-                continue
-            if left >= prefer:
-                choice = (False, job)
-                break
-            if choice is None:
-                choice = (True, job)
-        if choice is None:
-            continue
-        below, job = choice
-        key = (below, -(used[name] - deserved.get(name, 0)), projects[name].priority,
-               -(job.start_time or 0.0), job.id)
-        if best_key is None or key < best_key:
-            best_key, best = key, job
-    return best
+class _VictimPicker:
+    """One search's walk through a pool in contract order: a heap of each project's best
+    victim; taking one changes only its own project's entry, so a step costs a log."""
+
+    def __init__(self, pool: VictimPool):
+        self.pool = pool
+        self.used: dict[str, int] = {}
+        self.taken: set[str] = set()
+        self.heap = [e for e in pool.best.values() if e is not None]
+        heapq.heapify(self.heap)
+
+    def pop(self) -> TrainJob | None:
+        if not self.heap:
+            return None
+        entry = heapq.heappop(self.heap)
+        name, job = entry[-2], entry[-1]
+        self.taken.add(job.id)
+        used = self.used[name] = self.used.get(name, self.pool.used[name]) - job.gpus
+        nxt = self.pool.entry(name, used, self.taken)
+        if nxt is not None:
+            heapq.heappush(self.heap, nxt)
+        return job

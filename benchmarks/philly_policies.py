@@ -1,0 +1,65 @@
+"""Benchmarks 1 and 3: the whole Philly trace under guaranteed, static and fifo.
+
+512 GPUs (8 per node) with philly_quotas.csv scaled to the capacity, defaults otherwise
+(grace 30 s, checkpoints every 1800 s, a cycle at most every 10 s). Prints the figures side
+by side, the ratios against the baselines, and the simulator's own wall time.
+
+    .venv/bin/python benchmarks/philly_policies.py [--jobs N] [--capacity 512] [--json FILE]
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from jupyter_gpushare.sim.engine import SimConfig, Simulator
+from jupyter_gpushare.sim.metrics import summarize
+from jupyter_gpushare.sim.trace import apportion, read_quotas, read_trace
+
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+ROWS = [("allocation", "{:.1%}"), ("avg_queue_s", "{:,.0f}"), ("p99_queue_s", "{:,.0f}"),
+        ("avg_jct_s", "{:,.0f}"), ("p99_jct_s", "{:,.0f}"), ("completed", "{:,}"),
+        ("unschedulable", "{:,}"), ("preemptions", "{:,}"), ("lost_gpu_hours", "{:,.1f}"),
+        ("within_quota_preemptions", "{:,}"), ("p99_reclaim_s", "{:,.0f}"),
+        ("cycles", "{:,}"), ("wall_s", "{:.1f}")]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--trace", default=str(TRACES / "philly.csv.gz"))
+    ap.add_argument("--quotas", default=str(TRACES / "philly_quotas.csv"))
+    ap.add_argument("--capacity", type=int, default=512)
+    ap.add_argument("--jobs", type=int, default=0, help="only the first N jobs (0: all)")
+    ap.add_argument("--json", help="also write the three summaries to this file")
+    args = ap.parse_args()
+    jobs = read_trace(args.trace)
+    if args.jobs:
+        jobs = jobs[: args.jobs]
+    quotas = apportion(read_quotas(args.quotas), args.capacity)
+    results = {}
+    for policy in ("guaranteed", "static", "fifo"):
+        run = Simulator(jobs, quotas, SimConfig(args.capacity, policy=policy,
+                                                cycle_interval_s=10)).run()
+        results[policy] = summarize(run)
+        print(f"{policy}: done in {results[policy]['wall_s']} s", file=sys.stderr)
+    print(f"{len(jobs):,} jobs of {Path(args.trace).name} on {args.capacity} GPUs, "
+          f"quotas scaled to the capacity")
+    print(f"{'':26}{'guaranteed':>14}{'static':>14}{'fifo':>14}")
+    for key, fmt in ROWS:
+        print(f"{key:26}" + "".join(f"{fmt.format(results[p][key]):>14}" for p in results))
+    g, s, f = results["guaranteed"], results["static"], results["fifo"]
+    print(f"{'decision_ms p50/p99':26}" + "".join(
+        f"{r['decision_ms']['p50']:>7.2f}/{r['decision_ms']['p99']:<6.2f}" for r in (g, s, f)))
+    print("ratios (guaranteed vs static, vs fifo):")
+    for key in ("avg_queue_s", "p99_queue_s", "avg_jct_s"):
+        print(f"  {key}: {g[key] / s[key]:.2f}x static, {g[key] / f[key]:.2f}x fifo")
+    print(f"  allocation: {g['allocation'] / s['allocation']:.2f}x static, "
+          f"{g['allocation'] / f['allocation']:.2f}x fifo")
+    print(f"simulator throughput (guaranteed): {g['jobs'] / g['wall_s']:,.0f} jobs/s, "
+          f"{g['wall_s']:.1f} s for the trace")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
