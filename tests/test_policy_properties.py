@@ -288,6 +288,7 @@ class Contract:
     def check(self, snap: Snapshot) -> tuple[CycleResult, Snapshot]:
         result = cycle(snap, self.config)
         assert cycle(snap, self.config) == result, "same snapshot, different decisions"  # 8
+        self.every_pending_job_is_answered(snap, result)
         free = self.never_over_allocate(snap, result)  # 1
         self.gangs_are_atomic(snap, result)  # 2
         self.victims_are_over_quota(snap, result)  # 3, 6
@@ -297,6 +298,21 @@ class Contract:
         self.stats["starts"] += len(result.starts)
         self.stats["preemptions"] += len(result.preemptions)
         return result, apply(snap, result)
+
+    def every_pending_job_is_answered(self, snap: Snapshot, result: CycleResult) -> None:
+        """A pending job starts or is told why it waits, once; only a waiting job reserves."""
+        pending = {j.id for j in snap.jobs if j.pending}
+        started = {s.job for s in result.starts}
+        waiting = [w.job for w in result.waits]
+        assert len(set(waiting)) == len(waiting), "a job is told twice why it waits"
+        assert set(waiting) == pending - started, "a pending job neither starts nor waits"
+        if result.reservation is not None:  # and the nodes it keeps will hold the holder
+            holder = next(j for j in snap.jobs if j.id == result.reservation.job)
+            assert holder.id in pending - started
+            sizes = {n.name: n.milli for n in snap.train_nodes()}
+            kept = {n: sizes[n] for n in result.reservation.reserved}
+            assert fits(kept, holder.gpus, biggest_node(snap)), \
+                f"{holder.id} ({holder.gpus}) reserves {kept}, where it can never run"
 
     def never_over_allocate(self, snap: Snapshot, result: CycleResult) -> dict[str, int]:
         """What is left free once the starts run, while preempted jobs still hold theirs."""
@@ -370,12 +386,17 @@ class Contract:
         for grace in (1, 2):
             first = first_guaranteed(fork)
             if first is None or first.id != claimant.id:
-                key = order_key(fork)
-                assert first is not None and key(first) < key(claimant), (
-                    f"{claimant.id} claimed room at {snap.now} but no longer keeps "
-                    f"{claimant.project} within quota at {fork.now}")
                 self.stats["guarantees_excused"] += 1
-                event("guarantee: a job ahead of the claimant took the room")
+                key = order_key(fork)
+                if first is not None and key(first) < key(claimant):
+                    event("guarantee excused: a job ahead of the claimant took the room")
+                    return
+                # Contract 4 lets a later job of the claimant's own project borrow idle GPUs
+                # the gang cannot use; that uses up the quota room it counted on (contract 3).
+                grew = usage_of(fork)[claimant.project] > usage_of(snap)[claimant.project]
+                assert grew, (f"{claimant.id} claimed room at {snap.now} but no longer keeps "
+                              f"{claimant.project} within quota at {fork.now}")
+                event("guarantee excused: the claimant's own project used its quota room")
                 return
             later = cycle(fork, self.config)
             if any(s.job == claimant.id for s in later.starts):

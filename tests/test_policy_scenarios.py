@@ -568,6 +568,21 @@ def test_a_borrower_beyond_its_share_goes_after_one_within_its_share():
     assert job_of(snap, "b").pending
 
 
+@pytest.mark.parametrize("quota", [pytest.param(0, id="borrower"), pytest.param(12, id="guaranteed")])
+def test_a_gang_too_large_for_its_fewest_nodes_never_runs_and_reserves_nothing(quota):
+    # 12 GPUs is two nodes' worth at most, and no two of these nodes hold 12.
+    snap = (cluster(sizes=(8, 2, 2)).projects(project("big").quota(quota), project("small"))
+            .jobs(pending("g", "big", gpus=12, submitted=0), pending("s1", "small", submitted=50))
+            .at(3000))
+    result = cycle(snap)
+    assert started(result) == {"s1": {"n1": 1}}
+    assert result.reservation is None
+    w = wait_of(result, "g")
+    assert w.position is None
+    assert str(w.reason) == ("the job asks for 12 GPUs but it must run on 2 nodes and the largest "
+                             "2 nodes of the train pool have only 10 GPUs; ask for fewer GPUs")
+
+
 def test_a_reservation_holder_at_its_projects_limit_gives_the_nodes_back():
     snap = (cluster(nodes=2, gpus_per_node=4)
             .projects(project("p").quota(1).limit(4), project("q"))

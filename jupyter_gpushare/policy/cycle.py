@@ -89,10 +89,16 @@ def cycle(snapshot: Snapshot, config: PolicyConfig = PolicyConfig()) -> CycleRes
     return _Admission(snapshot, config, cluster, deserved, view).run()       # 3–6
 
 
-def never_fits(job: TrainJob, project: Project, capacity: int) -> R.Reason | None:
-    """Why ``job`` can never run as asked (larger than the pool or its project's limit)."""
+def never_fits(job: TrainJob, project: Project, capacity: int,
+               node_sizes: tuple[int, ...] = ()) -> R.Reason | None:
+    """Why ``job`` can never run as asked: larger than the pool, than the fewest nodes it
+    must use (``node_sizes``, largest first), or than its project's limit."""
     if job.gpus > capacity:
         return R.TooLarge(job.gpus, capacity)
+    if node_sizes:
+        k = nodes_needed(job.gpus, node_sizes[0])
+        if job.gpus > sum(node_sizes[:k]):
+            return R.TooLarge(job.gpus, sum(node_sizes[:k]), nodes=k)
     if project.limit is not None and job.gpus > project.limit:
         return R.TooLarge(job.gpus, project.limit, project=project.name)
     return None
@@ -105,7 +111,9 @@ class _Admission:
                  deserved: dict[str, int], view: QueueView):
         self.snap, self.config, self.c, self.deserved = snap, config, cluster, deserved
         self.queues = view.pending
+        self.smallest = view.smallest
         self.projects = cluster.projects
+        self.node_sizes = tuple(sorted((n.milli for n in snap.train_nodes()), reverse=True))
         self.usage = dict(cluster.usage)  # running, plus what starts this cycle
         self.kept = dict(cluster.usage)  # running before this cycle, less its victims
         self.claimed = dict.fromkeys(self.projects, 0)  # promised to claimants awaiting reclaim
@@ -158,8 +166,8 @@ class _Admission:
 
     def _next_guaranteed(self, name: str, queue, i: int) -> int | None:
         room = self._room(name)
-        if room <= 0:
-            return None
+        if room < self.smallest.get(name, 0):
+            return None  # not even the project's smallest job keeps it within quota
         for j in range(i, len(queue)):
             if queue[j].gpus <= room:
                 return j
@@ -184,6 +192,10 @@ class _Admission:
 
     # -- 4. admit ---------------------------------------------------------------------
     def _admit_guaranteed(self, job: TrainJob) -> None:
+        reason = self._never_fits(job)
+        if reason is not None:
+            self.never.append(Wait(job.id, None, reason))
+            return
         if self._try_start(job, frozenset(), "guaranteed"):
             return
         if self.config.preemption and self._reclaim(job, "guarantee", frozenset()):
@@ -204,6 +216,10 @@ class _Admission:
             entry = heapq.heappop(heap)
             _, name, i = entry
             queue = self.queues[name]
+            limit = self.projects[name].limit
+            if limit is not None and self._committed(name) + self.smallest[name] > limit:
+                tail.append(entry)  # at its limit: no job of the project can start
+                continue
             if self._exhausted() and not self._may_reclaim(name, queue, i):
                 tail.append(entry)
                 continue
@@ -211,7 +227,7 @@ class _Admission:
             if i is None:
                 continue
             job = queue[i]
-            reason = never_fits(job, self.projects[name], self.c.capacity)
+            reason = self._never_fits(job)
             if reason is not None:
                 self.never.append(Wait(job.id, None, reason))
                 self.seen.add(job.id)
@@ -232,7 +248,10 @@ class _Admission:
                 continue
             excluded = bool(self.reserved) and job.id != self.holder
             k = nodes_needed(job.gpus, node_size)
-            if job.gpus < no_fit.get(("borrow", excluded, k), _NEVER) or self._may_take(job, k):
+            limit = self.projects[job.project].limit
+            if limit is not None and self._committed(job.project) + job.gpus > limit:
+                pass  # waits for its own project, whatever is free
+            elif job.gpus < no_fit.get(("borrow", excluded, k), _NEVER) or self._may_take(job, k):
                 return j
             self._wait(job, None)
         return None
@@ -425,6 +444,9 @@ class _Admission:
 
     def _borrower_reason(self, job: TrainJob) -> R.Reason:
         p = self.projects[job.project]
+        never = self._never_fits(job)
+        if never is not None:
+            return never
         if p.limit is not None and self._committed(p.name) + job.gpus > p.limit:
             return R.AtLimit(p.name, p.limit, self._committed(p.name))
         return self._why_no_room(job, self.reserved if job.id != self.holder else frozenset())
@@ -437,9 +459,17 @@ class _Admission:
         if not self.config.reservations or holder is None:
             return None, frozenset()
         job = self._pending_job(holder)
-        if job is None or not all(n in self.c.free.free for n in job.reserved):
-            return None, frozenset()  # a node of the reservation is gone: reserve anew
+        if job is None or not self._can_hold(job.gpus, job.reserved):
+            return None, frozenset()  # a node is gone or was never big enough: reserve anew
         return holder, frozenset(job.reserved)
+
+    def _can_hold(self, gpus: int, nodes) -> bool:
+        sizes = {n.name: n.milli for n in self.snap.nodes if n.name in self.c.free.free}
+        if not all(n in sizes for n in nodes):
+            return False
+        if nodes_needed(gpus, self.c.node_size) == 1:
+            return any(sizes[n] >= gpus for n in nodes)
+        return sum(sizes[n] for n in nodes) >= gpus
 
     def _pending_job(self, job_id: str) -> TrainJob | None:
         for queue in self.queues.values():
@@ -454,7 +484,7 @@ class _Admission:
             return None
         if self.holder is not None and self.holder not in self.done:
             job = self._pending_job(self.holder)
-            if not self._at_limit(job):  # else it waits for its own project, not for nodes
+            if self._waits_for_nodes(job):  # else for its own project, or for ever
                 nodes = tuple(sorted(self.reserved))
                 return Wait(job.id, None, R.Reserved(job.gpus, nodes), nodes)
         oldest = self.snap.now - self.config.reserve_after_s
@@ -463,7 +493,7 @@ class _Admission:
             for job in queue:  # the first starving job of each project, then the earliest
                 if job.submit_time > oldest or job.id in self.done:
                     continue
-                if self._at_limit(job):
+                if not self._waits_for_nodes(job):
                     continue  # never fits, or waits for its own project, not for nodes
                 key = self._global_key(job)
                 if best is None or key < best[0]:
@@ -475,21 +505,27 @@ class _Admission:
         nodes = self._drain_nodes(job.gpus)
         return Wait(job.id, None, R.Reserved(job.gpus, nodes), nodes)
 
-    def _at_limit(self, job: TrainJob) -> bool:
+    def _never_fits(self, job: TrainJob) -> R.Reason | None:
+        return never_fits(job, self.projects[job.project], self.c.capacity, self.node_sizes)
+
+    def _waits_for_nodes(self, job: TrainJob) -> bool:
+        """Whether nodes, not its size or its project's limit, are what ``job`` waits for."""
         p = self.projects[job.project]
         limit = p.limit if p.limit is not None else self.c.capacity
-        return job.gpus > limit or self._committed(p.name) + job.gpus > limit
+        return self._never_fits(job) is None and self._committed(p.name) + job.gpus <= limit
 
     def _drain_nodes(self, gpus: int) -> tuple[str, ...]:
-        """The freest nodes, enough for the gang; free GPUs there only grow from now on."""
+        """The freest nodes that can hold the gang once drained (as many as its placement
+        will use); free GPUs there only grow from now on."""
         free = self.c.free.free
         sizes = {n.name: n.milli for n in self.snap.nodes if n.name in free}
-        chosen, room = [], 0
-        for name in sorted(free, key=lambda n: (-(free[n] + self.held.get(n, 0)), -sizes[n], n)):
-            chosen.append(name)
-            room += sizes[name]
-            if room >= gpus and len(chosen) >= nodes_needed(gpus, self.c.node_size):
-                break
+        k = nodes_needed(gpus, self.c.node_size)
+        freest = sorted(free, key=lambda n: (-(free[n] + self.held.get(n, 0)), -sizes[n], n))
+        if k == 1:
+            return (next(n for n in freest if sizes[n] >= gpus),)
+        chosen = freest[:k]
+        if sum(sizes[n] for n in chosen) < gpus:  # mixed sizes: the largest nodes can
+            chosen = sorted(free, key=lambda n: (-sizes[n], -free[n], n))[:k]
         return tuple(sorted(chosen))
 
     # -- 6. explain -------------------------------------------------------------------
@@ -502,19 +538,19 @@ class _Admission:
         while tail:
             _, name, i = heapq.heappop(tail)
             queue = self.queues[name]
-            job = queue[i]
-            reason = never_fits(job, self.projects[name], self.c.capacity)
-            if reason is not None:
-                never.append(Wait(job.id, None, reason))
-            else:
-                entries.append((job, None))
+            entries.append((queue[i], None))
             nxt = self._next_borrower(queue, i + 1)
             if nxt is not None:
                 heapq.heappush(tail, (self._borrow_key(name), name, nxt))
         waits = []
-        for position, (job, reason) in enumerate(entries, start=1):
+        position = 0
+        for job, reason in entries:
             if reason is None:
                 reason = self._borrower_reason(job)
+                if isinstance(reason, R.TooLarge):
+                    never.append(Wait(job.id, None, reason))
+                    continue
+            position += 1
             if reservation is not None and job.id == reservation.job:
                 if not isinstance(reason, (R.Reclaiming, R.Releasing)):
                     reason = reservation.reason

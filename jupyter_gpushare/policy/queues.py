@@ -28,6 +28,7 @@ class QueueView:
     usage: Mapping[str, int]  # running milli-GPUs per project, less jobs being preempted
     allocated: Mapping[str, int]  # milli-GPUs held on each node, preempted jobs included
     releasing: Mapping[str, int]  # milli-GPUs on each node held by jobs being preempted
+    smallest: Mapping[str, int]  # the smallest pending job of each project, milli-GPUs
     holder: str | None  # the pending job that holds a reservation, if any
 
 
@@ -42,6 +43,7 @@ class Queues:
         self._releasing: dict[str, int] = {}
         self._where: dict[str, TrainJob] = {}
         self._holders: set[str] = set()
+        self._sizes: dict[str, dict[int, int]] = {}  # project → pending gang size → count
         for job in jobs:
             self.put(job)
 
@@ -69,6 +71,8 @@ class Queues:
             queue = self._pending.get(job.project, ())
             self._pending[job.project] = queue[:i] + (job,) + queue[i:]
             self._demand[job.project] = self._demand.get(job.project, 0) + job.gpus
+            sizes = self._sizes.setdefault(job.project, {})
+            sizes[job.gpus] = sizes.get(job.gpus, 0) + 1
             if job.reserved:
                 self._holders.add(job.id)
         else:
@@ -89,8 +93,13 @@ class Queues:
             queue = self._pending[job.project]
             self._pending[job.project] = queue[:i] + queue[i + 1:]
             self._demand[job.project] -= job.gpus
+            sizes = self._sizes[job.project]
+            sizes[job.gpus] -= 1
+            if not sizes[job.gpus]:
+                del sizes[job.gpus]
             if not queue[:i] + queue[i + 1:]:
                 del self._pending[job.project], self._keys[job.project], self._demand[job.project]
+                del self._sizes[job.project]
             self._holders.discard(job_id)
         return job
 
@@ -108,4 +117,5 @@ class Queues:
     def view(self) -> QueueView:
         holder = min(self._holders) if self._holders else None
         return QueueView(tuple(self._running.values()), dict(self._pending), dict(self._demand),
-                         dict(self._usage), dict(self._allocated), dict(self._releasing), holder)
+                         dict(self._usage), dict(self._allocated), dict(self._releasing),
+                         {p: min(sizes) for p, sizes in self._sizes.items()}, holder)

@@ -22,11 +22,16 @@ class TooLarge(Reason):
     gpus: int
     capacity: int
     project: str = ""  # set when the project's limit, not the pool, is the bound
+    nodes: int = 0  # set when the gang's fewest nodes, not the pool, are the bound
 
     def __str__(self):
-        bound = (f"project {self.project} may never use more than {gpus_text(self.capacity)}"
-                 if self.project else
-                 f"the train pool has only {gpus_text(self.capacity)}")
+        if self.project:
+            bound = f"project {self.project} may never use more than {gpus_text(self.capacity)}"
+        elif self.nodes:
+            bound = (f"it must run on {self.nodes} nodes and the largest {self.nodes} nodes of "
+                     f"the train pool have only {gpus_text(self.capacity)}")
+        else:
+            bound = f"the train pool has only {gpus_text(self.capacity)}"
         return f"the job asks for {gpus_text(self.gpus)} but {bound}; ask for fewer GPUs"
 
 
