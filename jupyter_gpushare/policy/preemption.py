@@ -94,15 +94,10 @@ def choose_victims(gpus: int, free: Mapping[str, int], releasing: Mapping[str, i
     preempted jobs are giving back; ``pool`` holds the jobs this kind of reclaim may take.
     The pool is not changed: ``pool.commit`` the victims.
     """
-    if gpus <= node_size:
-        found = _greedy_one_node(gpus, free, releasing, pool, exclude)
-        if found is not None:
-            return found
+    found = _greedy(gpus, free, releasing, node_size, pool, exclude)
+    if found is not None:
+        return found
     free = {n: a + releasing.get(n, 0) for n, a in free.items()}
-    if gpus > node_size:
-        found = _greedy(gpus, free, node_size, pool, exclude)
-        if found is not None:
-            return found
     # Newest first can spread its victims over nodes none of which then holds the gang (and
     # use up what projects may give). Aim at each set of the fewest nodes instead, with only
     # the jobs lying wholly on it, and take the one that preempts least.
@@ -112,7 +107,7 @@ def choose_victims(gpus: int, free: Mapping[str, int], releasing: Mapping[str, i
         inside = set(nodes)
         sub = VictimPool([j for j in candidates if j.placement.keys() <= inside], pool.used,
                          pool.projects, pool.deserved, pool.floor)
-        found = _greedy(gpus, {n: free[n] for n in nodes}, node_size, sub, frozenset())
+        found = _greedy(gpus, {n: free[n] for n in nodes}, {}, node_size, sub, frozenset())
         if found is not None:
             cost = (sum(v.gpus for v in found[0]), len(found[0]))
             if best is None or cost < best[0]:
@@ -144,18 +139,30 @@ def _node_sets(gpus: int, free: Mapping[str, int], node_size: int, candidates: l
     return sets
 
 
-def _greedy_one_node(gpus, free, releasing, pool: VictimPool, exclude):
-    """``_greedy`` for a gang on one node. The free GPUs alone did not hold it, so only
-    nodes that gain GPUs (released or reclaimed) can: only they are looked at."""
-    gain = {n: a for n, a in releasing.items() if a and n not in exclude and n in free}
+def _greedy(gpus, free, releasing, node_size, pool: VictimPool, exclude):
+    """Take victims in contract order until the gang fits, then put back, newest choice
+    first, every victim it can do without. ``gain`` is what each node gets back."""
+    gain = {n: a for n, a in releasing.items() if a and n in free and n not in exclude}
+    if gpus <= node_size:
+        def fit():  # the free GPUs alone did not hold it: only nodes that gain can
+            best = None
+            for name, extra in gain.items():
+                amount = free[name] + extra
+                if amount >= gpus and (best is None or (amount, name) < best):
+                    best = (amount, name)
+            return None if best is None else {best[1]: gpus}
 
-    def fit():
-        best = None
-        for name, extra in gain.items():
-            amount = free[name] + extra
-            if amount >= gpus and (best is None or (amount, name) < best):
-                best = (amount, name)
-        return None if best is None else {best[1]: gpus}
+        def promising(changed):
+            return any(free[n] + gain[n] >= gpus for n in changed)
+    else:
+        base = sum(a for n, a in free.items() if n not in exclude)
+
+        def fit():
+            return _fit_gang({n: a + gain.get(n, 0) for n, a in free.items()}, gpus,
+                             node_size, exclude)
+
+        def promising(changed):
+            return base + sum(gain.values()) >= gpus
 
     placement = fit()
     removed: list[TrainJob] = []
@@ -164,16 +171,14 @@ def _greedy_one_node(gpus, free, releasing, pool: VictimPool, exclude):
         victim = picker.pop()
         if victim is None:
             return None
-        grew = False
-        for name, amount in victim.placement.items():
-            if name in free and name not in exclude:
-                gain[name] = gain.get(name, 0) + amount
-                grew = grew or free[name] + gain[name] >= gpus
+        changed = [n for n in victim.placement if n in free and n not in exclude]
+        for name in changed:
+            gain[name] = gain.get(name, 0) + victim.placement[name]
         removed.append(victim)
-        if grew:
+        if promising(changed):
             placement = fit()
     kept: list[TrainJob] = []
-    for victim in reversed(removed):  # put back what the claimant can do without
+    for victim in reversed(removed):
         back = {n: a for n, a in victim.placement.items() if n in gain}
         for name, amount in back.items():
             gain[name] -= amount
@@ -188,59 +193,9 @@ def _greedy_one_node(gpus, free, releasing, pool: VictimPool, exclude):
     return kept, placement
 
 
-def _greedy(gpus, free, node_size, pool: VictimPool, exclude):
-    hypo = dict(free)
-    removed: list[TrainJob] = []
-    room = sum(a for n, a in hypo.items() if n not in exclude)
-    single = gpus <= node_size
-    placement = _fit(hypo, gpus, node_size, exclude)
-    picker = _VictimPicker(pool)
-    while placement is None:
-        victim = picker.pop()
-        if victim is None:
-            return None
-        changed = []
-        for name, amount in victim.placement.items():
-            if name in hypo:
-                hypo[name] += amount
-                if name not in exclude:
-                    room += amount
-                    changed.append(name)
-        removed.append(victim)
-        if room < gpus:
-            continue
-        if single:  # only the victim's nodes grew, so only they can newly hold the gang
-            if any(hypo[name] >= gpus for name in changed):
-                placement = _fit(hypo, gpus, node_size, exclude)
-        else:
-            placement = _fit(hypo, gpus, node_size, exclude)
-    # Put back, newest choice first, every victim the claimant can do without.
-    kept: list[TrainJob] = []
-    for victim in reversed(removed):
-        back = {n: a for n, a in victim.placement.items() if n in hypo}
-        for name, amount in back.items():
-            hypo[name] -= amount
-        fit = _fit(hypo, gpus, node_size, exclude)
-        if fit is not None:
-            placement = fit
-        else:
-            for name, amount in back.items():
-                hypo[name] += amount
-            kept.append(victim)
-    kept.reverse()
-    return kept, placement
-
-
-def _fit(free: Mapping[str, int], gpus: int, node_size: int, exclude) -> dict[str, int] | None:
-    if gpus <= node_size:  # one node: no index needed for a single question
-        best = None
-        for name, amount in free.items():
-            if amount >= gpus and name not in exclude and (
-                    best is None or (amount, name) < (free[best], best)):
-                best = name
-        return None if best is None else {best: gpus}
-    # The k-1 freest nodes whole and the rest best fit, as FreeMap.fit does, without
-    # building its index for a single question.
+def _fit_gang(free: Mapping[str, int], gpus: int, node_size: int, exclude) -> dict[str, int] | None:
+    """The k-1 freest nodes whole and the rest best fit, as FreeMap.fit does, without
+    building its index for a single question."""
     k = -(-gpus // node_size)
     top = heapq.nsmallest(k, ((-a, n) for n, a in free.items() if a > 0 and n not in exclude))
     if len(top) < k or -sum(a for a, _ in top) < gpus:
