@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from .policy.model import GPU, PolicyConfig
@@ -16,8 +17,19 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: {message}; see '{self.prog} --help'\n")
 
 
-class UsageError(Exception):
+class CommandError(Exception):
+    """A failure said in one line on stderr; ``status`` is the exit status."""
+
+    def __init__(self, message: str, status: int = 1):
+        super().__init__(message)
+        self.status = status
+
+
+class UsageError(CommandError):
     """Input the user can fix; printed as one line, exit status 2."""
+
+    def __init__(self, message: str):
+        super().__init__(message, 2)
 
 
 def _positive_int(text):
@@ -79,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--cycle-interval", type=_seconds, default=0.0, metavar="S",
                      help="least seconds between scheduling cycles (default 0: after every event)")
     sim.set_defaults(func=cmd_simulate)
+    # Imported here: cli_pool uses this module's errors, so it loads after them.
+    from .cli_pool import add_pool_commands
+    add_pool_commands(sub)
     return parser
 
 
@@ -87,10 +102,19 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except UsageError as e:
+    except CommandError as e:
         print(f"gpushare {args.command}: {e}", file=sys.stderr)
-        return 2
+        return e.status
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
     except BrokenPipeError:
+        # The reader went away (``gpushare logs JOB | head``): no error, and none at exit
+        # when Python flushes stdout again.
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
         return 0
 
 

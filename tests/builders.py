@@ -19,8 +19,8 @@ from jupyter_gpushare.policy import (BUILD, GPU, TRAIN, CycleResult, JobState, N
                                      PolicyConfig, Project, Snapshot, TrainJob, cycle)
 
 __all__ = [
-    "GPU", "JobBuilder", "ProjectBuilder", "ClusterBuilder", "job", "pending", "project",
-    "cluster", "apply", "step", "finish", "submit", "reason_of", "wait_of", "job_of",
+    "GPU", "JobBuilder", "ProjectBuilder", "ClusterBuilder", "job", "pending", "running",
+    "project", "cluster", "apply", "step", "finish", "submit", "reason_of", "wait_of", "job_of",
     "started", "preempted", "milli",
 ]
 
@@ -91,10 +91,18 @@ def job(id: str) -> JobBuilder:
     return JobBuilder(id)
 
 
-def pending(id: str, project: str, gpus: int = 1, *, submitted: float = 0.0,
+def pending(id: str, project: str, gpus: int = 1, *, submitted: float | None = None,
             priority: int = 0) -> JobBuilder:
-    """A pending job in one line: ``pending("j1", "joe", gpus=2, submitted=100)``."""
-    return job(id).project(project).gpus(gpus).submitted(submitted).priority(priority)
+    """A pending job in one line: ``pending("j1", "joe", gpus=2, submitted=100)``; without
+    ``submitted`` it was submitted at 0, or at ``submit``'s now."""
+    built = job(id).project(project).gpus(gpus).priority(priority)
+    return built if submitted is None else built.submitted(submitted)
+
+
+def running(id: str, project: str, gpus: int, since: float, node: str = "n0") -> JobBuilder:
+    """A job submitted and started at ``since`` on one node: ``running("s1", "susan", 4, 0)``."""
+    return job(id).project(project).gpus(gpus).submitted(since).running_on(since=since,
+                                                                          **{node: gpus})
 
 
 # -- projects --------------------------------------------------------------------------

@@ -467,9 +467,8 @@ class _Admission:
         sizes = {n.name: n.milli for n in self.snap.nodes if n.name in self.c.free.free}
         if not all(n in sizes for n in nodes):
             return False
-        if nodes_needed(gpus, self.c.node_size) == 1:
-            return any(sizes[n] >= gpus for n in nodes)
-        return sum(sizes[n] for n in nodes) >= gpus
+        k = nodes_needed(gpus, self.c.node_size)  # the gang uses k of them
+        return sum(sorted((sizes[n] for n in nodes), reverse=True)[:k]) >= gpus
 
     def _pending_job(self, job_id: str) -> TrainJob | None:
         for queue in self.queues.values():

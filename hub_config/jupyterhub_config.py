@@ -1,0 +1,87 @@
+"""The local demo hub: ``jupyterhub -f hub_config/jupyterhub_config.py``.
+
+A complete JupyterHub on http://127.0.0.1:8000 with the real configurable-http-proxy, demo
+users alice (project vision), bob (project nlp) and admin (password: see DEMO_PASSWORD), and
+the gpushare pool service on the local backend: the GPUs NVML finds, or a labelled simulated
+train pool of 2 nodes x 4 GPUs where there are none.
+
+Run as root (as a real JupyterHub is), the demo users are system accounts (created here when
+missing) and every notebook server and train job runs as its user. Run as anyone else, it is
+a one-person demo: every server and job runs as you (the service says so in its log).
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+STATE = Path(os.environ.get("GPUSHARE_DEMO_STATE", HERE.parent / ".demo-state"))
+STATE.mkdir(parents=True, exist_ok=True)
+DEMO_USERS = {"alice": "vision", "bob": "nlp", "admin": None}
+DEMO_PASSWORD = os.environ.get("GPUSHARE_DEMO_PASSWORD", "gpushare")
+AS_ROOT = os.geteuid() == 0
+HUB_URL = "http://127.0.0.1:8000"
+SERVICE_PORT = int(os.environ.get("GPUSHARE_SERVICE_PORT", "10101"))
+
+c = get_config()  # noqa: F821 (JupyterHub provides it)
+
+c.JupyterHub.ip = "127.0.0.1"
+c.JupyterHub.port = 8000
+c.JupyterHub.db_url = f"sqlite:///{STATE / 'jupyterhub.sqlite'}"
+c.JupyterHub.cookie_secret_file = str(STATE / "jupyterhub_cookie_secret")
+
+# The real configurable-http-proxy: installed next to the venv by the README's set-up command.
+proxy = Path(sys.prefix) / "node_modules" / ".bin" / "configurable-http-proxy"
+c.ConfigurableHTTPProxy.command = [str(proxy) if proxy.exists() else
+                                   shutil.which("configurable-http-proxy") or str(proxy)]
+
+c.JupyterHub.authenticator_class = "dummy"
+c.DummyAuthenticator.password = DEMO_PASSWORD
+c.Authenticator.allowed_users = set(DEMO_USERS)
+c.Authenticator.admin_users = {"admin"}
+c.JupyterHub.load_groups = {
+    "vision": {"users": ["alice"]},
+    "nlp": {"users": ["bob"]},
+}
+
+# Users may reach the pool service; the service may read users and groups (to know who is an
+# admin and who is in which project); notebook servers pass that access on to kernels.
+c.JupyterHub.custom_scopes = {
+    "custom:gpushare:admin": {"description": "Administer the gpushare train pool."},
+}
+c.JupyterHub.load_roles = [
+    {"name": "user", "scopes": ["self", "access:services!service=gpushare"]},
+    {"name": "admin", "users": ["admin"], "scopes": ["admin-ui", "admin:users", "admin:servers",
+                                                     "tokens", "admin:groups", "list:services",
+                                                     "read:services", "read:hub",
+                                                     "custom:gpushare:admin",
+                                                     "access:services", "access:servers"]},
+    {"name": "gpushare-service", "services": ["gpushare"],
+     "scopes": ["read:users", "read:groups"]},
+]
+c.Spawner.server_token_scopes = ["users:activity!user", "access:servers!user",
+                                 "access:services!service=gpushare"]
+c.Spawner.environment = {"GPUSHARE_URL": f"{HUB_URL}/services/gpushare/"}
+c.Spawner.default_url = "/lab"
+
+if AS_ROOT:
+    for user in DEMO_USERS:
+        if subprocess.run(["id", "-u", user], capture_output=True).returncode != 0:
+            subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", user], check=True)
+    c.JupyterHub.spawner_class = "localprocess"
+else:
+    c.JupyterHub.spawner_class = "simple"  # every server as you, in /tmp/<user>
+
+pool_config = HERE / "gpushare_config.py"
+c.JupyterHub.services = [{
+    "name": "gpushare",
+    "url": f"http://127.0.0.1:{SERVICE_PORT}",
+    "command": [sys.executable, "-m", "jupyter_gpushare.pool",
+                f"--PoolService.config_file={pool_config}",
+                f"--PoolService.state_dir={STATE / 'pool'}"]
+               + ([] if AS_ROOT else ["--LocalBackend.run_as_service_user=True"]),
+    "cwd": str(STATE),
+    "display": True,
+}]

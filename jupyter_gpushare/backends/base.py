@@ -1,0 +1,106 @@
+"""Where train jobs run. A backend only runs what it is told; the pool service owns job
+states, decisions and the store. This class's docstrings are the contract a backend keeps
+(like JupyterHub's ``Spawner.start/stop/poll``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from traitlets.config import LoggingConfigurable
+
+from ..policy.model import Node
+
+
+class BackendError(Exception):
+    """A job could not be started or stopped, said in one sentence for its user."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Everything needed to run one attempt of a train job."""
+
+    job_id: str
+    attempt: int
+    user: str
+    project: str
+    command: tuple[str, ...]  # argv; the service turns ``source`` into a python command
+    env: Mapping[str, str]  # the user's variables, already checked by the service
+    placement: Mapping[str, int]  # node name -> milli-GPUs, as the policy placed the gang
+    checkpoint_dir: str  # the same directory for every attempt of the job
+    workdir: str | None = None  # None: the user's home directory
+
+
+@dataclass(frozen=True)
+class Handle:
+    """What the service stores to find a running attempt again after a restart."""
+
+    job_id: str
+    attempt: int
+    data: Mapping[str, object] = field(default_factory=dict)  # backend-specific, JSON-able
+
+
+@dataclass(frozen=True)
+class Exit:
+    """An attempt that has ended. ``state`` is ``succeeded`` (exit code 0), ``failed``
+    (any other exit, or killed after a stop) or ``lost`` (gone without a trace: the
+    service requeues it)."""
+
+    job_id: str
+    attempt: int
+    state: str
+    exit_code: int | None = None
+    reason: str = ""
+
+
+class Backend(LoggingConfigurable):
+    """Runs train jobs where the policy placed them."""
+
+    def nodes(self) -> list[Node]:
+        """The train pool: one ``policy.Node`` per machine, with its whole GPUs. Called at
+        start and on every cycle; a node that disappears loses its jobs (they come back
+        from ``poll`` as ``lost``)."""
+        raise NotImplementedError
+
+    async def start(self, launch: Launch) -> Handle:
+        """Start one attempt, all of its gang at once or nothing, and return at once with a
+        handle (do not wait for the job). Raise ``BackendError`` when it cannot start;
+        then nothing of it may keep running."""
+        raise NotImplementedError
+
+    async def stop(self, job_id: str, attempt: int, grace_s: float) -> None:
+        """Ask the attempt to stop (SIGTERM or the platform's equivalent) and kill it if it
+        still runs after ``grace_s`` seconds. Return at once; the end is reported by
+        ``poll``. Stopping an attempt that already ended does nothing."""
+        raise NotImplementedError
+
+    async def poll(self) -> list[Exit]:
+        """The attempts that ended since the last call, each reported exactly once."""
+        raise NotImplementedError
+
+    async def adopt(self, handles: list[Handle]) -> list[Exit]:
+        """After a restart of the service: take back the attempts that still run (they
+        are then watched as if started by this process) and return an ``Exit`` for each
+        one that ended meanwhile or cannot be found (``lost``). Anything the backend runs
+        that no handle names is stopped: a job without a record must not hold GPUs."""
+        raise NotImplementedError
+
+    def log_path(self, job_id: str, attempt: int):
+        """The file that holds the attempt's output (stdout and stderr together), or None
+        when this backend keeps logs elsewhere (then ``read_log`` is overridden)."""
+        return None
+
+    async def read_log(self, job_id: str, attempt: int, offset: int = 0) -> bytes:
+        """Output of the attempt from byte ``offset`` on; ``b""`` when there is no more yet."""
+        path = self.log_path(job_id, attempt)
+        if path is None:
+            return b""
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                return f.read()
+        except FileNotFoundError:
+            return b""
+
+    async def shutdown(self) -> None:
+        """The service is stopping: release resources, but leave running jobs running."""

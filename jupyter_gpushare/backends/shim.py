@@ -1,0 +1,124 @@
+"""Runs one attempt of a local train job and records how it ended.
+
+    python -I shim.py EXITFILE -- ARGV...
+    stdin: {"user", "uid", "gid", "cwd", "checkpoint_dir", "env"}
+
+The local backend starts this shim in a new session, so the shim's pid names the job's
+process group, and the job outlives a restart of the service: the end is written to EXITFILE
+(atomically) instead of being known only to the process that started it.
+
+Why it looks like this:
+- Where the service is root, so is the shim (the user cannot kill it or forge its exit
+  file); only the forked child switches to the user. So the shim runs by path with ``-I``
+  and a clean environment, reads the job's identity, directory and environment from stdin,
+  and imports nothing but the standard library.
+- The stop signal goes to the whole process group. The shim catches it (does nothing) so
+  that it lives to record the exit; the child gets default dispositions back before exec.
+- When the command ends, what it left behind in the group is killed: a finished job must not
+  hold GPUs.
+"""
+
+import json
+import os
+import signal
+import sys
+import warnings  # noqa: F401  os.get_exec_path imports it lazily; after setuid the stdlib may be unreadable
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def proc_stat(pid):
+    """``(state, pgrp, start time in clock ticks)`` of a process, from /proc; None when it
+    does not exist or there is no /proc. The start time tells a pid from a reused one."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    fields = data[data.rindex(b")") + 2:].split()
+    return fields[0].decode(), int(fields[2]), int(fields[19])
+
+
+def signal_members(pgid, sig, spare=None):
+    """Send ``sig`` to every live process in group ``pgid`` except ``spare``. Returns False
+    when there is no /proc to list them."""
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return False
+    for name in names:
+        if name.isdigit() and int(name) != spare:
+            stat = proc_stat(name)
+            if stat and stat[1] == pgid and stat[0] != "Z":
+                try:
+                    os.kill(int(name), sig)
+                except OSError:
+                    pass
+    return True
+
+
+def _run_child(argv, spec):
+    """In the forked child: become the user, enter the directory, exec. Never returns."""
+    step = "reset signals"
+    try:
+        for sig in signal.Signals:
+            if sig not in (signal.SIGKILL, signal.SIGSTOP):
+                try:
+                    signal.signal(sig, signal.SIG_DFL)
+                except (OSError, ValueError):
+                    pass
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        if spec.get("uid") is not None:
+            step = f"switch to user {spec['user']}"
+            os.initgroups(spec["user"], spec["gid"])
+            os.setgid(spec["gid"])
+            os.setuid(spec["uid"])
+        if spec.get("checkpoint_dir"):
+            # Created with the user's rights: as root it would follow the user's symlinks.
+            step = f"create the checkpoint directory {spec['checkpoint_dir']}"
+            os.makedirs(spec["checkpoint_dir"], mode=0o700, exist_ok=True)
+        step = f"enter the working directory {spec['cwd']}"
+        os.chdir(spec["cwd"])
+        step = f"run {argv[0]}"
+        os.execvpe(argv[0], argv, spec["env"])
+    except BaseException as exc:
+        reason = getattr(exc, "strerror", None) or exc
+        os.write(2, f"gpushare: cannot {step}: {reason}\n".encode())
+        os._exit(127 if isinstance(exc, FileNotFoundError) and step.startswith("run") else 126)
+
+
+def _write_exit(path, returncode):
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"returncode": returncode}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def main(args):
+    if len(args) < 3 or args[1] != "--":
+        sys.exit("usage: python -I shim.py EXITFILE -- ARGV...")
+    exit_path, argv = args[0], args[2:]
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, lambda signum, frame: None)
+    try:
+        spec = json.load(sys.stdin)
+    except ValueError as exc:
+        print(f"gpushare: the job description is unreadable: {exc}", file=sys.stderr, flush=True)
+        _write_exit(exit_path, 126)
+        return
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        _run_child(argv, spec)
+    _, status = os.waitpid(pid, 0)  # retried after our no-op signal handlers (PEP 475)
+    signal_members(os.getpgid(0), signal.SIGKILL, spare=os.getpid())
+    _write_exit(exit_path, os.waitstatus_to_exitcode(status))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

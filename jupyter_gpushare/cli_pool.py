@@ -1,0 +1,388 @@
+"""The ``gpushare`` commands that talk to the pool service: submit, jobs, logs, cancel, quota, pool.
+
+Each command is argument parsing, one or two calls of :class:`~.client.PoolClient`, and text for
+people (or ``--json`` for scripts). The client's errors become one line and an exit status:
+2 for what the user can fix (bad arguments, no credentials, the service's 4xx), 1 when the
+service cannot be reached or fails (5xx).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import shutil
+import sys
+import time
+
+from .cli import CommandError, UsageError
+from .client import (ACTIVE_STATES, InvalidInput, NoCredentials, PoolClient, PoolError,
+                     PoolUnreachable, check_gpus, check_name, check_priority, job_spec, parse_env)
+
+# The option that gives each job-spec field, for sentences about a bad value.
+_OPTION = {"gpus": "--gpus", "priority": "--priority", "name": "--name", "env": "--env",
+           "project": "--project"}
+POLL_S = 2.0  # seconds between looks at a pending job while waiting for it
+_NO_COMMAND = "give the command to run after --, e.g. gpushare submit --gpus 2 -- python train.py"
+
+
+def add_pool_commands(sub) -> None:
+    """Add the pool commands to the ``gpushare`` subparsers ``sub``."""
+    connection = argparse.ArgumentParser(add_help=False)
+    connection.add_argument("--url", metavar="URL", help="the pool service's address, e.g. "
+                            "http://127.0.0.1:8000/services/gpushare/ (default: $GPUSHARE_URL)")
+    connection.add_argument("--token", metavar="TOKEN", help="a JupyterHub API token (default: "
+                            "$JUPYTERHUB_API_TOKEN, which is better: options show in the process "
+                            "list)")
+    as_json = argparse.ArgumentParser(add_help=False)
+    as_json.add_argument("--json", action="store_true", help="print JSON for scripts")
+
+    p = sub.add_parser("submit", parents=[connection, as_json], help="submit a train job",
+                       usage="gpushare submit [--gpus N] [--project P] [--name NAME] "
+                       "[--priority P] [--env K=V ...] [--wait] [--json] [--url URL] "
+                       "[--token TOKEN] -- CMD...",
+                       description="Submit a command as a train job to the train pool. With "
+                       "--wait, its output goes to stdout and the state lines to stderr; the exit "
+                       "status is 0 if the job succeeded, 1 if it failed or was cancelled. With "
+                       "--wait --json, the output goes to stderr and the finished job, as JSON, "
+                       "to stdout.")
+    p.add_argument("--gpus", type=_checked(check_gpus), default=1, metavar="N",
+                   help="whole GPUs, started all at once (default 1)")
+    p.add_argument("--project", metavar="P", help="the project whose quota it uses (default: "
+                   "your only project)")
+    p.add_argument("--name", type=_checked(check_name), metavar="NAME", help="a name to find it by")
+    p.add_argument("--priority", type=_checked(check_priority), metavar="P",
+                   help="-100 to 100 within your project (default 0)")
+    p.add_argument("--env", type=_checked(lambda text: parse_env([text])), action="append",
+                   default=[], metavar="K=V", help="an environment variable for the job; repeat "
+                   "for more")
+    p.add_argument("--wait", action="store_true", help="follow the job's output until it ends")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...",
+                   help="the command to run, after --")
+    p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("jobs", parents=[connection, as_json], help="list jobs",
+                       description="Your jobs; with --project, that project's queue; with --all, "
+                       "every job (admins).")
+    p.add_argument("--project", metavar="P", help="a project's queue (you must be a member)")
+    p.add_argument("--all", action="store_true", help="every job (admins)")
+    p.add_argument("--state", metavar="S", help="only jobs in this state (pending, running, "
+                   "succeeded, failed, cancelled)")
+    p.set_defaults(func=cmd_jobs)
+
+    p = sub.add_parser("logs", parents=[connection], help="print a job's output",
+                       description="Print a job's output; with -f, keep printing until it ends.")
+    p.add_argument("job", metavar="JOB", help="the job's id")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
+    p.add_argument("--attempt", type=_checked(_attempt), metavar="N",
+                   help="the output of this attempt (default: the latest)")
+    p.set_defaults(func=cmd_logs)
+
+    p = sub.add_parser("cancel", parents=[connection], help="cancel a job",
+                       description="Cancel one of your jobs.")
+    p.add_argument("job", metavar="JOB", help="the job's id")
+    p.set_defaults(func=cmd_cancel)
+
+    p = sub.add_parser("quota", parents=[connection, as_json], help="your projects' quotas and use",
+                       description="Your projects' guaranteed quotas, their use, and your jobs.")
+    p.set_defaults(func=cmd_quota)
+
+    p = sub.add_parser("pool", parents=[connection, as_json], help="the train pool's GPUs",
+                       description="The train pool: its nodes, GPUs and their use.")
+    p.set_defaults(func=cmd_pool)
+
+
+def _checked(check):
+    """An argparse type from a client check: its sentence, without the field's name."""
+    def convert(text):
+        try:
+            return check(text)
+        except InvalidInput as e:
+            raise argparse.ArgumentTypeError(e.problem) from None
+    return convert
+
+
+def _attempt(text):
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise InvalidInput("attempt", f"must be 1 or more, not {text!r}")
+    return value
+
+
+def _pool_command(run):
+    """Give ``run(args, client)`` a client and turn the client's errors into one line."""
+    @functools.wraps(run)
+    def command(args):
+        client = PoolClient(args.url or None, args.token or None)
+        try:
+            return run(args, client)
+        except InvalidInput as e:
+            raise UsageError(f"{_OPTION.get(e.field, e.field)}: {e.problem}") from None
+        except NoCredentials as e:
+            raise UsageError(e.sentence(f"--{e.missing}")) from None
+        except PoolError as e:
+            raise CommandError(e.message, 2 if 400 <= e.status < 500 else 1) from None
+        except PoolUnreachable as e:
+            raise CommandError(str(e), 1) from None
+    return command
+
+
+# -- commands -----------------------------------------------------------------------------------
+
+@_pool_command
+def cmd_submit(args, client) -> int:
+    command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not command:
+        raise UsageError(_NO_COMMAND)
+    env = {k: v for item in args.env for k, v in item.items()}
+    spec = job_spec(command, gpus=args.gpus, project=args.project, name=args.name,
+                    priority=args.priority, env=env)
+    job = client.submit(spec)
+    if not args.wait:
+        print(json.dumps(job, indent=2) if args.json else describe(job))
+        return 0
+    out = sys.stderr if args.json else sys.stdout
+    print(describe(job), file=sys.stderr, flush=True)
+    try:
+        job = follow_job(client, job, out, poll_s=POLL_S,
+                         note=lambda line: print(line, file=sys.stderr, flush=True))
+    except KeyboardInterrupt:
+        print(f"\nstopped following job {job['id']}; it goes on (gpushare cancel {job['id']} "
+              f"stops it)", file=sys.stderr)
+        return 130
+    if args.json:
+        print(json.dumps(job, indent=2))
+    else:
+        print(describe(job), file=sys.stderr)
+    return 0 if job["state"] == "succeeded" else 1
+
+
+@_pool_command
+def cmd_jobs(args, client) -> int:
+    jobs = client.jobs(project=args.project, all=args.all, state=args.state)
+    if args.json:
+        print(json.dumps({"jobs": jobs}, indent=2))
+    elif jobs:
+        print(format_jobs(jobs, now=time.time(), width=shutil.get_terminal_size((120, 24)).columns))
+    else:
+        print("no jobs")
+    return 0
+
+
+@_pool_command
+def cmd_logs(args, client) -> int:
+    for text in client.logs(args.job, follow=args.follow, attempt=args.attempt):
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    return 0
+
+
+@_pool_command
+def cmd_cancel(args, client) -> int:
+    job = client.cancel(args.job)
+    if job.get("state") == "cancelled":
+        print(f"job {job['id']} cancelled")
+    else:
+        print(f"job {job['id']} is being cancelled (still {job.get('state')})")
+    return 0
+
+
+@_pool_command
+def cmd_quota(args, client) -> int:
+    quota = client.quota()
+    print(json.dumps(quota, indent=2) if args.json else format_quota(quota))
+    return 0
+
+
+@_pool_command
+def cmd_pool(args, client) -> int:
+    pool = client.pool()
+    print(json.dumps(pool, indent=2) if args.json else format_pool(pool))
+    return 0
+
+
+# -- following a job ----------------------------------------------------------------------------
+
+def follow_job(client, job: dict, out, note, poll_s: float = 2.0, sleep=time.sleep) -> dict:
+    """Write the job's output to ``out`` until it ends; return the finished job.
+
+    Pending jobs are polled; a running attempt's output is followed. A preempted job comes back
+    as a new attempt, whose output follows; a stream that closes early is reopened and what was
+    already written is skipped. ``note`` gets a line at each change of state."""
+    job_id = job["id"]
+    written: dict = {}  # attempt -> characters of its output already written
+    said = (job.get("state"), job.get("attempt"))
+    while True:
+        state, attempt = job.get("state"), job.get("attempt")
+        if state not in ACTIVE_STATES:
+            try:
+                _copy(client.logs(job_id, attempt=attempt), written, attempt, out)
+            except PoolError as e:
+                if e.status != 404:  # a job cancelled before it ran has no output
+                    raise
+            return job
+        wrote = False
+        if state == "running":
+            wrote = _copy(client.logs(job_id, follow=True, attempt=attempt), written, attempt, out)
+        if not wrote:
+            sleep(poll_s)
+        job = client.job(job_id)
+        if (job.get("state"), job.get("attempt")) != said:
+            said = (job.get("state"), job.get("attempt"))
+            if job.get("state") in ACTIVE_STATES:
+                note(describe(job))
+
+
+def _copy(chunks, written: dict, attempt, out) -> bool:
+    """Write the chunks beyond what was written of this attempt's output; True if any."""
+    done, seen, wrote = written.get(attempt, 0), 0, False
+    for text in chunks:
+        start = max(0, done - seen)
+        seen += len(text)
+        if start < len(text):
+            out.write(text[start:])
+            out.flush()
+            wrote = True
+    written[attempt] = max(done, seen)
+    return wrote
+
+
+# -- text for people ----------------------------------------------------------------------------
+
+def gpus(value) -> str:
+    """A GPU amount from the API (GPUs, maybe fractional) as a short number: 4, 0.25."""
+    if value is None:
+        return "-"
+    return f"{value:g}" if isinstance(value, (int, float)) else str(value)
+
+
+def describe(job: dict) -> str:
+    """One line about a job: its state and why, e.g. after submitting it."""
+    ident, state = job.get("id"), job.get("state")
+    amount = f"{gpus(job.get('gpus'))} GPU{'' if job.get('gpus') == 1 else 's'}"
+    if state == "pending":
+        where = f"{amount}, project {job.get('project')}"
+        if job.get("queue_position") is not None:
+            where += f", position {job['queue_position']}"
+        reason = job.get("reason")
+        return f"job {ident} pending ({where})" + (f": {reason}" if reason else "")
+    if state == "running":
+        nodes = ", ".join(job.get("placement") or {}) or "the train pool"
+        line = f"job {ident} running ({amount} on {nodes}, attempt {job.get('attempt', 1)})"
+        return line + (": being preempted" if job.get("preempting") else "")
+    if state == "failed" and job.get("exit_code") is not None:
+        return f"job {ident} failed (exit code {job['exit_code']})"
+    return f"job {ident} {state}"
+
+
+def table(headers, rows, numeric=()) -> str:
+    """Aligned columns, two spaces apart; the columns named in ``numeric`` aligned right."""
+    rows = [[str(cell) for cell in row] for row in rows]
+    widths = [max([len(h)] + [len(row[i]) for row in rows]) for i, h in enumerate(headers)]
+    lines = []
+    for row in [list(headers)] + rows:
+        cells = [cell.rjust(w) if h in numeric else cell.ljust(w)
+                 for cell, w, h in zip(row, widths, headers)]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def age(seconds) -> str:
+    """``42s``, ``12m``, ``3h``, ``2d``: how long ago, roughly."""
+    if seconds is None:
+        return "-"
+    seconds = max(0, int(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:max(width - 1, 0)] + "…"
+
+
+def format_jobs(jobs: list[dict], now: float | None = None, width: int | None = 120) -> str:
+    """The jobs as a table for people. A USER column appears when the jobs are several users';
+    the reason is cut to fit ``width`` characters (None: never cut)."""
+    now = time.time() if now is None else now
+    several_users = len({job.get("user") for job in jobs}) > 1
+    headers = ["ID", "NAME"] + (["USER"] if several_users else []) + [
+        "STATE", "GPUS", "PROJECT", "POSITION", "REASON", "ATTEMPT", "AGE"]
+    rows = []
+    for job in jobs:
+        state = job.get("state") or "-"
+        if state == "running" and job.get("preempting"):
+            state = "preempting"
+        submitted = job.get("submitted")
+        rows.append([job.get("id", "-"), _cut(job.get("name") or "-", 24)]
+                    + ([job.get("user") or "-"] if several_users else [])
+                    + [state, gpus(job.get("gpus")), job.get("project") or "-",
+                       job.get("queue_position") if job.get("queue_position") is not None else "-",
+                       " ".join((job.get("reason") or "-").split()),
+                       job.get("attempt") if job.get("attempt") is not None else "-",
+                       age(now - submitted if submitted is not None else None)])
+    if width is not None:
+        col = headers.index("REASON")
+        others = sum(max([len(h)] + [len(str(r[i])) for r in rows])
+                     for i, h in enumerate(headers) if i != col) + 2 * (len(headers) - 1)
+        room = max(width - others, 24)
+        for row in rows:
+            row[col] = _cut(row[col], room)
+    return table(headers, rows, numeric={"GPUS", "POSITION", "ATTEMPT", "AGE"})
+
+
+def format_quota(quota: dict) -> str:
+    counts = quota.get("jobs") or {}
+    said = ", ".join(f"{n} {state}" for state, n in counts.items() if n) or "no jobs"
+    lines = [f"{quota.get('user', 'you')}: {said}"]
+    projects = quota.get("projects") or []
+    if not projects:
+        lines.append("you are in no project; ask an admin to add you to one")
+        return "\n".join(lines)
+    headers = ["PROJECT", "QUOTA", "IN USE", "BORROWED", "DESERVED", "LIMIT", "WEIGHT",
+               "PRIORITY", "PENDING"]
+    rows = [[p.get("name"), gpus(p.get("quota")), gpus(p.get("in_use")), gpus(p.get("borrowed")),
+             gpus(p.get("deserved")), gpus(p.get("limit")), _plain(p.get("over_quota_weight")),
+             _plain(p.get("priority")), _plain(p.get("pending"))] for p in projects]
+    lines.append(table(headers, rows, numeric=set(headers[1:])))
+    return "\n".join(lines)
+
+
+def format_pool(pool: dict) -> str:
+    capacity, in_use = pool.get("capacity") or 0, pool.get("in_use") or 0
+    line = (f"train pool: {gpus(in_use)} of {gpus(capacity)} GPUs in use, "
+            f"{gpus(max(capacity - in_use, 0))} idle")
+    if pool.get("simulated"):
+        line += " (simulated inventory: no GPUs were found)"
+    nodes = pool.get("nodes") or []
+    if not nodes:
+        return line
+    # The nodes' fields are whatever the service reports; name first, then in its order.
+    keys = ["name"] if any("name" in n for n in nodes) else []
+    for node in nodes:
+        keys += [k for k in node if k not in keys]
+    headers = [k.replace("_", " ").upper() for k in keys]
+    rows = [[_plain(node.get(k)) for k in keys] for node in nodes]
+    numeric = {h for h, k in zip(headers, keys)
+               if all(isinstance(n.get(k), (int, float)) and not isinstance(n.get(k), bool)
+                      for n in nodes if n.get(k) is not None)}
+    return line + "\n" + table(headers, rows, numeric=numeric)
+
+
+def _plain(value) -> str:
+    """Any JSON value as short text for a table cell."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, list):
+        return ",".join(_plain(v) for v in value) or "-"
+    if isinstance(value, dict):
+        return ",".join(f"{k}={_plain(v)}" for k, v in value.items()) or "-"
+    return str(value)

@@ -1,0 +1,433 @@
+"""The one HTTP client of the pool service's REST API (see ``pool/openapi.py``).
+
+Magics, the widget panel, the ``gpushare`` CLI and the jupyter_server extension all talk to the
+pool through :class:`PoolClient`; this is the only module that knows a REST path. Standard
+library only, so that it loads in any notebook kernel.
+
+Every failure a user can meet is an exception whose ``str()`` is one sentence that says what to
+do. The token is sent in a header and never appears in a sentence, a ``repr`` or a log.
+"""
+
+from __future__ import annotations
+
+import codecs
+import http.client
+import json
+import os
+import re
+import socket
+import ssl
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Iterator
+
+from . import __version__
+
+URL_VARIABLE = "GPUSHARE_URL"
+TOKEN_VARIABLE = "JUPYTERHUB_API_TOKEN"
+EXAMPLE_URL = "http://127.0.0.1:8000/services/gpushare/"
+ACTIVE_STATES = ("pending", "running")
+FINAL_STATES = ("succeeded", "failed", "cancelled")
+
+
+class ClientError(Exception):
+    """A failure with one sentence for the user."""
+
+
+class InvalidInput(ClientError, ValueError):
+    """A job spec field (or the URL) the server would refuse; found before sending.
+
+    ``field`` is the spec field and ``problem`` the sentence without it, so that a front end can
+    name its own option: the CLI says ``--gpus: must be 1 or more, not 0``."""
+
+    def __init__(self, field: str, problem: str):
+        self.field, self.problem = field, problem
+        super().__init__(f"{field} {problem}")
+
+
+class NoCredentials(ClientError):
+    """No service address or no token: says which environment variable (or option) to set."""
+
+    def __init__(self, missing: str, *, detail: str = ""):
+        self.missing = missing  # "url" or "token"
+        self.variable = URL_VARIABLE if missing == "url" else TOKEN_VARIABLE
+        self.detail = detail
+        super().__init__(self.sentence())
+
+    def sentence(self, option: str | None = None) -> str:
+        """The sentence, naming ``option`` (e.g. ``--url``) as the other way to give the value."""
+        option = option or f"{self.missing}=..."
+        if self.detail:
+            return f"{self.detail}; give the right one in {self.variable} or {option}"
+        if self.missing == "url":
+            return (f"no pool service address: set {URL_VARIABLE} (e.g. {EXAMPLE_URL}) "
+                    f"or pass {option}")
+        return (f"no JupyterHub token: set {TOKEN_VARIABLE} (JupyterHub sets it in your notebook "
+                f"server; elsewhere make one on the hub's Token page) or pass {option}")
+
+
+class PoolUnreachable(ClientError):
+    """The service (or the hub in front of it) cannot be reached or did not answer."""
+
+
+class PoolError(ClientError):
+    """The service answered with an error: ``status`` and the server's sentence."""
+
+    def __init__(self, status: int, message: str):
+        self.status, self.message = status, message
+        super().__init__(message)
+
+
+# -- job specs ----------------------------------------------------------------------------------
+# The same checks the server makes (JobSpec in pool/openapi.py), so that a wrong value is refused
+# before a request; the server stays the authority.
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def _whole(value) -> int | None:
+    """``value`` as an int if it is a whole number (``3``, ``3.0``, ``" 3 "``), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else None
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            return None
+    return None
+
+
+def check_gpus(value) -> int:
+    """A train job's GPUs: a whole number, 1 or more (fractions are for build slices)."""
+    number = _whole(value)
+    if number is None:
+        try:
+            fraction = float(value) > 0 and not isinstance(value, bool)
+        except (TypeError, ValueError):
+            fraction = False
+        hint = " (train jobs get whole GPUs; fractions are for notebook slices)" if fraction else ""
+        raise InvalidInput("gpus", f"must be a whole number of GPUs, not {value!r}{hint}")
+    if number < 1:
+        raise InvalidInput("gpus", f"must be 1 or more, not {number}")
+    return number
+
+
+def check_priority(value) -> int:
+    number = _whole(value)
+    if number is None or not -100 <= number <= 100:
+        raise InvalidInput("priority", f"must be a whole number from -100 to 100, not {value!r}")
+    return number
+
+
+def check_name(value) -> str:
+    value = str(value)
+    if not value.strip():
+        raise InvalidInput("name", "must not be empty")
+    if len(value) > 100:
+        raise InvalidInput("name", f"must be at most 100 characters, not {len(value)}")
+    return value
+
+
+def parse_env(items) -> dict[str, str]:
+    """``["K=V", ...]`` (or a mapping) to a dict; refuses entries without ``=`` or a bad name."""
+    if isinstance(items, dict):
+        items = [f"{k}={v}" for k, v in items.items()]
+    env = {}
+    for item in items or ():
+        name, sep, value = str(item).partition("=")
+        if not sep:
+            raise InvalidInput("env", f"entries must be NAME=VALUE, not {item!r}")
+        if not _ENV_NAME.match(name):
+            raise InvalidInput("env", f"names are letters, digits and _ (not starting with a "
+                               f"digit), not {name!r}")
+        env[name] = value
+    return env
+
+
+def job_spec(command=None, *, source: str | None = None, gpus=1, project: str | None = None,
+             name: str | None = None, priority=None, env=None) -> dict:
+    """Build (and check) the JSON body of ``POST api/jobs`` from front-end arguments.
+
+    ``command`` is a list of words to run, or ``source`` Python code; exactly one of them."""
+    if command is not None and source is not None:
+        raise InvalidInput("command", "and source do not go together; give one of them")
+    if source is not None:
+        if not str(source).strip():
+            raise InvalidInput("source", "is empty; give the Python code to run")
+        spec: dict = {"source": str(source)}
+    else:
+        if isinstance(command, str) or not command:
+            raise InvalidInput("command", "is missing; give the words to run, e.g. "
+                               "['python', 'train.py']")
+        spec = {"command": [str(word) for word in command]}
+    spec["gpus"] = check_gpus(gpus)
+    if project is not None:
+        if not str(project).strip():
+            raise InvalidInput("project", "must not be empty")
+        spec["project"] = str(project)
+    if name is not None:
+        spec["name"] = check_name(name)
+    if priority is not None:
+        spec["priority"] = check_priority(priority)
+    if env:
+        spec["env"] = parse_env(env)
+    return spec
+
+
+# -- the client ---------------------------------------------------------------------------------
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Redirects are answered, not followed: urllib would carry the token to the new address,
+    and the hub redirects to its login page when it does not accept a token."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
+def display_url(url: str) -> str:
+    """The address without user-info, query or fragment, safe to show in a sentence."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    try:
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        port = ""
+    return urllib.parse.urlunsplit((parts.scheme, host + port, parts.path, "", ""))
+
+
+class PoolClient:
+    """Talks to the pool service at ``url`` with a JupyterHub ``token``.
+
+    ``url`` defaults to ``$GPUSHARE_URL`` (e.g. ``http://127.0.0.1:8000/services/gpushare/``, the
+    trailing slash optional) and ``token`` to ``$JUPYTERHUB_API_TOKEN``. Nothing is checked until
+    the first request, so a client can be made where the environment is not set up yet; a request
+    without them raises :class:`NoCredentials`. ``timeout`` (seconds) bounds connecting and each
+    wait for data, except while following a job's logs, which may be quiet for hours.
+    """
+
+    def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0):
+        self._url_from = "the URL" if url else URL_VARIABLE
+        self._url = url if url else os.environ.get(URL_VARIABLE, "")
+        self._token = token if token else os.environ.get(TOKEN_VARIABLE, "")
+        self.timeout = timeout
+        self._opener = urllib.request.build_opener(_NoRedirect())
+
+    def __repr__(self):
+        return f"PoolClient({self.url!r})"
+
+    @property
+    def url(self) -> str:
+        """The service's base address, ending in ``/``, without query or fragment; or ``""``."""
+        url = self._url.strip()
+        if not url:
+            return ""
+        parts = urllib.parse.urlsplit(url)
+        path = parts.path if parts.path.endswith("/") else parts.path + "/"
+        return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+
+    # -- the API: one method per path; the paths live here and nowhere else --
+
+    def pool(self) -> dict:
+        """The train pool: ``capacity``, ``in_use`` (GPUs), ``simulated``, ``nodes``."""
+        return self._json("GET", "api/pool")
+
+    def quota(self) -> dict:
+        """Your ``projects`` with quota and use, and your job counts by state (``jobs``)."""
+        return self._json("GET", "api/quota")
+
+    def jobs(self, project: str | None = None, all: bool = False,
+             state: str | None = None) -> list[dict]:
+        """Your jobs; a project's queue (members); every job (``all``, admins)."""
+        query = {"project": project, "all": "1" if all else None, "state": state}
+        return self._json("GET", "api/jobs", query=query)["jobs"]
+
+    def submit(self, spec: dict) -> dict:
+        """Submit a train job (see :func:`job_spec`); returns the job, with its ``reason``."""
+        return self._json("POST", "api/jobs", body=spec)
+
+    def job(self, job_id: str) -> dict:
+        return self._json("GET", f"api/jobs/{_segment(job_id)}")
+
+    def cancel(self, job_id: str) -> dict:
+        return self._json("DELETE", f"api/jobs/{_segment(job_id)}")
+
+    def logs(self, job_id: str, follow: bool = False, attempt: int | None = None) -> Iterator[str]:
+        """The job's output as text chunks, as they arrive.
+
+        With ``follow`` the server keeps the response open and sends output until the job ends;
+        the iterator ends when the server closes it. The request is made at the first ``next()``.
+        """
+        query = {"follow": "1" if follow else None,
+                 "attempt": str(attempt) if attempt is not None else None}
+        path = f"api/jobs/{_segment(job_id)}/logs"
+        with self._open("GET", path, query=query) as response:
+            if follow:
+                _wait_forever(response)
+            decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            while True:
+                data = self._read(response, path, chunk=True)
+                if not data:
+                    break
+                text = decoder.decode(data)
+                if text:
+                    yield text
+            tail = decoder.decode(b"", final=True)
+            if tail:
+                yield tail
+
+    def projects(self) -> list[dict]:
+        return self._json("GET", "api/projects")["projects"]
+
+    def update_project(self, name: str, **fields) -> dict:
+        """Change a project (admins): ``quota``, ``over_quota_weight``, ``limit``, ``priority``,
+        ``groups``. Quotas are in GPUs; ``limit=None`` removes the limit."""
+        return self._json("PUT", f"api/projects/{_segment(name)}", body=fields)
+
+    def openapi(self) -> dict:
+        """The service's OpenAPI document (needs no token)."""
+        return self._json("GET", "api/openapi.json", auth=False)
+
+    # -- HTTP --
+
+    def _json(self, method, path, *, query=None, body=None, auth=True):
+        with self._open(method, path, query=query, body=body, auth=auth) as response:
+            data = self._read(response, path)
+            try:
+                return json.loads(data)
+            except ValueError:
+                raise PoolError(response.status, self._not_the_service(
+                    f"answered {path} with something that is not JSON")) from None
+
+    def _open(self, method, path, *, query=None, body=None, auth=True):
+        base = self._base()
+        url = base + path
+        query = {k: v for k, v in (query or {}).items() if v is not None}
+        if query:
+            url += "?" + urllib.parse.urlencode(query)
+        headers = {"Accept": "application/json", "User-Agent": f"jupyter-gpushare/{__version__}"}
+        if auth:
+            headers["Authorization"] = f"token {self._checked_token()}"
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        request = urllib.request.Request(url, data=data, headers=headers, method=method)
+        try:
+            return self._opener.open(request, timeout=self.timeout)
+        except urllib.error.HTTPError as e:
+            with e:
+                raise self._error(e.code, e.reason, e.headers, path, self._read(e, path)) \
+                    from None
+        except urllib.error.URLError as e:
+            raise self._unreachable(e.reason) from None
+        except (OSError, http.client.HTTPException) as e:
+            raise self._unreachable(e) from None
+
+    def _read(self, response, path, chunk=False) -> bytes:
+        try:
+            return response.read1(65536) if chunk else response.read()
+        except (OSError, http.client.HTTPException) as e:
+            raise self._unreachable(e, during=path) from None
+
+    def _base(self) -> str:
+        url = self.url
+        if not url:
+            raise NoCredentials("url")
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise NoCredentials("url", detail=f"{self._url_from} {display_url(url)!r} is not an "
+                                f"http:// or https:// address like {EXAMPLE_URL}")
+        return url
+
+    def _checked_token(self) -> str:
+        token = self._token.strip()
+        if not token:
+            raise NoCredentials("token")
+        # A bad character would make http.client raise an error that quotes the header,
+        # token included; refuse it here without showing it.
+        if not all(33 <= ord(c) < 127 for c in token):
+            raise NoCredentials("token", detail="the token has spaces, control or non-ASCII "
+                                "characters, so it is not a JupyterHub token")
+        return token
+
+    def _unreachable(self, why, during: str | None = None) -> PoolUnreachable:
+        where = display_url(self.url)
+        if during:
+            return PoolUnreachable(f"the connection to the pool service at {where} broke while "
+                                   f"reading {during} ({_words(why)}); try again")
+        return PoolUnreachable(f"the pool service at {where} cannot be reached ({_words(why)}); "
+                               f"is JupyterHub running and {self._url_from} right?")
+
+    def _error(self, status, reason, headers, path, data) -> ClientError:
+        message = None
+        if "json" in (headers.get("Content-Type") or ""):
+            try:
+                message = json.loads(data).get("error")
+            except (ValueError, AttributeError):
+                message = None
+        if isinstance(message, str) and message.strip():
+            return PoolError(status, " ".join(message.split()))
+        # Not the service's own words: the hub, its proxy or something else answered.
+        if 300 <= status < 400:
+            location = headers.get("Location") or ""
+            if "/login" in location:
+                return PoolError(401, f"the hub did not accept the token (it redirected to its "
+                                 f"login page); check {TOKEN_VARIABLE} or make a new token")
+            return PoolError(status, self._not_the_service(
+                f"redirected {path} to {display_url(urllib.parse.urljoin(self.url, location))}"))
+        if status in (401, 403):
+            return PoolError(status, f"the hub did not accept the token (HTTP {status}); check "
+                             f"{TOKEN_VARIABLE} or make a new token")
+        if status == 404:
+            return PoolError(status, self._not_the_service(f"has no {path} (HTTP 404)"))
+        if status in (502, 503, 504):
+            return PoolUnreachable(f"the pool service at {display_url(self.url)} is not "
+                                   f"answering (HTTP {status} {reason} from the hub); is the "
+                                   f"gpushare service running?")
+        return PoolError(status, f"the pool service at {display_url(self.url)} answered HTTP "
+                         f"{status} {reason}; see the hub's log")
+
+    def _not_the_service(self, what: str) -> str:
+        return (f"{display_url(self.url)} {what}; is {self._url_from} the pool service's "
+                f"address, like {EXAMPLE_URL}?")
+
+
+def _segment(value) -> str:
+    return urllib.parse.quote(str(value), safe="")
+
+
+def _wait_forever(response) -> None:
+    """Followed logs may be quiet for hours: no read timeout once the answer has begun."""
+    sock = getattr(getattr(response.fp, "raw", None), "_sock", None)
+    if isinstance(sock, socket.socket):
+        sock.settimeout(None)
+
+
+def _words(error) -> str:
+    """A short lower-case phrase for a network error; never its repr."""
+    if isinstance(error, str):
+        return error
+    if isinstance(error, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(error, (TimeoutError, socket.timeout)):
+        return "no answer in time"
+    if isinstance(error, socket.gaierror):
+        return "unknown host name"
+    if isinstance(error, ssl.SSLCertVerificationError):
+        return f"TLS certificate not trusted: {error.verify_message}"
+    if isinstance(error, ssl.SSLError):
+        return "TLS failed"
+    if isinstance(error, (ConnectionResetError, http.client.RemoteDisconnected)):
+        return "the connection was closed"
+    if isinstance(error, http.client.IncompleteRead):
+        return "the answer was cut short"
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror[:1].lower() + error.strerror[1:]
+    return type(error).__name__

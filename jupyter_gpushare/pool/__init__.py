@@ -1,0 +1,1 @@
+"""The pool service: the shared train-pool scheduler that runs in JupyterHub."""

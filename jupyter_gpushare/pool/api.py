@@ -1,0 +1,322 @@
+"""REST handlers of the pool service (paths and shapes: openapi.py).
+
+A user sees and acts on their own jobs; members of a project see its queue without other
+users' commands, environment or logs; admins see everything. Identity and rights come only
+from JupyterHub (``directory.py``), never from a request body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+from jupyterhub.services.auth import HubAuthenticated
+from tornado import web
+from tornado.iostream import StreamClosedError
+
+from ..policy.model import GPU
+from .directory import Who
+from .models import JobRow, ProjectRow
+from .openapi import SPEC
+from .validate import Invalid, job_spec, project_name, project_update
+
+STATES = ("pending", "running", "succeeded", "failed", "cancelled")
+
+
+class PoolHandler(HubAuthenticated, web.RequestHandler):
+    """Every handler: JSON errors, HubAuth token identity, the pool's view of the user."""
+
+    who: Who
+
+    @property
+    def pool(self):
+        return self.settings["pool"]
+
+    def set_default_headers(self):
+        self.set_header("Content-Type", "application/json")
+        self.set_header("Cache-Control", "no-store")
+
+    async def prepare(self):
+        limit = self.pool.max_body_size
+        if int(self.request.headers.get("Content-Length") or 0) > limit:
+            raise web.HTTPError(413, reason=f"the body is larger than {limit // 1024} KiB; "
+                                            f"send less (large code belongs in a file)")
+        model = self.get_current_user()
+        if model is None:
+            raise web.HTTPError(403, reason="this needs a JupyterHub token that may use the "
+                                            "gpushare service (Authorization: token ...)")
+        self.who = await self.pool.directory.who(model)
+
+    def write_error(self, status_code, **kwargs):
+        exc = kwargs.get("exc_info", (None, None))[1]
+        if isinstance(exc, web.HTTPError) and exc.reason:
+            message = exc.reason
+        elif status_code == 404:
+            message = "no such path in the gpushare API; see api/openapi.json"
+        elif status_code == 405:
+            message = f"{self.request.method} is not allowed here; see api/openapi.json"
+        else:
+            message = "the pool service failed to answer; the administrator can see why in its log"
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"error": message}))
+
+    def fail(self, status: int, message: str):
+        raise web.HTTPError(status, reason=message)
+
+    def body(self):
+        try:
+            return json.loads(self.request.body or b"null")
+        except ValueError as e:
+            self.fail(400, f"the body is not valid JSON ({e.msg} at character {e.pos})")
+
+    def reply(self, obj, status: int = 200):
+        self.set_status(status)
+        self.finish(json.dumps(obj))
+
+    # -- rights -----------------------------------------------------------------------
+    def member_of(self, project: ProjectRow) -> bool:
+        return self.who.admin or bool(self.who.groups & set(project.groups or ()))
+
+    def my_projects(self) -> list[ProjectRow]:
+        return [p for p in self.pool.store.projects() if self.member_of(p)]
+
+    def own_job(self, job_id: str) -> JobRow:
+        row = self.pool.store.job(job_id)
+        if row is None:
+            self.fail(404, f"there is no job {job_id}")
+        if row.user != self.who.name and not self.who.admin:
+            self.fail(403, f"job {job_id} is not yours")
+        return row
+
+    def job_json(self, row: JobRow, full: bool) -> dict:
+        ex = self.pool.scheduler.explained
+        out = {
+            "id": row.id, "name": row.name, "user": row.user, "project": row.project,
+            "gpus": row.gpus / GPU, "priority": row.priority, "state": row.state,
+            "attempt": row.attempt, "submitted": row.submitted, "started": row.started,
+            "finished": row.finished, "exit_code": row.exit_code,
+            "placement": {n: m / GPU for n, m in (row.placement or {}).items()},
+            "preempting": bool(row.preempting),
+            "queue_position": ex.positions.get(row.id) if row.state == "pending" else None,
+            "reason": self.why_text(row, ex),
+        }
+        if full:
+            out["command"] = row.command
+            out["env"] = row.env
+        return out
+
+    @staticmethod
+    def why_text(row: JobRow, ex) -> str:
+        if row.state == "pending":
+            return ex.reasons.get(row.id, "waiting for the next scheduling cycle")
+        if row.state == "running":
+            if row.cancel_requested:
+                return "stopping: cancelled by its user"
+            return "stopping: preempted, it will be requeued" if row.preempting else ""
+        return row.message or ""
+
+    def project_json(self, p: ProjectRow) -> dict:
+        ex = self.pool.scheduler.explained
+        used = ex.usage.get(p.name, 0)
+        pending = sum(1 for j in self.pool.store.jobs(project=p.name, states=("pending",)))
+        return {"name": p.name, "quota": p.quota / GPU, "over_quota_weight": p.over_quota_weight,
+                "limit": None if p.limit is None else p.limit / GPU, "priority": p.priority,
+                "groups": list(p.groups or ()), "in_use": used / GPU,
+                "borrowed": max(0, used - p.quota) / GPU,
+                "deserved": ex.deserved.get(p.name, 0) / GPU, "pending": pending}
+
+
+class PoolInfoHandler(PoolHandler):
+    def get(self):
+        ex = self.pool.scheduler.explained
+        nodes = [{"name": n.name, "gpus": n.gpus, "pool": n.pool, "labels": dict(n.labels)}
+                 for n in ex.nodes]
+        self.reply({"capacity": sum(n.gpus for n in ex.nodes), "nodes": nodes,
+                    "in_use": sum(ex.usage.values()) / GPU,
+                    "simulated": any(n.labels.get("gpushare.io/simulated") for n in ex.nodes)})
+
+
+class QuotaHandler(PoolHandler):
+    def get(self):
+        counts = {s: 0 for s in STATES}
+        for row in self.pool.store.jobs(user=self.who.name):
+            counts[row.state] += 1
+        self.reply({"user": self.who.name, "admin": self.who.admin,
+                    "projects": [self.project_json(p) for p in self.my_projects()],
+                    "jobs": counts})
+
+
+class JobsHandler(PoolHandler):
+    def get(self):
+        store = self.pool.store
+        state = self.get_argument("state", None)
+        if state is not None and state not in STATES:
+            self.fail(400, f"state must be one of {', '.join(STATES)}, not {state!r}")
+        states = (state,) if state else None
+        project = self.get_argument("project", None)
+        if self.get_argument("all", None):
+            if not self.who.admin:
+                self.fail(403, "only admins can list every job; leave out all=1 for yours")
+            rows = store.jobs(states=states)
+        elif project is not None:
+            row = store.project(project)
+            if row is None:
+                self.fail(400, f"there is no project {project!r}")
+            if not self.member_of(row):
+                self.fail(403, f"you are not a member of project {project}")
+            rows = store.jobs(project=project, states=states)
+        else:
+            rows = store.jobs(user=self.who.name, states=states)
+        self.reply({"jobs": [self.job_json(r, r.user == self.who.name or self.who.admin)
+                             for r in rows]})
+
+    async def post(self):
+        if self.who.kind != "user":
+            self.fail(403, "train jobs are submitted by users, not by services")
+        try:
+            spec = job_spec(self.body())
+            project = self._project(spec.pop("project"), spec["gpus"])
+        except Invalid as e:
+            self.fail(e.status, str(e))
+        row = self.pool.submit(self.who.name, project, spec)
+        self.reply(self.job_json(row, True), 201)
+
+    def _project(self, name, gpus: int) -> ProjectRow:
+        mine = self.my_projects()
+        if name is None:
+            if len(mine) == 1:
+                project = mine[0]
+            elif not mine:
+                raise Invalid("you are in no project; ask an admin to add you to the "
+                              "JupyterHub group of one", 403)
+            else:
+                raise Invalid("you are in several projects (" + ", ".join(p.name for p in mine)
+                              + "); say which with project")
+        else:
+            if not isinstance(name, str):
+                raise Invalid("project must be a project name")
+            project = self.pool.store.project(name)
+            if project is None:
+                raise Invalid(f"there is no project {name!r}; yours: "
+                              + (", ".join(p.name for p in mine) or "none"))
+            if not self.member_of(project):
+                raise Invalid(f"you are not a member of project {name}", 403)
+        capacity = self.pool.train_capacity()
+        if gpus > capacity:
+            raise Invalid(f"the job asks for {gpus // GPU} GPUs but the train pool has only "
+                          f"{capacity // GPU}; ask for fewer")
+        if project.limit is not None and gpus > project.limit:
+            raise Invalid(f"the job asks for {gpus // GPU} GPUs but project {project.name} may "
+                          f"use at most {project.limit / GPU:g}; ask for fewer")
+        return project
+
+
+class JobHandler(PoolHandler):
+    def get(self, job_id):
+        self.reply(self.job_json(self.own_job(job_id), True))
+
+    async def delete(self, job_id):
+        row = self.own_job(job_id)
+        if row.state not in ("pending", "running"):
+            self.fail(409, f"job {job_id} has already ended ({row.state})")
+        row = await self.pool.scheduler.cancel(row)
+        self.reply(self.job_json(row, True))
+
+
+class LogsHandler(PoolHandler):
+    def set_default_headers(self):
+        self.set_header("Content-Type", "text/plain; charset=utf-8")
+        self.set_header("Cache-Control", "no-store")
+
+    async def get(self, job_id):
+        row = self.own_job(job_id)
+        attempt = self.get_argument("attempt", None)
+        if attempt is None:
+            attempt = row.attempt
+        else:
+            try:
+                attempt = int(attempt)
+            except ValueError:
+                self.fail(400, f"attempt must be a whole number, not {attempt!r}")
+            if not 1 <= attempt <= row.attempt:
+                self.fail(400, f"job {job_id} has attempts 1 to {row.attempt}")
+        follow = self.get_argument("follow", "0") not in ("0", "", "false")
+        backend, offset = self.pool.backend, 0
+        while True:
+            chunk = await backend.read_log(row.id, attempt, offset)
+            if chunk:
+                offset += len(chunk)
+                self.write(chunk)
+                try:
+                    await self.flush()
+                except StreamClosedError:
+                    return
+            if not follow:
+                break
+            row = self.pool.store.job(job_id)
+            if not chunk and not (row.state in ("pending", "running") and row.attempt == attempt
+                                  or row.attempt < attempt):
+                break
+            if not chunk:
+                await asyncio.sleep(0.2)
+        self.finish()
+
+
+class ProjectsHandler(PoolHandler):
+    def get(self):
+        self.reply({"projects": [self.project_json(p) for p in self.pool.store.projects()]})
+
+
+class ProjectHandler(PoolHandler):
+    def put(self, name):
+        if not self.who.admin:
+            self.fail(403, "only admins can change projects")
+        try:
+            project_name(name)
+            current = self.pool.store.project(name)
+            fields = project_update(self.body(), None if current is None else {
+                "quota": current.quota, "limit": current.limit})
+        except Invalid as e:
+            self.fail(e.status, str(e))
+        if "quota" in fields:
+            others = sum(p.quota for p in self.pool.store.projects() if p.name != name)
+            capacity = self.pool.train_capacity()
+            if others + fields["quota"] > capacity:
+                self.fail(409, f"quotas would add up to {(others + fields['quota']) / GPU:g} GPUs "
+                               f"but the train pool has {capacity / GPU:g}; a guarantee that "
+                               f"cannot be honoured is refused: lower another project's quota "
+                               f"first")
+        row = self.pool.store.update_project(name, fields, time.time()) if current else \
+            self.pool.create_project(name, fields)
+        self.pool.scheduler.wake()
+        self.reply(self.project_json(row))
+
+
+class MetricsHandler(PoolHandler):
+    def get(self):
+        if not self.who.admin:
+            self.fail(403, "only admins can read the metrics")
+        self.set_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+        self.finish(self.pool.metrics())
+
+
+class OpenAPIHandler(web.RequestHandler):
+    def get(self):
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(SPEC))
+
+
+def routes(prefix: str) -> list:
+    p = prefix.rstrip("/")
+    return [
+        (rf"{p}/api/pool", PoolInfoHandler),
+        (rf"{p}/api/quota", QuotaHandler),
+        (rf"{p}/api/jobs", JobsHandler),
+        (rf"{p}/api/jobs/([^/]+)", JobHandler),
+        (rf"{p}/api/jobs/([^/]+)/logs", LogsHandler),
+        (rf"{p}/api/projects", ProjectsHandler),
+        (rf"{p}/api/projects/([^/]+)", ProjectHandler),
+        (rf"{p}/metrics", MetricsHandler),
+        (rf"{p}/api/openapi.json", OpenAPIHandler),
+    ]

@@ -1,0 +1,203 @@
+"""``python -m jupyter_gpushare.pool``: the pool service, started and managed by JupyterHub.
+
+Configured like JupyterHub itself: ``gpushare_config.py`` (``c.PoolService.projects = ...``)
+or command-line options; every option has a help text (``--help-all``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pwd
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+from jupyterhub.services.auth import HubAuth
+from tornado import web
+from traitlets import Bool, Dict, Float, Integer, TraitError, Type, Unicode, default, validate
+from traitlets.config import Application
+
+from .. import __version__
+from ..backends.base import Backend, Launch
+from ..backends.local import LocalBackend
+from ..policy.model import GPU, TRAIN, PolicyConfig
+from .api import routes
+from .directory import HubDirectory
+from .loop import Scheduler
+from .models import JobRow, ProjectRow
+from .store import Store
+
+
+class PoolService(Application):
+    name = "gpushare-pool"
+    version = __version__
+    description = "The jupyter-gpushare pool service: a guaranteed-quota train pool in JupyterHub."
+    classes = [LocalBackend]
+
+    config_file = Unicode("gpushare_config.py", help="Python config file to load if it "
+                          "exists (relative to the working directory).").tag(config=True)
+
+    projects = Dict(help="""Projects (queues) of the train pool, created in the store the first
+        time they appear; afterwards admins change them through ``PUT api/projects/{name}``
+        and those changes win. Each is ``{"quota": GPUs, "groups": [JupyterHub groups whose
+        members may submit], "over_quota_weight": 1, "limit": GPUs or None, "priority": 0}``.
+        """).tag(config=True)
+
+    state_dir = Unicode(help="Directory of the service's own files: the SQLite database by "
+                        "default and the local backend's job files.").tag(config=True)
+
+    db_url = Unicode(help="SQLAlchemy URL of the store. Default: SQLite in state_dir. "
+                     "PostgreSQL: postgresql+psycopg://user@host/db").tag(config=True)
+
+    backend_class = Type(LocalBackend, klass=Backend, help="Where train jobs run: the local "
+                         "backend (this machine) or a Kubernetes backend.").tag(config=True)
+
+    cycle_interval = Float(1.0, help="Seconds between scheduling cycles; a submit or cancel "
+                           "also runs one at once.").tag(config=True)
+    grace_period = Float(30.0, help="Seconds a preempted or cancelled job gets between "
+                         "SIGTERM and SIGKILL, to write a checkpoint.").tag(config=True)
+    min_runtime = Float(0.0, help="Seconds a job runs before it may be preempted.").tag(config=True)
+    reserve_after = Float(1800.0, help="Seconds a job waits before nodes are reserved for it, "
+                          "so a stream of small jobs cannot starve a large gang.").tag(config=True)
+    preempt_within_project = Bool(False, help="Let a higher-priority job preempt lower-priority "
+                                  "jobs of its own project.").tag(config=True)
+    reclaim_fair_share = Bool(False, help="Let borrowers below their deserved share preempt "
+                              "borrowers above theirs (more preemptions; see README).").tag(config=True)
+    max_body_size = Integer(1024 * 1024, help="Largest request body accepted, in bytes.").tag(config=True)
+    python = Unicode("python3", help="Python that runs jobs given as source code, as found on "
+                     "the user's PATH (the notebook issue sends the kernel's own).").tag(config=True)
+    checkpoint_dir_template = Unicode("{home}/.gpushare/checkpoints/{job_id}", help="Checkpoint "
+                                      "directory of a job, the same for all its attempts; "
+                                      "{home} is the user's home, {user} and {job_id} too.").tag(config=True)
+
+    @default("state_dir")
+    def _state_dir(self):
+        return str(Path("gpushare-state").resolve())
+
+    @default("db_url")
+    def _db_url(self):
+        return f"sqlite:///{Path(self.state_dir) / 'gpushare.sqlite'}"
+
+    @validate("projects")
+    def _check_projects(self, proposal):
+        out = {}
+        for name, spec in proposal["value"].items():
+            if not isinstance(spec, dict):
+                raise TraitError(f"PoolService.projects[{name!r}] must be a dict like "
+                                 f"{{'quota': 2, 'groups': ['{name}']}}")
+            extra = set(spec) - {"quota", "groups", "over_quota_weight", "limit", "priority"}
+            if extra:
+                raise TraitError(f"PoolService.projects[{name!r}] has unknown key(s) "
+                                 f"{', '.join(sorted(extra))}")
+            quota, limit = spec.get("quota", 0), spec.get("limit")
+            if not isinstance(quota, (int, float)) or quota < 0:
+                raise TraitError(f"PoolService.projects[{name!r}]['quota'] must be 0 or more GPUs")
+            if limit is not None and (not isinstance(limit, (int, float)) or limit < quota):
+                raise TraitError(f"PoolService.projects[{name!r}]['limit'] must be a number of "
+                                 f"GPUs no smaller than its quota, or None")
+            groups = spec.get("groups", [name])
+            if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
+                raise TraitError(f"PoolService.projects[{name!r}]['groups'] must be a list of "
+                                 f"JupyterHub group names")
+            out[name] = {"quota": quota, "groups": groups, "limit": limit,
+                         "over_quota_weight": int(spec.get("over_quota_weight", 1)),
+                         "priority": int(spec.get("priority", 0))}
+        return out
+
+    # -- set-up -------------------------------------------------------------------------
+    def initialize(self, argv=None):
+        super().initialize(argv)
+        if self.config_file and Path(self.config_file).exists():
+            self.load_config_file(self.config_file)
+        Path(self.state_dir).mkdir(parents=True, exist_ok=True)
+        self.store = Store(self.db_url)
+        self.backend = self.backend_class(parent=self, **self._backend_kwargs())
+        capacity = self.train_capacity()
+        configured = sum(round(p["quota"] * GPU) for p in self.projects.values())
+        if configured > capacity:
+            self.log.critical("The configured quotas add up to %g GPUs but the train pool has "
+                              "%g: a guarantee that cannot be honoured is refused. Lower "
+                              "PoolService.projects quotas.", configured / GPU, capacity / GPU)
+            self.exit(2)
+        created = self.store.add_missing_projects(
+            ProjectRow(name=name, quota=round(p["quota"] * GPU), groups=p["groups"],
+                       over_quota_weight=p["over_quota_weight"], priority=p["priority"],
+                       limit=None if p["limit"] is None else round(p["limit"] * GPU),
+                       updated=time.time())
+            for name, p in self.projects.items())
+        if created:
+            self.log.info("created project(s) %s from the configuration", ", ".join(created))
+        self.scheduler = Scheduler(self.store, self.backend, PolicyConfig(
+            min_runtime_s=self.min_runtime, reserve_after_s=self.reserve_after,
+            preempt_within_project=self.preempt_within_project,
+            reclaim_fair_share=self.reclaim_fair_share),
+            self.grace_period, self.launch_for, self.log)
+        self.directory = HubDirectory(os.environ.get("JUPYTERHUB_API_URL", ""),
+                                      os.environ.get("JUPYTERHUB_API_TOKEN", ""))
+
+    def _backend_kwargs(self) -> dict:
+        if issubclass(self.backend_class, LocalBackend) and "state_dir" not in \
+                self.config.get("LocalBackend", {}):
+            return {"state_dir": str(Path(self.state_dir) / "local")}
+        return {}
+
+    def train_capacity(self) -> int:
+        return sum(n.milli for n in self.backend.nodes() if n.pool == TRAIN)
+
+    # -- what handlers call ---------------------------------------------------------------
+    def submit(self, user: str, project: ProjectRow, spec: dict) -> JobRow:
+        command = spec["command"] or [self.python, "-c", spec["source"]]
+        row = self.store.add_job(time.time(), user=user, project=project.name, name=spec["name"],
+                                 gpus=spec["gpus"], priority=spec["priority"], command=command,
+                                 env=spec["env"], checkpoint_dir="")
+        self.scheduler.wake()
+        return row
+
+    def create_project(self, name: str, fields: dict) -> ProjectRow:
+        row = ProjectRow(name=name, **{"quota": 0, "groups": [name], "over_quota_weight": 1,
+                                       "priority": 0, "limit": None, **fields},
+                         updated=time.time())
+        self.store.add_missing_projects([row])
+        return self.store.project(name)
+
+    def launch_for(self, row: JobRow) -> Launch:
+        try:
+            home = pwd.getpwnam(row.user).pw_dir
+        except KeyError:
+            home = str(Path(self.state_dir) / "home" / row.user)
+        checkpoint = self.checkpoint_dir_template.format(home=home, user=row.user, job_id=row.id)
+        return Launch(row.id, row.attempt, row.user, row.project, tuple(row.command),
+                      dict(row.env), dict(row.placement), checkpoint, row.workdir)
+
+    def metrics(self) -> str:
+        from .metrics import render
+        return render(self)
+
+    # -- run ------------------------------------------------------------------------------
+    def make_app(self) -> web.Application:
+        prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpushare/")
+        return web.Application(routes(prefix), pool=self, hub_auth=HubAuth(),
+                               max_body_size=self.max_body_size * 4, xsrf_cookies=False)
+
+    def start(self):
+        asyncio.run(self._serve())
+
+    async def _serve(self):
+        url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
+        await self.scheduler.reconcile()
+        app = self.make_app()
+        app.listen(url.port, url.hostname)
+        self.log.info("gpushare pool service on %s:%s, train pool of %g GPUs%s", url.hostname,
+                      url.port, self.train_capacity() / GPU,
+                      " (simulated)" if any(n.labels.get("gpushare.io/simulated")
+                                            for n in self.backend.nodes()) else "")
+        try:
+            await self.scheduler.run(self.cycle_interval)
+        finally:
+            await self.backend.shutdown()
+
+
+def main(argv=None):
+    PoolService.launch_instance(argv)

@@ -1,0 +1,140 @@
+"""The scheduling loop: store + backend state → ``policy.cycle`` → decisions → backend.
+
+Owns job state transitions; the backend only runs what it is told and reports exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+from ..backends.base import Backend, BackendError, Exit, Handle, Launch
+from ..policy import JobState, Node, PolicyConfig, Project, Snapshot, TrainJob, cycle
+from .models import JobRow
+from .store import Store
+
+
+@dataclass
+class Explanation:
+    """What the last cycle said about the pool, for the API."""
+
+    positions: dict[str, int | None] = field(default_factory=dict)
+    reasons: dict[str, str] = field(default_factory=dict)
+    deserved: dict[str, int] = field(default_factory=dict)
+    usage: dict[str, int] = field(default_factory=dict)
+    nodes: list[Node] = field(default_factory=list)
+    at: float = 0.0
+
+
+class Scheduler:
+    def __init__(self, store: Store, backend: Backend, config: PolicyConfig, grace_s: float,
+                 launch_for, log: logging.Logger | None = None):
+        self.store, self.backend, self.config, self.grace_s = store, backend, config, grace_s
+        self.launch_for = launch_for  # JobRow → Launch (the app knows users' homes, python)
+        self.log = log or logging.getLogger("gpushare.pool")
+        self.explained = Explanation()
+        self.reserved: dict[str, tuple[str, ...]] = {}
+        self._wake = asyncio.Event()
+        self._lock = asyncio.Lock()
+
+    def wake(self) -> None:
+        """Run a cycle soon (a job was submitted or cancelled)."""
+        self._wake.set()
+
+    async def run(self, interval_s: float) -> None:
+        while True:
+            try:
+                await self.tick()
+            except Exception:  # keep scheduling; the store is the truth
+                self.log.exception("scheduling cycle failed; trying again")
+            try:
+                await asyncio.wait_for(self._wake.wait(), interval_s)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+
+    async def reconcile(self) -> None:
+        """After a restart: adopt what still runs, requeue what died (attempt + 1)."""
+        handles = []
+        for row in self.store.active():
+            if row.state != "running":
+                continue
+            if not row.handle:  # recorded as started, but the backend never took it
+                self.store.requeue(row.id, time.time(), "lost",
+                                   "the service stopped while starting it")
+                continue
+            handles.append(Handle(row.id, row.attempt, row.handle))
+        exits = await self.backend.adopt(handles)
+        self._apply_exits(exits, time.time())
+        self.log.info("adopted %d running job(s), %d had ended", len(handles) - len(exits),
+                      len(exits))
+
+    async def tick(self) -> None:
+        async with self._lock:
+            now = time.time()
+            self._apply_exits(await self.backend.poll(), now)
+            nodes = self.backend.nodes()
+            rows = self.store.active()
+            projects = tuple(Project(p.name, p.quota, p.over_quota_weight, p.limit, p.priority)
+                             for p in self.store.projects())
+            jobs = tuple(self._train_job(r) for r in rows)
+            result = cycle(Snapshot(now, tuple(nodes), projects, jobs), self.config)
+            by_id = {r.id: r for r in rows}
+            for p in result.preemptions:
+                row = self.store.mark(p.job, now, preempting=True, detail=p.why)
+                await self.backend.stop(p.job, row.attempt, self.grace_s)
+            for s in result.starts:
+                await self._start(by_id[s.job], dict(s.placement), now)
+            self.reserved = ({result.reservation.job: result.reservation.reserved}
+                             if result.reservation else {})
+            waits = result.waits
+            self.explained = Explanation(
+                positions={w.job: w.position for w in waits},
+                reasons={w.job: str(w.reason) for w in waits},
+                deserved=dict(result.deserved), usage=dict(result.usage), nodes=nodes, at=now)
+
+    async def _start(self, row: JobRow, placement: dict, now: float) -> None:
+        row = self.store.start(row.id, placement, now)
+        try:
+            handle = await self.backend.start(self.launch_for(row))
+        except BackendError as e:
+            self.store.finish(row.id, time.time(), "failed", message=str(e))
+            return
+        self.store.set_handle(row.id, dict(handle.data))
+
+    async def cancel(self, row: JobRow) -> JobRow:
+        async with self._lock:
+            now = time.time()
+            row = self.store.job(row.id)
+            if row.state == "pending":
+                return self.store.finish(row.id, now, "cancelled", message="cancelled by its user")
+            row = self.store.mark(row.id, now, cancel=True)
+            await self.backend.stop(row.id, row.attempt, self.grace_s)
+            return row
+
+    def _apply_exits(self, exits: list[Exit], now: float) -> None:
+        for ex in exits:
+            row = self.store.job(ex.job_id)
+            if row is None or row.state != "running" or row.attempt != ex.attempt:
+                continue  # an attempt already accounted for
+            if row.cancel_requested:
+                self.store.finish(row.id, now, "cancelled", ex.exit_code, "cancelled by its user")
+            elif row.preempting:
+                self.store.requeue(row.id, now, "preempted",
+                                   "preempted; requeued to resume from its checkpoint")
+            elif ex.state == "lost":
+                self.store.requeue(row.id, now, "lost", ex.reason or "its process vanished")
+            else:
+                self.store.finish(row.id, now, ex.state, ex.exit_code, ex.reason)
+
+    def _train_job(self, row: JobRow) -> TrainJob:
+        running = row.state == "running"
+        return TrainJob(row.id, row.project, row.gpus, user=row.user, priority=row.priority,
+                        submit_time=row.submitted,
+                        state=JobState.RUNNING if running else JobState.PENDING,
+                        attempt=row.attempt, placement=row.placement if running else {},
+                        start_time=row.started if running else None,
+                        preempting=row.preempting or row.cancel_requested,
+                        reserved=self.reserved.get(row.id, ()))

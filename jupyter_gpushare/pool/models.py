@@ -1,0 +1,76 @@
+"""The tables of the pool service's store. GPU amounts are integer milli-GPUs here too.
+
+Every change to these models comes with an alembic migration (``pool/migrations``); a test
+checks that the migrations build exactly these tables.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class ProjectRow(Base):
+    __tablename__ = "projects"
+
+    name: Mapped[str] = mapped_column(String(100), primary_key=True)
+    quota: Mapped[int] = mapped_column(Integer, default=0)
+    over_quota_weight: Mapped[int] = mapped_column(Integer, default=1)
+    limit: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    groups: Mapped[list] = mapped_column(JSON, default=list)
+    updated: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+class JobRow(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    user: Mapped[str] = mapped_column(String(255), index=True)
+    project: Mapped[str] = mapped_column(String(100), index=True)
+    name: Mapped[str] = mapped_column(String(100), default="")
+    gpus: Mapped[int] = mapped_column(Integer)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    command: Mapped[list] = mapped_column(JSON)
+    env: Mapped[dict] = mapped_column(JSON, default=dict)
+    workdir: Mapped[str | None] = mapped_column(Text, nullable=True)
+    checkpoint_dir: Mapped[str] = mapped_column(Text, default="")
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
+    submitted: Mapped[float] = mapped_column(Float)
+    pending_since: Mapped[float] = mapped_column(Float)
+    started: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finished: Mapped[float | None] = mapped_column(Float, nullable=True)
+    placement: Mapped[dict] = mapped_column(JSON, default=dict)
+    handle: Mapped[dict] = mapped_column(JSON, default=dict)
+    preempting: Mapped[bool] = mapped_column(Boolean, default=False)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    message: Mapped[str] = mapped_column(Text, default="")  # why it ended, in words
+
+
+class AttemptRow(Base):
+    __tablename__ = "attempts"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    started: Mapped[float] = mapped_column(Float)
+    ended: Mapped[float | None] = mapped_column(Float, nullable=True)
+    placement: Mapped[dict] = mapped_column(JSON, default=dict)
+    outcome: Mapped[str] = mapped_column(String(16), default="")  # succeeded|failed|preempted|lost|cancelled
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+class EventRow(Base):
+    __tablename__ = "events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    t: Mapped[float] = mapped_column(Float)
+    kind: Mapped[str] = mapped_column(String(16))  # submit|start|preempt|requeue|finish|cancel
+    attempt: Mapped[int] = mapped_column(Integer)
+    detail: Mapped[str] = mapped_column(Text, default="")

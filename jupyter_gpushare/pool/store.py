@@ -1,0 +1,203 @@
+"""The pool service's store: projects, jobs, attempts and events in SQLAlchemy 2.
+
+SQLite (in WAL mode) by default, PostgreSQL by URL. The schema is created and kept up to
+date by alembic migrations when the store opens, so a database made by an older version
+is upgraded in place and nothing accepted is lost.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+from typing import Iterable
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import create_engine, event, select
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import sessionmaker
+
+from .models import AttemptRow, EventRow, JobRow, ProjectRow
+
+MIGRATIONS = Path(__file__).with_name("migrations")
+ACTIVE = ("pending", "running")
+
+
+def upgrade(engine: Engine) -> None:
+    """Bring the database to the newest schema."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "head")
+
+
+def make_engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn, _record):
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.close()
+        return engine
+    return create_engine(url, pool_pre_ping=True)
+
+
+class Store:
+    def __init__(self, url: str):
+        self.engine = make_engine(url)
+        upgrade(self.engine)
+        self.session = sessionmaker(self.engine, expire_on_commit=False)
+
+    # -- projects -------------------------------------------------------------------------
+    def projects(self) -> list[ProjectRow]:
+        with self.session() as s:
+            return list(s.scalars(select(ProjectRow).order_by(ProjectRow.name)))
+
+    def project(self, name: str) -> ProjectRow | None:
+        with self.session() as s:
+            return s.get(ProjectRow, name)
+
+    def add_missing_projects(self, projects: Iterable[ProjectRow]) -> list[str]:
+        """Create the configured projects that the store does not have yet; the ones it has
+        keep what admins set through the API. Returns the names created."""
+        created = []
+        with self.session() as s:
+            for p in projects:
+                if s.get(ProjectRow, p.name) is None:
+                    s.add(p)
+                    created.append(p.name)
+            s.commit()
+        return created
+
+    def update_project(self, name: str, fields: dict, now: float) -> ProjectRow:
+        with self.session() as s:
+            row = s.get(ProjectRow, name)
+            for key, value in fields.items():
+                setattr(row, key, value)
+            row.updated = now
+            s.commit()
+            return row
+
+    # -- jobs -----------------------------------------------------------------------------
+    def add_job(self, now: float, **fields) -> JobRow:
+        with self.session() as s:
+            job_id = _new_id(s)
+            row = JobRow(id=job_id, state="pending", attempt=1, submitted=now,
+                         pending_since=now, **fields)
+            s.add(row)
+            s.flush()  # the job row first: its event refers to it
+            s.add(EventRow(job_id=job_id, t=now, kind="submit", attempt=1))
+            s.commit()
+            return row
+
+    def job(self, job_id: str) -> JobRow | None:
+        with self.session() as s:
+            return s.get(JobRow, job_id)
+
+    def jobs(self, user: str | None = None, project: str | None = None,
+             states: Iterable[str] | None = None, limit: int = 1000) -> list[JobRow]:
+        q = select(JobRow)
+        if user is not None:
+            q = q.where(JobRow.user == user)
+        if project is not None:
+            q = q.where(JobRow.project == project)
+        if states is not None:
+            q = q.where(JobRow.state.in_(list(states)))
+        q = q.order_by(JobRow.submitted.desc(), JobRow.id).limit(limit)
+        with self.session() as s:
+            return list(s.scalars(q))
+
+    def active(self) -> list[JobRow]:
+        with self.session() as s:
+            return list(s.scalars(select(JobRow).where(JobRow.state.in_(ACTIVE))))
+
+    def events(self, job_id: str) -> list[EventRow]:
+        with self.session() as s:
+            return list(s.scalars(select(EventRow).where(EventRow.job_id == job_id)
+                                  .order_by(EventRow.id)))
+
+    def attempts(self, job_id: str) -> list[AttemptRow]:
+        with self.session() as s:
+            return list(s.scalars(select(AttemptRow).where(AttemptRow.job_id == job_id)
+                                  .order_by(AttemptRow.attempt)))
+
+    def start(self, job_id: str, placement: dict, now: float) -> JobRow:
+        """Record a start before the backend is asked, so a crash in between is found
+        (and requeued) on the next start of the service."""
+        with self.session() as s:
+            row = s.get(JobRow, job_id)
+            row.state, row.placement, row.started = "running", placement, now
+            row.handle, row.preempting = {}, False
+            s.add(AttemptRow(job_id=job_id, attempt=row.attempt, started=now,
+                             placement=placement))
+            s.add(EventRow(job_id=job_id, t=now, kind="start", attempt=row.attempt,
+                           detail=_placement_text(placement)))
+            s.commit()
+            return row
+
+    def set_handle(self, job_id: str, handle: dict) -> None:
+        with self.session() as s:
+            s.get(JobRow, job_id).handle = handle
+            s.commit()
+
+    def mark(self, job_id: str, now: float, *, preempting: bool | None = None,
+             cancel: bool | None = None, detail: str = "") -> JobRow:
+        with self.session() as s:
+            row = s.get(JobRow, job_id)
+            if preempting is not None:
+                row.preempting = preempting
+                s.add(EventRow(job_id=job_id, t=now, kind="preempt", attempt=row.attempt,
+                               detail=detail))
+            if cancel is not None:
+                row.cancel_requested = cancel
+                s.add(EventRow(job_id=job_id, t=now, kind="cancel", attempt=row.attempt,
+                               detail=detail))
+            s.commit()
+            return row
+
+    def requeue(self, job_id: str, now: float, outcome: str, detail: str = "") -> JobRow:
+        """The attempt ended without finishing the job (preempted or lost): the job waits
+        again with the same id, the next attempt number and the same checkpoint directory."""
+        with self.session() as s:
+            row = s.get(JobRow, job_id)
+            self._end_attempt(s, row, now, outcome, None)
+            row.state, row.attempt, row.pending_since = "pending", row.attempt + 1, now
+            row.placement, row.handle, row.preempting, row.started = {}, {}, False, None
+            s.add(EventRow(job_id=job_id, t=now, kind="requeue", attempt=row.attempt,
+                           detail=detail))
+            s.commit()
+            return row
+
+    def finish(self, job_id: str, now: float, state: str, exit_code: int | None = None,
+               message: str = "") -> JobRow:
+        with self.session() as s:
+            row = s.get(JobRow, job_id)
+            if row.state == "running":
+                self._end_attempt(s, row, now, state, exit_code)
+            row.state, row.finished, row.exit_code, row.message = state, now, exit_code, message
+            row.preempting = False
+            s.add(EventRow(job_id=job_id, t=now, kind="finish", attempt=row.attempt,
+                           detail=f"{state}: {message}" if message else state))
+            s.commit()
+            return row
+
+    @staticmethod
+    def _end_attempt(s, row: JobRow, now: float, outcome: str, exit_code) -> None:
+        attempt = s.get(AttemptRow, (row.id, row.attempt))
+        if attempt is not None:
+            attempt.ended, attempt.outcome, attempt.exit_code = now, outcome, exit_code
+
+
+def _new_id(session) -> str:
+    while True:
+        job_id = "j-" + secrets.token_hex(4)
+        if session.get(JobRow, job_id) is None:
+            return job_id
+
+
+def _placement_text(placement: dict) -> str:
+    return ", ".join(f"{node}: {milli / 1000:g}" for node, milli in sorted(placement.items()))

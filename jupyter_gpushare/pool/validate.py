@@ -1,0 +1,127 @@
+"""Checking what users send. Each problem is one sentence that says what to do."""
+
+from __future__ import annotations
+
+import re
+
+from ..policy.model import GPU
+
+JOB_FIELDS = {"project", "gpus", "command", "source", "name", "priority", "env"}
+PROJECT_FIELDS = {"quota", "over_quota_weight", "limit", "priority", "groups"}
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_RESERVED_ENV = ("GPUSHARE_", "JUPYTERHUB_", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
+                 "NVIDIA_VISIBLE_DEVICES")
+_PROJECT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+
+
+class Invalid(ValueError):
+    """Bad input: ``status`` is the HTTP status to answer with."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+def _unknown(body: dict, allowed: set[str]) -> None:
+    extra = sorted(set(body) - allowed)
+    if extra:
+        raise Invalid(f"unknown field(s) {', '.join(extra)}; the fields are "
+                      f"{', '.join(sorted(allowed))}")
+
+
+def _int(value, name: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise Invalid(f"{name} must be a whole number, not {value!r}")
+    if not low <= value <= high:
+        raise Invalid(f"{name} must be between {low} and {high}, not {value}")
+    return value
+
+
+def _gpus_amount(value, name: str) -> int:
+    """A GPU amount in GPUs (as people write it) to milli-GPUs."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise Invalid(f"{name} must be a number of GPUs, not {value!r}")
+    if value < 0 or value != value or value in (float("inf"),):
+        raise Invalid(f"{name} must be 0 or more GPUs, not {value!r}")
+    milli = round(value * GPU)
+    if abs(milli - value * GPU) > 1e-6:
+        raise Invalid(f"{name} has more than three decimals ({value!r}); GPUs are counted "
+                      f"in thousandths")
+    return milli
+
+
+def job_spec(body) -> dict:
+    """The checked job fields (GPUs in milli), without the project, which needs the user."""
+    if not isinstance(body, dict):
+        raise Invalid("the body must be a JSON object with at least gpus and command or source")
+    _unknown(body, JOB_FIELDS)
+    gpus = body.get("gpus", 1)
+    if isinstance(gpus, bool) or not isinstance(gpus, int):
+        raise Invalid(f"gpus must be a whole number of GPUs (1 or more), not {gpus!r}")
+    if gpus < 1:
+        raise Invalid(f"gpus must be 1 or more, not {gpus}; a train job needs at least one GPU")
+    command, source = body.get("command"), body.get("source")
+    if (command is None) == (source is None):
+        raise Invalid("give either command (a list of strings) or source (Python code), "
+                      "not both and not neither")
+    if command is not None:
+        if not isinstance(command, list) or not command or \
+                not all(isinstance(a, str) for a in command):
+            raise Invalid("command must be a non-empty list of strings, e.g. "
+                          "[\"python\", \"train.py\"]")
+        if len(command) > 10_000 or not command[0]:
+            raise Invalid("command must start with the program to run and have at most "
+                          "10,000 arguments")
+        if any("\0" in a for a in command):
+            raise Invalid("command may not contain NUL characters")
+    if source is not None and (not isinstance(source, str) or not source.strip()):
+        raise Invalid("source must be Python code as a non-empty string")
+    name = body.get("name", "")
+    if not isinstance(name, str) or len(name) > 100:
+        raise Invalid("name must be a string of at most 100 characters")
+    priority = _int(body.get("priority", 0), "priority", -100, 100)
+    env = body.get("env", {})
+    if not isinstance(env, dict):
+        raise Invalid("env must be an object of NAME: value strings")
+    for key, value in env.items():
+        if not _ENV_NAME.match(key):
+            raise Invalid(f"env name {key!r} is not a valid variable name")
+        if key.startswith(_RESERVED_ENV):
+            raise Invalid(f"env may not set {key}: the pool sets it for each attempt")
+        if not isinstance(value, str) or "\0" in value or len(value) > 32_768:
+            raise Invalid(f"env {key} must be a string of at most 32 KiB without NUL")
+    return {"gpus": gpus * GPU, "command": command, "source": source, "name": name,
+            "priority": priority, "env": dict(env), "project": body.get("project")}
+
+
+def project_update(body, current: dict | None) -> dict:
+    """Checked project fields (milli-GPUs) for ``PUT api/projects/{name}``."""
+    if not isinstance(body, dict) or not body:
+        raise Invalid("the body must be a JSON object with one or more of "
+                      + ", ".join(sorted(PROJECT_FIELDS)))
+    _unknown(body, PROJECT_FIELDS)
+    out = {}
+    if "quota" in body:
+        out["quota"] = _gpus_amount(body["quota"], "quota")
+    if "limit" in body:
+        out["limit"] = None if body["limit"] is None else _gpus_amount(body["limit"], "limit")
+    if "over_quota_weight" in body:
+        out["over_quota_weight"] = _int(body["over_quota_weight"], "over_quota_weight", 0, 1000)
+    if "priority" in body:
+        out["priority"] = _int(body["priority"], "priority", -1000, 1000)
+    if "groups" in body:
+        groups = body["groups"]
+        if not isinstance(groups, list) or not all(isinstance(g, str) and g for g in groups):
+            raise Invalid("groups must be a list of JupyterHub group names")
+        out["groups"] = sorted(set(groups))
+    merged = {**(current or {"quota": 0, "limit": None}), **out}
+    if merged.get("limit") is not None and merged["limit"] < merged.get("quota", 0):
+        raise Invalid(f"limit ({merged['limit'] / GPU:g} GPUs) may not be below the quota "
+                      f"({merged['quota'] / GPU:g} GPUs); raise the limit or lower the quota")
+    return out
+
+
+def project_name(name: str) -> str:
+    if not _PROJECT_NAME.match(name):
+        raise Invalid(f"project name {name!r} must be 1-100 letters, digits, '.', '_' or '-'")
+    return name

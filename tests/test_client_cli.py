@@ -1,0 +1,439 @@
+"""The pool client and the pool commands of ``gpushare``, without the pool service.
+
+A small HTTP server stands in for the service where a test needs answers; its routes are
+canned replies keyed by (method, path under the service's address)."""
+
+import http.server
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+from jupyter_gpushare import cli_pool
+from jupyter_gpushare.cli import main
+from jupyter_gpushare.cli_pool import follow_job, format_jobs
+from jupyter_gpushare.client import (InvalidInput, NoCredentials, PoolClient, PoolError,
+                                     PoolUnreachable, job_spec)
+
+TOKEN = "s3cr3t-t0ken-8f2a"
+PREFIX = "/services/gpushare/"
+
+
+@pytest.fixture(autouse=True)
+def no_environment(monkeypatch):
+    monkeypatch.delenv("GPUSHARE_URL", raising=False)
+    monkeypatch.delenv("JUPYTERHUB_API_TOKEN", raising=False)
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def refused(capsys, *argv):
+    with pytest.raises(SystemExit) as e:
+        main(list(argv))
+    return e.value.code, capsys.readouterr().err
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- a stand-in for the service ----------------------------------------------------------------
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def _answer(self):
+        size = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(size) if size else b""
+        parts = urlsplit(self.path)
+        path = parts.path[len(PREFIX):] if parts.path.startswith(PREFIX) else parts.path
+        self.server.requests.append({"method": self.command, "path": path,
+                                     "query": parse_qs(parts.query), "headers": self.headers,
+                                     "body": json.loads(body) if body else None})
+        route = self.server.routes.get((self.command, path), (404, {"error": "no such path"}))
+        if callable(route):
+            return route(self)
+        status, payload, *headers = route
+        data = json.dumps(payload).encode() if not isinstance(payload, bytes) else payload
+        self.send_response(status)
+        headers = headers[0] if headers else {"Content-Type": "application/json"}
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST = do_PUT = do_DELETE = _answer
+
+    def log_message(self, *args):
+        pass
+
+
+def chunked(*pieces, between=None):
+    """A route answering text/plain in chunks, calling ``between()`` after the first."""
+    def answer(handler):
+        handler.send_response(200)
+        handler.send_header("Content-Type", "text/plain; charset=utf-8")
+        handler.send_header("Transfer-Encoding", "chunked")
+        handler.end_headers()
+        for i, piece in enumerate(pieces):
+            data = piece.encode() if isinstance(piece, str) else piece
+            handler.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            handler.wfile.flush()
+            if i == 0 and between:
+                between()
+        handler.wfile.write(b"0\r\n\r\n")
+    return answer
+
+
+@pytest.fixture
+def service():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    server.routes, server.requests = {}, []
+    server.url = f"http://127.0.0.1:{server.server_address[1]}{PREFIX}"
+    thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def env(monkeypatch, service):
+    monkeypatch.setenv("GPUSHARE_URL", service.url.rstrip("/"))
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", TOKEN)
+    return service
+
+
+# -- bad arguments: one sentence, exit 2, before any request ------------------------------------
+
+@pytest.mark.parametrize("argv, words", [
+    (["--gpus", "0", "--", "x"], "argument --gpus: must be 1 or more, not 0"),
+    (["--gpus", "0.5", "--", "x"], "must be a whole number of GPUs, not '0.5' (train jobs get "
+                                   "whole GPUs"),
+    (["--gpus", "four", "--", "x"], "argument --gpus: must be a whole number of GPUs, not 'four'"),
+    (["--env", "FOO", "--", "x"], "argument --env: entries must be NAME=VALUE, not 'FOO'"),
+    (["--env", "1X=2", "--", "x"], "argument --env: names are letters, digits and _"),
+    (["--priority", "500", "--", "x"], "argument --priority: must be a whole number from -100 "
+                                       "to 100, not '500'"),
+    (["--name", "n" * 101, "--", "x"], "argument --name: must be at most 100 characters"),
+    (["--frobnicate", "--", "x"], "unrecognized arguments: --frobnicate"),
+], ids=["zero-gpus", "fraction", "word-gpus", "env-without-equals", "env-bad-name",
+        "priority-range", "long-name", "unknown-option"])
+def test_bad_submit_arguments_get_one_sentence(capsys, env, argv, words):
+    code, err = refused(capsys, "submit", *argv)
+    assert code == 2 and words in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert env.requests == []
+
+
+@pytest.mark.parametrize("argv", [["--gpus", "2"], ["--gpus", "2", "--"]], ids=["none", "dashes"])
+def test_submit_needs_a_command(capsys, env, argv):
+    code, _, err = run(capsys, "submit", *argv)
+    assert (code, err) == (2, "gpushare submit: give the command to run after --, e.g. "
+                              "gpushare submit --gpus 2 -- python train.py\n")
+    assert env.requests == []
+
+
+def test_job_spec_checks_like_the_server():
+    assert job_spec(["python", "t.py"], gpus="2", env=["A=1", "B=x=y"], priority=-3) == {
+        "command": ["python", "t.py"], "gpus": 2, "env": {"A": "1", "B": "x=y"}, "priority": -3}
+    assert job_spec(source="print(1)", project="vision", name="n") == {
+        "source": "print(1)", "gpus": 1, "project": "vision", "name": "n"}
+    for kwargs, words in [({"gpus": 0}, "gpus must be 1 or more, not 0"),
+                          ({"gpus": True}, "gpus must be a whole number"),
+                          ({"env": {"A-B": "1"}}, "env names are letters"),
+                          ({"command": "python t.py"}, "command is missing")]:
+        with pytest.raises(InvalidInput, match=words):
+            job_spec(**{"command": ["x"], **kwargs})
+
+
+# -- credentials and reachability ---------------------------------------------------------------
+
+def test_no_url_and_no_token_say_what_to_set(capsys, monkeypatch):
+    code, out, err = run(capsys, "jobs")
+    assert code == 2 and out == ""
+    assert err == ("gpushare jobs: no pool service address: set GPUSHARE_URL (e.g. "
+                   "http://127.0.0.1:8000/services/gpushare/) or pass --url\n")
+    monkeypatch.setenv("GPUSHARE_URL", "http://127.0.0.1:8000/services/gpushare/")
+    code, _, err = run(capsys, "quota")
+    assert code == 2 and err.startswith("gpushare quota: no JupyterHub token: set "
+                                        "JUPYTERHUB_API_TOKEN") and err.endswith("pass --token\n")
+    with pytest.raises(NoCredentials, match="set JUPYTERHUB_API_TOKEN .* or pass token="):
+        PoolClient().pool()
+    with pytest.raises(NoCredentials, match="not an http:// or https:// address"):
+        PoolClient("127.0.0.1:8000/services/gpushare/", TOKEN).pool()
+
+
+def test_closed_port_is_unreachable(capsys, monkeypatch):
+    url = f"http://127.0.0.1:{closed_port()}/services/gpushare/"
+    with pytest.raises(PoolUnreachable) as e:
+        PoolClient(url.rstrip("/"), TOKEN).jobs()
+    assert str(e.value) == (f"the pool service at {url} cannot be reached (connection refused); "
+                            f"is JupyterHub running and the URL right?")
+    monkeypatch.setenv("GPUSHARE_URL", url)
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", TOKEN)
+    code, out, err = run(capsys, "pool")
+    assert code == 1 and out == ""
+    assert err == (f"gpushare pool: the pool service at {url} cannot be reached (connection "
+                   f"refused); is JupyterHub running and GPUSHARE_URL right?\n")
+
+
+def test_console_script_unreachable_has_no_traceback():
+    exe = Path(sys.executable).with_name("gpushare")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "jupyter_gpushare"]
+    proc = subprocess.run([*cmd, "jobs", "--url", f"http://127.0.0.1:{closed_port()}/"],
+                          capture_output=True, text=True,
+                          env={**os.environ, "JUPYTERHUB_API_TOKEN": TOKEN})
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1
+    assert "cannot be reached" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("route, kind, words", [
+    ((403, {"error": "job 7 is not yours"}), PoolError, "job 7 is not yours"),
+    ((403, b"<html>Forbidden</html>", {"Content-Type": "text/html"}), PoolError,
+     "the hub did not accept the token (HTTP 403)"),
+    ((302, b"", {"Location": "/hub/login?next=%2Fservices%2Fgpushare%2Fapi%2Fjobs"}), PoolError,
+     "redirected to its login page"),
+    ((404, b"<html>nope</html>", {"Content-Type": "text/html"}), PoolError,
+     "has no api/jobs (HTTP 404); is the URL the pool service's address"),
+    ((503, b"<html>down</html>", {"Content-Type": "text/html"}), PoolUnreachable,
+     "is not answering (HTTP 503 Service Unavailable from the hub)"),
+    ((500, {"error": "the store is locked"}), PoolError, "the store is locked"),
+    ((200, b"<html>a login form</html>", {"Content-Type": "text/html"}), PoolError,
+     "answered api/jobs with something that is not JSON"),
+], ids=["json-403", "hub-403", "login-redirect", "html-404", "proxy-503", "json-500", "html-200"])
+def test_error_answers_are_sentences_without_the_token(service, route, kind, words):
+    service.routes[("GET", "api/jobs")] = route
+    client = PoolClient(service.url + f"?token={TOKEN}", TOKEN)
+    with pytest.raises(kind) as e:
+        client.jobs()
+    assert words in str(e.value) and TOKEN not in str(e.value) and TOKEN not in repr(client)
+    assert len(service.requests) == 1  # a redirect is not followed with the token
+
+
+def test_a_token_that_cannot_be_a_header_is_refused_unshown(service):
+    bad = TOKEN + "\nX-Evil: 1"
+    with pytest.raises(NoCredentials) as e:
+        PoolClient(service.url, bad).pool()
+    assert "not a JupyterHub token" in str(e.value) and TOKEN not in str(e.value)
+    assert service.requests == []
+
+
+@pytest.mark.parametrize("status, code", [(409, 2), (400, 2), (500, 1)])
+def test_cli_prints_the_server_sentence(capsys, env, status, code):
+    env.routes[("POST", "api/jobs")] = (status, {"error": "project vision is at its limit"})
+    got, out, err = run(capsys, "submit", "--gpus", "4", "--", "python", "t.py")
+    assert (got, out, err) == (code, "", "gpushare submit: project vision is at its limit\n")
+
+
+# -- paths, headers and bodies: the contract of pool/openapi.py ----------------------------------
+
+def test_each_method_calls_its_path(service):
+    job = {"id": "a/1", "state": "pending"}
+    service.routes.update({
+        ("GET", "api/pool"): (200, {"capacity": 8}), ("GET", "api/quota"): (200, {"user": "u"}),
+        ("GET", "api/jobs"): (200, {"jobs": [job]}), ("POST", "api/jobs"): (201, job),
+        ("GET", "api/jobs/a%2F1"): (200, job), ("DELETE", "api/jobs/a%2F1"): (200, job),
+        ("GET", "api/projects"): (200, {"projects": [{"name": "p"}]}),
+        ("PUT", "api/projects/p"): (200, {"name": "p", "quota": 4}),
+        ("GET", "api/openapi.json"): (200, {"openapi": "3.0.3"}),
+    })
+    client = PoolClient(service.url.rstrip("/"), TOKEN)
+    assert client.pool() == {"capacity": 8} and client.quota() == {"user": "u"}
+    assert client.jobs(project="vision", all=True, state="pending") == [job]
+    assert client.submit({"command": ["x"], "gpus": 2}) == job
+    assert client.job("a/1") == job and client.cancel("a/1") == job
+    assert client.projects() == [{"name": "p"}]
+    assert client.update_project("p", quota=4, limit=None) == {"name": "p", "quota": 4}
+    assert PoolClient(service.url).openapi() == {"openapi": "3.0.3"}  # needs no token
+    seen = [(r["method"], r["path"]) for r in service.requests]
+    assert seen == [("GET", "api/pool"), ("GET", "api/quota"), ("GET", "api/jobs"),
+                    ("POST", "api/jobs"), ("GET", "api/jobs/a%2F1"), ("DELETE", "api/jobs/a%2F1"),
+                    ("GET", "api/projects"), ("PUT", "api/projects/p"), ("GET", "api/openapi.json")]
+    assert service.requests[2]["query"] == {"project": ["vision"], "all": ["1"],
+                                            "state": ["pending"]}
+    assert service.requests[3]["body"] == {"command": ["x"], "gpus": 2}
+    assert service.requests[7]["body"] == {"quota": 4, "limit": None}
+    assert all(r["headers"]["Authorization"] == f"token {TOKEN}" for r in service.requests[:-1])
+    assert "Authorization" not in service.requests[-1]["headers"]
+
+
+def test_followed_logs_arrive_as_they_are_sent(service):
+    first_read = threading.Event()
+    split = "café\n".encode()
+    service.routes[("GET", "api/jobs/7/logs")] = chunked(
+        "epoch 1\n", split[:4], split[4:], between=lambda: first_read.wait(5))
+    chunks = PoolClient(service.url, TOKEN).logs("7", follow=True, attempt=2)
+    assert next(chunks) == "epoch 1\n"  # before the server sends more
+    first_read.set()
+    assert "".join(chunks) == "café\n"  # a character split across chunks is kept whole
+    assert service.requests[0]["query"] == {"follow": ["1"], "attempt": ["2"]}
+
+
+# -- submit --wait and following a job ------------------------------------------------------------
+
+class ScriptedPool(PoolClient):
+    """A client whose job goes through given states; ``output[attempt]`` lists what each
+    successive read of that attempt's logs returns (a stream may close early)."""
+
+    def __init__(self, states, output):
+        super().__init__("http://pool.invalid/", TOKEN)
+        self.states, self.output, self.reads = list(states), output, []
+
+    def job(self, job_id):
+        return self.states.pop(0) if len(self.states) > 1 else self.states[0]
+
+    def logs(self, job_id, follow=False, attempt=None):
+        self.reads.append((attempt, follow))
+        texts = self.output[attempt]
+        return iter(texts.pop(0) if len(texts) > 1 else texts[0])
+
+
+def test_follow_job_across_preemption_writes_each_line_once():
+    job = lambda state, attempt, **kw: {"id": "j", "state": state, "attempt": attempt, **kw}  # noqa
+    client = ScriptedPool(
+        states=[job("running", 1), job("running", 1), job("pending", 2), job("running", 2),
+                job("succeeded", 2)],
+        output={1: [["a\n", "b\n"], ["a\nb\nc\n"]], 2: [["x\n"], ["x\ny\n"]]})
+    out, notes = [], []
+    final = follow_job(client, job("pending", 1), _Sink(out), note=notes.append, poll_s=0,
+                       sleep=lambda s: None)
+    assert final["state"] == "succeeded" and "".join(out) == "a\nb\nc\nx\ny\n"
+    assert notes[0].startswith("job j running") and any("pending" in n for n in notes)
+    assert client.reads[-1] == (2, False)
+
+
+class _Sink(list):
+    def __init__(self, parts):
+        self.parts = parts
+
+    def write(self, text):
+        self.parts.append(text)
+
+    def flush(self):
+        pass
+
+
+@pytest.mark.parametrize("final, code, said", [
+    ({"state": "succeeded"}, 0, "job j1 succeeded"),
+    ({"state": "failed", "exit_code": 3}, 1, "job j1 failed (exit code 3)"),
+    ({"state": "cancelled"}, 1, "job j1 cancelled"),
+], ids=["succeeded", "failed", "cancelled"])
+def test_submit_wait_streams_output_and_exits_with_the_outcome(capsys, env, monkeypatch,
+                                                                final, code, said):
+    monkeypatch.setattr(cli_pool, "POLL_S", 0.01)
+    pending = {"id": "j1", "state": "pending", "gpus": 2, "project": "vision",
+               "queue_position": 1, "reason": "waiting for 2 GPUs on one node", "attempt": 1}
+    states = [{**pending, "state": "running", "placement": {"node-a": 2}},
+              {**pending, **final, "queue_position": None}]
+    env.routes[("POST", "api/jobs")] = (201, pending)
+    env.routes[("GET", "api/jobs/j1")] = lambda handler: _reply(
+        handler, states.pop(0) if len(states) > 1 else states[0])
+    env.routes[("GET", "api/jobs/j1/logs")] = chunked("step 1\n", "step 2\n")
+    got, out, err = run(capsys, "submit", "--wait", "--gpus", "2", "--env", "A=1", "--",
+                        "python", "t.py")
+    assert got == code and out == "step 1\nstep 2\n"
+    lines = err.splitlines()
+    assert lines[0] == ("job j1 pending (2 GPUs, project vision, position 1): waiting for 2 GPUs "
+                        "on one node")
+    assert lines[1] == "job j1 running (2 GPUs on node-a, attempt 1)"
+    assert lines[-1] == said
+    assert env.requests[0]["body"] == {"command": ["python", "t.py"], "gpus": 2,
+                                       "env": {"A": "1"}}
+
+
+def _reply(handler, payload):
+    data = json.dumps(payload).encode()
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
+def test_submit_jobs_cancel_quota_pool_print_for_people_and_scripts(capsys, env):
+    job = {"id": "j2", "state": "pending", "gpus": 1, "project": "nlp", "queue_position": 3,
+           "reason": "project nlp is at its limit of 4 GPUs (4 GPUs in use)", "attempt": 0,
+           "submitted": 0, "user": "ann", "name": "bert"}
+    env.routes.update({
+        ("POST", "api/jobs"): (201, job), ("GET", "api/jobs"): (200, {"jobs": [job]}),
+        ("DELETE", "api/jobs/j2"): (200, {**job, "state": "cancelled"}),
+        ("GET", "api/quota"): (200, {"user": "ann", "jobs": {"running": 2, "pending": 1},
+                                     "projects": [{"name": "nlp", "quota": 4, "in_use": 4.25,
+                                                   "borrowed": 0.25, "deserved": 4, "limit": None,
+                                                   "over_quota_weight": 1, "priority": 0,
+                                                   "pending": 1}]}),
+        ("GET", "api/pool"): (200, {"capacity": 16, "in_use": 12, "simulated": True, "nodes": [
+            {"name": "node-a", "gpus": 8, "in_use": 8}, {"name": "node-b", "gpus": 8,
+                                                         "in_use": 4}]}),
+    })
+    assert run(capsys, "submit", "--", "python", "t.py")[1] == (
+        "job j2 pending (1 GPU, project nlp, position 3): project nlp is at its limit of 4 GPUs "
+        "(4 GPUs in use)\n")
+    assert json.loads(run(capsys, "submit", "--json", "--", "x")[1]) == job
+    assert run(capsys, "jobs", "--project", "nlp")[1].splitlines()[0].split() == [
+        "ID", "NAME", "STATE", "GPUS", "PROJECT", "POSITION", "REASON", "ATTEMPT", "AGE"]
+    assert json.loads(run(capsys, "jobs", "--json")[1]) == {"jobs": [job]}
+    assert run(capsys, "cancel", "j2")[1] == "job j2 cancelled\n"
+    assert run(capsys, "quota")[1].splitlines() == [
+        "ann: 2 running, 1 pending",
+        "PROJECT  QUOTA  IN USE  BORROWED  DESERVED  LIMIT  WEIGHT  PRIORITY  PENDING",
+        "nlp          4    4.25      0.25         4      -       1         0        1"]
+    assert run(capsys, "pool")[1].splitlines() == [
+        "train pool: 12 of 16 GPUs in use, 4 idle (simulated inventory: no GPUs were found)",
+        "NAME    GPUS  IN USE", "node-a     8       8", "node-b     8       4"]
+    assert json.loads(run(capsys, "pool", "--json")[1])["capacity"] == 16
+
+
+# -- the jobs table -----------------------------------------------------------------------------
+
+JOBS = [
+    {"id": "a1", "name": "resnet-sweep-with-a-very-long-name", "user": "ann", "state": "running",
+     "gpus": 4, "project": "vision", "queue_position": None, "reason": "", "attempt": 2,
+     "submitted": 1000.0, "preempting": True},
+    {"id": "b22", "name": "bert", "user": "bob", "state": "pending", "gpus": 8,
+     "project": "nlp", "queue_position": 1,
+     "reason": "waiting for 8 GPUs on one node to borrow: this would take project nlp to 12 GPUs, "
+               "beyond its quota of 4", "attempt": 0, "submitted": 1000.0 + 86400 * 2 - 7200},
+    {"id": "c3", "name": None, "user": "ann", "state": "succeeded", "gpus": 0.25,
+     "project": "vision", "attempt": 1, "submitted": 1000.0 + 172800 - 42},
+]
+
+
+def test_jobs_table_aligns_and_cuts_the_reason():
+    text = format_jobs(JOBS, now=1000.0 + 172800, width=120)
+    lines = text.splitlines()
+    header = lines[0]
+    assert header.split() == ["ID", "NAME", "USER", "STATE", "GPUS", "PROJECT", "POSITION",
+                              "REASON", "ATTEMPT", "AGE"]
+    assert max(len(line) for line in lines) == 120
+    a1, b22, c3 = (line.split() for line in lines[1:])
+    assert a1 == ["a1", "resnet-sweep-with-a-ver…", "ann", "preempting", "4", "vision", "-",
+                  "-", "2", "2d"]
+    assert b22[:7] == ["b22", "bert", "bob", "pending", "8", "nlp", "1"]
+    assert b22[-2:] == ["0", "2h"] and lines[2].split("  0  ")[0].rstrip().endswith("…")
+    assert c3 == ["c3", "-", "ann", "succeeded", "0.25", "vision", "-", "-", "1", "42s"]
+    # Left columns start together; numbers end together.
+    start = header.index("STATE")
+    assert {line[start - 2:start] for line in lines} == {"  "}
+    end = header.index("GPUS") + len("GPUS")
+    assert [line[end - 4:end].strip() for line in lines] == ["GPUS", "4", "8", "0.25"]
+
+
+def test_jobs_table_of_one_user_has_no_user_column_and_full_reasons_without_width():
+    mine = [{**job, "user": "ann"} for job in JOBS]
+    text = format_jobs(mine, now=1000.0 + 172800, width=None)
+    assert "USER" not in text and JOBS[1]["reason"] in text

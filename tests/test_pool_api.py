@@ -1,0 +1,17 @@
+"""The OpenAPI document and the handlers describe the same API."""
+
+from jupyter_gpushare.pool.api import routes
+from jupyter_gpushare.pool.openapi import SPEC
+
+
+def documented(pattern: str) -> str:
+    """``/api/jobs/([^/]+)/logs`` → ``/api/jobs/{job_id}/logs``."""
+    return pattern.replace("([^/]+)", "{job_id}" if "/jobs/" in pattern else "{name}")
+
+
+def test_openapi_paths_and_methods_are_exactly_the_handlers():
+    served = {documented(pattern): handler for pattern, handler in routes("")}
+    assert set(served) == set(SPEC["paths"])
+    for path, handler in served.items():
+        implemented = {m for m in ("get", "post", "put", "delete") if m in vars(handler)}
+        assert implemented == set(SPEC["paths"][path]), path

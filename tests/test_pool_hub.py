@@ -1,0 +1,216 @@
+"""The pool service in a real JupyterHub with the real proxy, on the local backend with 4
+simulated GPUs: jobs run and log, preemption and resume, every endpoint's rights, bad input,
+and a service that is killed and restarted by the hub."""
+
+import time
+
+import pytest
+
+from hubtest import Hub, need_proxy, system_users
+
+POOL_CONFIG = """
+c = get_config()
+c.PoolService.projects = {"vision": {"quota": 2, "groups": ["vision"]},
+                          "nlp": {"quota": 2, "groups": ["nlp"]}}
+c.PoolService.cycle_interval = 0.2
+c.PoolService.grace_period = 3
+c.LocalBackend.simulated_nodes = 1
+c.LocalBackend.simulated_gpus_per_node = 4
+c.LocalBackend.env_keep = ["LANG", "LC_ALL"]  # the root service's PATH is not the users'
+"""
+
+GROUPS = {"vision": ["alice", "carol"], "nlp": ["bob"]}
+
+# A job that checkpoints its attempt, says when it is told to stop, and runs a while.
+LONG = ("import os, signal, sys, time\n"
+        "d = os.environ['GPUSHARE_CHECKPOINT_DIR']\n"
+        "print('attempt', os.environ['GPUSHARE_ATTEMPT'], 'ckpt', d, flush=True)\n"
+        "open(os.path.join(d, 'attempt-' + os.environ['GPUSHARE_ATTEMPT']), 'w').close()\n"
+        "signal.signal(signal.SIGTERM, lambda *a: (print('got SIGTERM', flush=True), sys.exit(143)))\n"
+        "time.sleep({seconds})\n"
+        "print('done', flush=True)\n")
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    need_proxy()
+    system_users(["alice", "bob", "carol", "admin"])
+    directory = tmp_path_factory.mktemp("hub")
+    directory.chmod(0o755)
+    hub = Hub(directory, GROUPS, POOL_CONFIG).start()
+    yield hub
+    hub.stop()
+
+
+def submit(hub, user, **spec):
+    status, job = hub.api("POST", "api/jobs", user, spec)
+    assert status == 201, job
+    return job
+
+
+def wait_for_output(hub, user, job_id, text, timeout=30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status, log = hub.api("GET", f"api/jobs/{job_id}/logs", user)
+        if status == 200 and text in log:
+            return log
+        time.sleep(0.2)
+    raise TimeoutError(f"job {job_id} never printed {text!r}")
+
+
+def settle(hub):
+    """Cancel whatever still runs, so the next test starts with an idle pool."""
+    status, body = hub.api("GET", "api/jobs?all=1", "admin")
+    for job in body["jobs"]:
+        if job["state"] in ("pending", "running"):
+            hub.api("DELETE", f"api/jobs/{job['id']}", "admin")
+    for job in body["jobs"]:
+        if job["state"] in ("pending", "running"):
+            hub.wait_job("admin", job["id"], ("cancelled", "succeeded", "failed"))
+
+
+def test_a_job_runs_on_its_gpus_and_its_logs_come_back(hub):
+    job = submit(hub, "alice", gpus=2, name="hello", source=(
+        "import os\nprint('hello from', os.getlogin() if False else os.environ.get('USER'))\n"
+        "print('devices', os.environ['CUDA_VISIBLE_DEVICES'])\n"
+        "print('order', os.environ['CUDA_DEVICE_ORDER'])\n"
+        "print('token' in ''.join(os.environ).lower())\n"))
+    assert job["project"] == "vision" and job["user"] == "alice" and job["gpus"] == 2
+    done = hub.wait_job("alice", job["id"], ("succeeded", "failed"))
+    assert done["state"] == "succeeded", (done, hub.api("GET", f"api/jobs/{job['id']}/logs", "alice"))
+    status, log = hub.api("GET", f"api/jobs/{job['id']}/logs", "alice")
+    assert status == 200
+    devices = log.split("devices ")[1].split()[0].split(",")
+    assert len(devices) == 2 and len(set(devices)) == 2
+    assert "order PCI_BUS_ID" in log
+    assert log.strip().endswith("False")  # no token reached the job's environment
+
+
+def test_follow_streams_until_the_job_ends(hub):
+    job = submit(hub, "bob", gpus=1, source="import time\nfor i in range(3):\n"
+                                             "    print('tick', i, flush=True); time.sleep(0.3)\n")
+    status, log = hub.api("GET", f"api/jobs/{job['id']}/logs?follow=1", "bob")
+    assert status == 200 and "tick 2" in log
+    assert hub.wait_job("bob", job["id"], ("succeeded",))
+
+
+def test_the_whole_preemption_story(hub):
+    settle(hub)
+    v1 = submit(hub, "alice", gpus=2, name="v1", source=LONG.format(seconds=60))
+    hub.wait_job("alice", v1["id"], ("running",))
+    time.sleep(0.3)
+    v2 = submit(hub, "alice", gpus=2, name="v2", source=LONG.format(seconds=4))
+    hub.wait_job("alice", v2["id"], ("running",))  # vision borrows all 4 GPUs
+    wait_for_output(hub, "alice", v2["id"], "attempt 1")  # its SIGTERM handler is in place
+    n1 = submit(hub, "bob", gpus=2, name="n1", source="print('nlp got its quota')")
+    # nlp is within its quota: vision's newest job is told to stop and requeued ...
+    done = hub.wait_job("bob", n1["id"], ("succeeded",), timeout=30)
+    assert done["state"] == "succeeded"
+    status, log1 = hub.api("GET", f"api/jobs/{v2['id']}/logs?attempt=1", "alice")
+    assert "got SIGTERM" in log1
+    status, v1_now = hub.api("GET", f"api/jobs/{v1['id']}", "alice")
+    assert v1_now["attempt"] == 1 and v1_now["state"] == "running"  # the older one kept on
+    # ... and resumes later with attempt 2 and the same checkpoint directory.
+    resumed = hub.wait_job("alice", v2["id"], ("succeeded",), timeout=30)
+    assert resumed["attempt"] == 2
+    status, log2 = hub.api("GET", f"api/jobs/{v2['id']}/logs?attempt=2", "alice")
+    ckpt1 = log1.split("ckpt ")[1].split()[0]
+    ckpt2 = log2.split("ckpt ")[1].split()[0]
+    assert ckpt1 == ckpt2 and "attempt 2" in log2 and "done" in log2
+    settle(hub)
+
+
+def test_who_may_see_and_do_what(hub):
+    job = submit(hub, "alice", gpus=1, source="import time; time.sleep(30)",
+                 env={"SECRET_SETTING": "alice-only"})
+    jid = job["id"]
+    for path in (f"api/jobs/{jid}", f"api/jobs/{jid}/logs"):
+        assert hub.api("GET", path, "alice")[0] == 200
+        assert hub.api("GET", path, "admin")[0] == 200
+        status, body = hub.api("GET", path, "bob")
+        assert status == 403 and "not yours" in body["error"]
+        assert hub.api("GET", path, "carol")[0] == 403  # same project, still not hers
+        assert hub.api("GET", path, None)[0] == 403
+    # Lists: your own; a project's queue for members, without others' command and env.
+    assert jid not in [j["id"] for j in hub.api("GET", "api/jobs", "bob")[1]["jobs"]]
+    status, queue = hub.api("GET", "api/jobs?project=vision", "carol")
+    mine = [j for j in queue["jobs"] if j["id"] == jid]
+    assert status == 200 and mine and "env" not in mine[0] and "command" not in mine[0]
+    assert hub.api("GET", "api/jobs?project=vision", "bob")[0] == 403
+    assert hub.api("GET", "api/jobs?all=1", "alice")[0] == 403
+    assert jid in [j["id"] for j in hub.api("GET", "api/jobs?all=1", "admin")[1]["jobs"]]
+    # Changing: only the owner or an admin cancels; only admins change projects or read metrics.
+    assert hub.api("DELETE", f"api/jobs/{jid}", "bob")[0] == 403
+    assert hub.api("DELETE", f"api/jobs/{jid}", "carol")[0] == 403
+    assert hub.api("DELETE", f"api/jobs/{jid}", None)[0] == 403
+    assert hub.api("PUT", "api/projects/nlp", "bob", {"quota": 3})[0] == 403
+    assert hub.api("GET", "metrics", "alice")[0] == 403
+    status, metrics = hub.api("GET", "metrics", "admin")
+    assert status == 200 and "gpushare_project_quota_gpus" in metrics
+    for path in ("api/pool", "api/quota", "api/projects", "api/jobs"):
+        assert hub.api("GET", path, None)[0] == 403
+        assert hub.api("GET", path, "bob")[0] == 200
+    status, body = hub.api("DELETE", f"api/jobs/{jid}", "alice")
+    assert status == 200
+    assert hub.wait_job("alice", jid, ("cancelled",))["state"] == "cancelled"
+    assert hub.api("DELETE", f"api/jobs/{jid}", "alice")[0] == 409
+
+
+@pytest.mark.parametrize("body, status, words", [
+    ({"gpus": -1, "command": ["true"]}, 400, "gpus must be 1 or more"),
+    ({"gpus": 0, "command": ["true"]}, 400, "gpus must be 1 or more"),
+    ({"gpus": "two", "command": ["true"]}, 400, "gpus must be a whole number"),
+    ({"gpus": 1.5, "command": ["true"]}, 400, "gpus must be a whole number"),
+    ({"gpus": 64, "command": ["true"]}, 400, "the train pool has only 4"),
+    ({"gpus": 1, "command": ["true"], "project": "nlp"}, 403, "not a member of project nlp"),
+    ({"gpus": 1, "command": ["true"], "project": "nope"}, 400, "there is no project 'nope'"),
+    ({"gpus": 1}, 400, "give either command"),
+    ({"gpus": 1, "command": []}, 400, "non-empty list of strings"),
+    ({"gpus": 1, "command": ["true"], "user": "bob"}, 400, "unknown field(s) user"),
+    ({"gpus": 1, "command": ["true"], "env": {"CUDA_VISIBLE_DEVICES": "0"}}, 400, "may not set"),
+    ([1, 2], 400, "must be a JSON object"),
+], ids=["negative", "zero", "non-numeric", "fraction", "beyond-pool", "not-member",
+        "unknown-project", "no-command", "empty-command", "unknown-field", "reserved-env",
+        "not-object"])
+def test_bad_input_is_refused_in_one_sentence_and_stores_nothing(hub, body, status, words):
+    before = len(hub.api("GET", "api/jobs?all=1", "admin")[1]["jobs"])
+    got, answer = hub.api("POST", "api/jobs", "alice", body)
+    assert got == status and words in answer["error"], answer
+    assert len(hub.api("GET", "api/jobs?all=1", "admin")[1]["jobs"]) == before
+
+
+def test_not_json_and_oversized_bodies(hub):
+    status, answer = hub.api("POST", "api/jobs", "alice", raw=b"{gpus: 1")
+    assert status == 400 and "not valid JSON" in answer["error"]
+    status, answer = hub.api("POST", "api/jobs", "alice",
+                             {"gpus": 1, "source": "x" * (2 * 1024 * 1024)})
+    assert status == 413 and "larger than" in answer["error"]
+
+
+def test_quota_changes_are_checked_against_the_pool(hub):
+    status, answer = hub.api("PUT", "api/projects/nlp", "admin", {"quota": 3})
+    assert status == 409 and "a guarantee that cannot be honoured is refused" in answer["error"]
+    status, answer = hub.api("PUT", "api/projects/nlp", "admin", {"quota": 2, "limit": 1})
+    assert status == 400 and "may not be below the quota" in answer["error"]
+    status, project = hub.api("PUT", "api/projects/nlp", "admin", {"over_quota_weight": 3})
+    assert status == 200 and project["over_quota_weight"] == 3 and project["quota"] == 2
+    assert hub.api("PUT", "api/projects/nlp", "admin", {"quota": "lots"})[0] == 400
+
+
+def test_killing_the_service_loses_nothing(hub):
+    settle(hub)
+    running = submit(hub, "alice", gpus=2, source=LONG.format(seconds=6))
+    wait_for_output(hub, "alice", running["id"], "attempt 1")
+    for pid in hub.service_pids():
+        import os
+        import signal
+        os.kill(pid, signal.SIGKILL)
+    # The hub restarts its managed service; the job it ran goes on and is adopted.
+    time.sleep(1)
+    hub.wait_for_pool(60)
+    status, job = hub.api("GET", f"api/jobs/{running['id']}", "alice")
+    assert status == 200 and job["state"] in ("running", "succeeded") and job["attempt"] == 1
+    done = hub.wait_job("alice", running["id"], ("succeeded", "failed"), timeout=30)
+    assert done["state"] == "succeeded" and done["attempt"] == 1
+    status, log = hub.api("GET", f"api/jobs/{running['id']}/logs", "alice")
+    assert "done" in log
