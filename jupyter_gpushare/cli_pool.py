@@ -16,13 +16,15 @@ import sys
 import time
 
 from .cli import CommandError, UsageError
-from .client import (ACTIVE_STATES, InvalidInput, NoCredentials, PoolClient, PoolError,
-                     PoolUnreachable, check_gpus, check_name, check_priority, job_spec, parse_env)
+from .client import (ACTIVE_STATES, FINAL_STATES, InvalidInput, NoCredentials, PoolClient,
+                     PoolError, PoolUnreachable, check_gpus, check_name, check_priority, job_spec,
+                     parse_env)
 
 # The option that gives each job-spec field, for sentences about a bad value.
 _OPTION = {"gpus": "--gpus", "priority": "--priority", "name": "--name", "env": "--env",
            "project": "--project"}
-POLL_S = 2.0  # seconds between looks at a pending job while waiting for it
+POLL_S = 5.0  # the most seconds between looks at a pending job while waiting for it
+STATES = ACTIVE_STATES + FINAL_STATES
 _NO_COMMAND = "give the command to run after --, e.g. gpushare submit --gpus 2 -- python train.py"
 
 
@@ -66,16 +68,20 @@ def add_pool_commands(sub) -> None:
                        "every job (admins).")
     p.add_argument("--project", metavar="P", help="a project's queue (you must be a member)")
     p.add_argument("--all", action="store_true", help="every job (admins)")
-    p.add_argument("--state", metavar="S", help="only jobs in this state (pending, running, "
-                   "succeeded, failed, cancelled)")
+    p.add_argument("--state", choices=STATES, metavar="S", help="only jobs in this state: "
+                   + ", ".join(STATES))
+    p.add_argument("--limit", type=_checked(_limit), metavar="N",
+                   help="the newest N jobs, 1 to 1000 (default 100)")
     p.set_defaults(func=cmd_jobs)
 
     p = sub.add_parser("logs", parents=[connection], help="print a job's output",
                        description="Print a job's output; with -f, keep printing until it ends.")
     p.add_argument("job", metavar="JOB", help="the job's id")
-    p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job "
+                   "ends, through its next attempts if it is preempted (state changes go to "
+                   "stderr)")
     p.add_argument("--attempt", type=_checked(_attempt), metavar="N",
-                   help="the output of this attempt (default: the latest)")
+                   help="the output of this attempt only (default: the latest)")
     p.set_defaults(func=cmd_logs)
 
     p = sub.add_parser("cancel", parents=[connection], help="cancel a job",
@@ -103,13 +109,15 @@ def _checked(check):
 
 
 def _attempt(text):
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
+    if not text.isdigit() or int(text) < 1:
         raise InvalidInput("attempt", f"must be 1 or more, not {text!r}")
-    return value
+    return int(text)
+
+
+def _limit(text):
+    if not text.isdigit() or not 1 <= int(text) <= 1000:
+        raise InvalidInput("limit", f"must be a whole number from 1 to 1000, not {text!r}")
+    return int(text)
 
 
 def _pool_command(run):
@@ -120,7 +128,8 @@ def _pool_command(run):
         try:
             return run(args, client)
         except InvalidInput as e:
-            raise UsageError(f"{_OPTION.get(e.field, e.field)}: {e.problem}") from None
+            raise UsageError(f"{_OPTION[e.field]}: {e.problem}" if e.field in _OPTION
+                             else str(e)) from None
         except NoCredentials as e:
             raise UsageError(e.sentence(f"--{e.missing}")) from None
         except PoolError as e:
@@ -162,7 +171,7 @@ def cmd_submit(args, client) -> int:
 
 @_pool_command
 def cmd_jobs(args, client) -> int:
-    jobs = client.jobs(project=args.project, all=args.all, state=args.state)
+    jobs = client.jobs(project=args.project, all=args.all, state=args.state, limit=args.limit)
     if args.json:
         print(json.dumps({"jobs": jobs}, indent=2))
     elif jobs:
@@ -174,6 +183,11 @@ def cmd_jobs(args, client) -> int:
 
 @_pool_command
 def cmd_logs(args, client) -> int:
+    if args.follow and args.attempt is None:
+        # Across attempts: a preempted job's output goes on with its next attempt.
+        follow_job(client, client.job(args.job), sys.stdout, poll_s=POLL_S,
+                   note=lambda line: print(line, file=sys.stderr, flush=True))
+        return 0
     for text in client.logs(args.job, follow=args.follow, attempt=args.attempt):
         sys.stdout.write(text)
         sys.stdout.flush()
@@ -206,32 +220,35 @@ def cmd_pool(args, client) -> int:
 
 # -- following a job ----------------------------------------------------------------------------
 
-def follow_job(client, job: dict, out, note, poll_s: float = 2.0, sleep=time.sleep) -> dict:
+def follow_job(client, job: dict, out, note, poll_s: float = 5.0, sleep=time.sleep) -> dict:
     """Write the job's output to ``out`` until it ends; return the finished job.
 
-    Pending jobs are polled; a running attempt's output is followed. A preempted job comes back
-    as a new attempt, whose output follows; a stream that closes early is reopened and what was
-    already written is skipped. ``note`` gets a line at each change of state."""
+    A running attempt's output is followed as it comes. A pending job is looked at again after
+    0.2 s, then less and less often, up to every ``poll_s`` seconds: a job that starts at once
+    shows its output at once, and a long wait in the queue costs the service little. A preempted
+    job comes back as a new attempt, whose output follows; a stream that closes early is reopened
+    and what was already written is skipped. ``note`` gets a line at each change of state."""
     job_id = job["id"]
     written: dict = {}  # attempt -> characters of its output already written
     said = (job.get("state"), job.get("attempt"))
+    first = wait = min(0.2, poll_s)
     while True:
         state, attempt = job.get("state"), job.get("attempt")
         if state not in ACTIVE_STATES:
             try:
                 _copy(client.logs(job_id, attempt=attempt), written, attempt, out)
             except PoolError as e:
-                if e.status != 404:  # a job cancelled before it ran has no output
+                if e.status not in (400, 404):  # the outcome matters more than missing output
                     raise
             return job
-        wrote = False
-        if state == "running":
-            wrote = _copy(client.logs(job_id, follow=True, attempt=attempt), written, attempt, out)
-        if not wrote:
-            sleep(poll_s)
+        if not (state == "running"
+                and _copy(client.logs(job_id, follow=True, attempt=attempt), written, attempt,
+                          out)):
+            sleep(wait)
+            wait = min(wait * 2, poll_s)
         job = client.job(job_id)
         if (job.get("state"), job.get("attempt")) != said:
-            said = (job.get("state"), job.get("attempt"))
+            said, wait = (job.get("state"), job.get("attempt")), first
             if job.get("state") in ACTIVE_STATES:
                 note(describe(job))
 
@@ -260,22 +277,22 @@ def gpus(value) -> str:
 
 
 def describe(job: dict) -> str:
-    """One line about a job: its state and why, e.g. after submitting it."""
-    ident, state = job.get("id"), job.get("state")
+    """One line about a job: its state and the server's words on why, e.g. after submitting."""
+    ident, state, reason = job.get("id"), job.get("state"), job.get("reason")
     amount = f"{gpus(job.get('gpus'))} GPU{'' if job.get('gpus') == 1 else 's'}"
     if state == "pending":
         where = f"{amount}, project {job.get('project')}"
         if job.get("queue_position") is not None:
             where += f", position {job['queue_position']}"
-        reason = job.get("reason")
-        return f"job {ident} pending ({where})" + (f": {reason}" if reason else "")
-    if state == "running":
+        line = f"job {ident} pending ({where})"
+    elif state == "running":
         nodes = ", ".join(job.get("placement") or {}) or "the train pool"
         line = f"job {ident} running ({amount} on {nodes}, attempt {job.get('attempt', 1)})"
-        return line + (": being preempted" if job.get("preempting") else "")
-    if state == "failed" and job.get("exit_code") is not None:
-        return f"job {ident} failed (exit code {job['exit_code']})"
-    return f"job {ident} {state}"
+    elif state == "failed" and job.get("exit_code") is not None:
+        line = f"job {ident} failed (exit code {job['exit_code']})"
+    else:
+        line = f"job {ident} {state}"
+    return line + (f": {reason}" if reason else "")
 
 
 def table(headers, rows, numeric=()) -> str:
@@ -354,8 +371,7 @@ def format_quota(quota: dict) -> str:
 
 def format_pool(pool: dict) -> str:
     capacity, in_use = pool.get("capacity") or 0, pool.get("in_use") or 0
-    line = (f"train pool: {gpus(in_use)} of {gpus(capacity)} GPUs in use, "
-            f"{gpus(max(capacity - in_use, 0))} idle")
+    line = f"{gpus(in_use)} of {gpus(capacity)} GPUs in use, {gpus(max(capacity - in_use, 0))} idle"
     if pool.get("simulated"):
         line += " (simulated inventory: no GPUs were found)"
     nodes = pool.get("nodes") or []
@@ -366,7 +382,7 @@ def format_pool(pool: dict) -> str:
     for node in nodes:
         keys += [k for k in node if k not in keys]
     headers = [k.replace("_", " ").upper() for k in keys]
-    rows = [[_plain(node.get(k)) for k in keys] for node in nodes]
+    rows = [[_cut(_plain(node.get(k)), 40) for k in keys] for node in nodes]
     numeric = {h for h, k in zip(headers, keys)
                if all(isinstance(n.get(k), (int, float)) and not isinstance(n.get(k), bool)
                       for n in nodes if n.get(k) is not None)}

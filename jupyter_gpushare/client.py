@@ -41,9 +41,9 @@ class InvalidInput(ClientError, ValueError):
     ``field`` is the spec field and ``problem`` the sentence without it, so that a front end can
     name its own option: the CLI says ``--gpus: must be 1 or more, not 0``."""
 
-    def __init__(self, field: str, problem: str):
+    def __init__(self, field: str, problem: str, *, message: str | None = None):
         self.field, self.problem = field, problem
-        super().__init__(f"{field} {problem}")
+        super().__init__(message or f"{field} {problem}")
 
 
 class NoCredentials(ClientError):
@@ -80,10 +80,12 @@ class PoolError(ClientError):
 
 
 # -- job specs ----------------------------------------------------------------------------------
-# The same checks the server makes (JobSpec in pool/openapi.py), so that a wrong value is refused
-# before a request; the server stays the authority.
+# The server's checks (pool/validate.py) with the server's sentences, so that a wrong value is
+# refused before a request; the server stays the authority.
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_RESERVED_ENV = ("GPUSHARE_", "JUPYTERHUB_", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
+                 "NVIDIA_VISIBLE_DEVICES")
 
 
 def _whole(value) -> int | None:
@@ -102,49 +104,64 @@ def _whole(value) -> int | None:
     return None
 
 
+def _shown(value) -> str:
+    """A value as the server would show it: a number typed as text shows as the number."""
+    if isinstance(value, str):
+        try:
+            float(value)
+            return value.strip()
+        except ValueError:
+            pass
+    return repr(value)
+
+
 def check_gpus(value) -> int:
     """A train job's GPUs: a whole number, 1 or more (fractions are for build slices)."""
     number = _whole(value)
     if number is None:
-        try:
-            fraction = float(value) > 0 and not isinstance(value, bool)
-        except (TypeError, ValueError):
-            fraction = False
-        hint = " (train jobs get whole GPUs; fractions are for notebook slices)" if fraction else ""
-        raise InvalidInput("gpus", f"must be a whole number of GPUs, not {value!r}{hint}")
+        raise InvalidInput("gpus", f"must be a whole number of GPUs (1 or more), not "
+                           f"{_shown(value)}")
     if number < 1:
-        raise InvalidInput("gpus", f"must be 1 or more, not {number}")
+        raise InvalidInput("gpus", f"must be 1 or more, not {number}; a train job needs at least "
+                           f"one GPU")
     return number
 
 
 def check_priority(value) -> int:
     number = _whole(value)
-    if number is None or not -100 <= number <= 100:
-        raise InvalidInput("priority", f"must be a whole number from -100 to 100, not {value!r}")
+    if number is None:
+        raise InvalidInput("priority", f"must be a whole number, not {_shown(value)}")
+    if not -100 <= number <= 100:
+        raise InvalidInput("priority", f"must be between -100 and 100, not {number}")
     return number
 
 
 def check_name(value) -> str:
-    value = str(value)
-    if not value.strip():
-        raise InvalidInput("name", "must not be empty")
-    if len(value) > 100:
-        raise InvalidInput("name", f"must be at most 100 characters, not {len(value)}")
+    if not isinstance(value, str) or len(value) > 100:
+        raise InvalidInput("name", "must be a string of at most 100 characters")
     return value
 
 
 def parse_env(items) -> dict[str, str]:
-    """``["K=V", ...]`` (or a mapping) to a dict; refuses entries without ``=`` or a bad name."""
+    """``["K=V", ...]`` (or a mapping) to a dict; refuses entries without ``=``, bad names and
+    the variables the pool sets itself."""
     if isinstance(items, dict):
-        items = [f"{k}={v}" for k, v in items.items()]
+        pairs = list(items.items())
+    else:
+        pairs = []
+        for item in items or ():
+            name, sep, value = str(item).partition("=")
+            if not sep:
+                raise InvalidInput("env", f"entries must be NAME=VALUE, not {item!r}")
+            pairs.append((name, value))
     env = {}
-    for item in items or ():
-        name, sep, value = str(item).partition("=")
-        if not sep:
-            raise InvalidInput("env", f"entries must be NAME=VALUE, not {item!r}")
-        if not _ENV_NAME.match(name):
-            raise InvalidInput("env", f"names are letters, digits and _ (not starting with a "
-                               f"digit), not {name!r}")
+    for name, value in pairs:
+        if not isinstance(name, str) or not _ENV_NAME.match(name):
+            raise InvalidInput("env", f"name {name!r} is not a valid variable name")
+        if name.startswith(_RESERVED_ENV):
+            raise InvalidInput("env", f"may not set {name}: the pool sets it for each attempt")
+        if not isinstance(value, str) or "\0" in value or len(value) > 32_768:
+            raise InvalidInput("env", f"{name} must be a string of at most 32 KiB without NUL")
         env[name] = value
     return env
 
@@ -154,22 +171,27 @@ def job_spec(command=None, *, source: str | None = None, gpus=1, project: str | 
     """Build (and check) the JSON body of ``POST api/jobs`` from front-end arguments.
 
     ``command`` is a list of words to run, or ``source`` Python code; exactly one of them."""
-    if command is not None and source is not None:
-        raise InvalidInput("command", "and source do not go together; give one of them")
+    if (command is None) == (source is None):
+        raise InvalidInput("command", "", message="give either command (a list of strings) or "
+                           "source (Python code), not both and not neither")
     if source is not None:
-        if not str(source).strip():
-            raise InvalidInput("source", "is empty; give the Python code to run")
-        spec: dict = {"source": str(source)}
+        if not isinstance(source, str) or not source.strip():
+            raise InvalidInput("source", "must be Python code as a non-empty string")
+        spec: dict = {"source": source}
     else:
-        if isinstance(command, str) or not command:
-            raise InvalidInput("command", "is missing; give the words to run, e.g. "
-                               "['python', 'train.py']")
-        spec = {"command": [str(word) for word in command]}
+        if isinstance(command, (str, bytes)) or not isinstance(command, (list, tuple)) \
+                or not command or not all(isinstance(word, str) for word in command):
+            raise InvalidInput("command", 'must be a non-empty list of strings, e.g. '
+                               '["python", "train.py"]')
+        if len(command) > 10_000 or not command[0]:
+            raise InvalidInput("command", "must start with the program to run and have at most "
+                               "10,000 arguments")
+        if any("\0" in word for word in command):
+            raise InvalidInput("command", "may not contain NUL characters")
+        spec = {"command": list(command)}
     spec["gpus"] = check_gpus(gpus)
     if project is not None:
-        if not str(project).strip():
-            raise InvalidInput("project", "must not be empty")
-        spec["project"] = str(project)
+        spec["project"] = project
     if name is not None:
         spec["name"] = check_name(name)
     if priority is not None:
@@ -242,10 +264,12 @@ class PoolClient:
         """Your ``projects`` with quota and use, and your job counts by state (``jobs``)."""
         return self._json("GET", "api/quota")
 
-    def jobs(self, project: str | None = None, all: bool = False,
-             state: str | None = None) -> list[dict]:
-        """Your jobs; a project's queue (members); every job (``all``, admins)."""
-        query = {"project": project, "all": "1" if all else None, "state": state}
+    def jobs(self, project: str | None = None, all: bool = False, state: str | None = None,
+             limit: int | None = None) -> list[dict]:
+        """Your jobs; a project's queue (members); every job (``all``, admins). Newest first,
+        at most ``limit`` (the server's default 100, at most 1000)."""
+        query = {"project": project, "all": "1" if all else None, "state": state,
+                 "limit": None if limit is None else str(limit)}
         return self._json("GET", "api/jobs", query=query)["jobs"]
 
     def submit(self, spec: dict) -> dict:
@@ -261,8 +285,10 @@ class PoolClient:
     def logs(self, job_id: str, follow: bool = False, attempt: int | None = None) -> Iterator[str]:
         """The job's output as text chunks, as they arrive.
 
-        With ``follow`` the server keeps the response open and sends output until the job ends;
-        the iterator ends when the server closes it. The request is made at the first ``next()``.
+        ``attempt`` defaults to the job's current one. With ``follow`` the server keeps the
+        response open and sends output until that attempt ends (the job ends or is requeued as
+        the next attempt); the iterator ends when the server closes it. The request is made at
+        the first ``next()``.
         """
         query = {"follow": "1" if follow else None,
                  "attempt": str(attempt) if attempt is not None else None}

@@ -113,13 +113,14 @@ def detect(simulated_nodes: int, simulated_gpus_per_node: int,
     if problem is None:
         log.info("GPU inventory from NVML on %s", nvml.node)
         return [nvml]
-    log.warning("No usable GPU here (%s); simulating %d nodes with %d GPUs each, where jobs "
-                "run without a GPU.", problem.rstrip("."), simulated_nodes, simulated_gpus_per_node)
+    log.warning("No usable GPU on this machine, so simulating %d nodes with %d GPUs each (jobs "
+                "there run without a GPU). %s", simulated_nodes, simulated_gpus_per_node, problem)
     return [SimulatedInventory(f"sim-node-{i}", simulated_gpus_per_node)
             for i in range(simulated_nodes)]
 
 
-_NO_BINDINGS = "nvidia-ml-py is not installed, so real GPUs cannot be listed: pip install nvidia-ml-py."
+_NO_BINDINGS = ("The nvidia-ml-py package is not installed, so real GPUs cannot be listed: "
+                "pip install nvidia-ml-py.")
 
 # By exception class name, so that describing an error needs no pynvml import.
 _SENTENCES = {
@@ -131,8 +132,8 @@ _SENTENCES = {
                               "a user with access to /dev/nvidia*.",
     "NVMLError_LibRmVersionMismatch": "The NVIDIA driver's library and kernel module have "
                                       "different versions: reload the driver or reboot.",
-    "NVMLLibraryMismatchError": "nvidia-ml-py does not match the installed NVIDIA driver: "
-                                "install the nvidia-ml-py version that matches the driver.",
+    "NVMLLibraryMismatchError": "The nvidia-ml-py package does not match the installed NVIDIA "
+                                "driver: install the nvidia-ml-py version that matches it.",
     "NVMLError_GpuIsLost": "NVML reports a GPU lost (fallen off the bus): the machine needs "
                            "an administrator.",
 }

@@ -16,11 +16,17 @@ import pytest
 
 from jupyter_gpushare.backends import BackendError, Launch
 from jupyter_gpushare.backends.local import SIMULATED_LABEL, LocalBackend
+from jupyter_gpushare.backends.shim import members
 from jupyter_gpushare.gpus import SimulatedInventory, detect
 from jupyter_gpushare.policy.model import GPU
 
 IS_ROOT = os.geteuid() == 0
-root_only = pytest.mark.skipif(not IS_ROOT, reason="jobs switch to their user only when the service runs as root")
+root_only = pytest.mark.skipif(
+    not IS_ROOT, reason="jobs switch to their user only when the service runs as root")
+
+# Job scripts (/bin/sh): say "ready" once running, then wait for a file, or for a signal.
+WAIT_FOR_GO = "echo ready; while [ ! -e $GPUSHARE_CHECKPOINT_DIR/go ]; do sleep 0.02; done; "
+LOOP = "echo ready; while :; do sleep 0.05; done"
 
 
 class SimulatedBackend(LocalBackend):
@@ -42,15 +48,14 @@ class NonRootBackend(SimulatedBackend):
 def job_user():
     """(name, home) of the account jobs run as: a fresh system user when root, else ourselves."""
     if not IS_ROOT:
-        me = pwd.getpwuid(os.getuid())
-        yield me.pw_name, None
+        yield pwd.getpwuid(os.getuid()).pw_name, None
         return
     if not shutil.which("useradd") or not shutil.which("userdel"):
         pytest.skip("running as root, but useradd/userdel are missing to create a job user")
     name = f"gpushare-t{os.getpid()}"
     home = f"/tmp/{name}-home"
-    subprocess.run(["useradd", "--system", "--create-home", "--home-dir", home, "--shell", "/bin/sh",
-                    "--user-group", name], check=True, capture_output=True)
+    subprocess.run(["useradd", "--system", "--create-home", "--home-dir", home,
+                    "--shell", "/bin/sh", "--user-group", name], check=True, capture_output=True)
     try:
         yield name, home
     finally:
@@ -68,7 +73,7 @@ def scratch(job_user, tmp_path):
 
 @pytest.fixture
 def make_backend(tmp_path):
-    """Backends on one state_dir (more than one: a restarted service); their jobs die after the test."""
+    """Backends on one state_dir (two of them: a restarted service); their jobs die after."""
     made = []
 
     def make(cls=SimulatedBackend, **kw):
@@ -84,9 +89,9 @@ def make_backend(tmp_path):
                 os.killpg(record["pgid"], signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-        for running in backend._running.values():
-            if running.proc is not None:
-                running.proc.wait()
+        for proc in [*(r.proc for r in backend._running.values()), *backend._unreaped]:
+            if proc is not None:
+                proc.wait()
 
 
 @pytest.fixture
@@ -108,7 +113,7 @@ async def ended(backend, count=1, timeout=10.0):
     """Poll until ``count`` attempts have ended; each is reported once."""
     exits, deadline = [], time.monotonic() + timeout
     while len(exits) < count:
-        assert time.monotonic() < deadline, f"only {len(exits)} of {count} jobs ended in {timeout} s"
+        assert time.monotonic() < deadline, f"{len(exits)} of {count} jobs ended in {timeout} s"
         exits += await backend.poll()
         await asyncio.sleep(0.02)
     assert await backend.poll() == []
@@ -125,15 +130,25 @@ async def log_of(backend, job_id, attempt=1, until=None, timeout=10.0):
         await asyncio.sleep(0.02)
 
 
+async def go(backend, launch, job_id):
+    """Let a WAIT_FOR_GO job finish (once it runs, its checkpoint directory exists)."""
+    await log_of(backend, job_id, until="ready")
+    (Path(launch(job_id, "").checkpoint_dir) / "go").touch()
+
+
 def env_of(log):
     return dict(line.split("=", 1) for line in log.splitlines() if "=" in line)
 
 
 def group_gone(pgid):
+    """No live process left in the group (zombies waiting for a reaper do not count)."""
     try:
         os.waitpid(pgid, os.WNOHANG)  # reap the shim where this process started it
     except ChildProcessError:
         pass
+    found = members(pgid)
+    if found is not None:
+        return not found
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
@@ -145,45 +160,46 @@ def group_gone(pgid):
 
 def test_simulated_nodes_are_labelled(backend):
     nodes = backend.nodes()
-    assert [n.name for n in nodes] == ["sim-node-0", "sim-node-1"]
-    assert [n.gpus for n in nodes] == [4, 4]
+    assert [(n.name, n.gpus) for n in nodes] == [("sim-node-0", 4), ("sim-node-1", 4)]
     assert all(n.labels[SIMULATED_LABEL] == "true" for n in nodes)
 
 
 def test_nodes_come_from_detection(make_backend):
     backend = make_backend(LocalBackend, simulated_nodes=3, simulated_gpus_per_node=2)
+    nodes = [(n.name, n.gpus) for n in backend.nodes()]
     found = detect(3, 2)
     if found[0].source == "nvml":  # a machine with GPUs: one node, this host
-        assert [(n.name, n.gpus) for n in backend.nodes()] == [(found[0].node, len(found[0].gpus()))]
+        assert nodes == [(found[0].node, len(found[0].gpus()))]
     else:
-        assert [(n.name, n.gpus) for n in backend.nodes()] == [(f"sim-node-{i}", 2) for i in range(3)]
+        assert nodes == [(f"sim-node-{i}", 2) for i in range(3)]
 
 
-# --- start: devices, environment, logs ---
+# --- start: devices, environment ---
 
 @pytest.mark.asyncio
 async def test_job_sees_its_gpus_and_variables_but_no_token(backend, launch, monkeypatch):
     monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "hub-secret-123")
     backend.env_keep = [*backend.env_keep, "JUPYTERHUB_API_TOKEN"]
-    handle = await backend.start(launch(
-        "j1", "env", placement={"sim-node-1": 2 * GPU},
-        env={"GREETING": "hello", "HF_TOKEN": "x", "COPY": "hub-secret-123", "CUDA_VISIBLE_DEVICES": "all"}))
+    env = {"GREETING": "hello", "HF_TOKEN": "x", "COPY": "hub-secret-123",
+           "CUDA_VISIBLE_DEVICES": "all"}
+    handle = await backend.start(launch("j1", "env", placement={"sim-node-1": 2 * GPU}, env=env))
     await ended(backend)
-    env = env_of(await log_of(backend, "j1"))
-    assert env["CUDA_VISIBLE_DEVICES"] == "GPU-SIMULATED-sim-node-1-0,GPU-SIMULATED-sim-node-1-1"
-    assert handle.data["devices"] == {"sim-node-1": ["GPU-SIMULATED-sim-node-1-0", "GPU-SIMULATED-sim-node-1-1"]}
+    log = await log_of(backend, "j1")
+    env = env_of(log)
+    uuids = ["GPU-SIMULATED-sim-node-1-0", "GPU-SIMULATED-sim-node-1-1"]
+    assert env["CUDA_VISIBLE_DEVICES"] == ",".join(uuids)
+    assert handle.data["devices"] == {"sim-node-1": uuids}
     assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert (env["GPUSHARE_JOB_ID"], env["GPUSHARE_ATTEMPT"]) == ("j1", "1")
     assert env["GREETING"] == "hello"
     assert os.path.isdir(env["GPUSHARE_CHECKPOINT_DIR"])
-    assert not [k for k in env if "TOKEN" in k]
-    assert "hub-secret-123" not in await log_of(backend, "j1")
+    assert not [k for k in env if "TOKEN" in k] and "hub-secret-123" not in log
 
 
 @pytest.mark.asyncio
 async def test_gangs_get_disjoint_free_devices(backend, launch):
-    hold = "echo ready; while [ ! -e $GPUSHARE_CHECKPOINT_DIR/go ]; do sleep 0.02; done; echo $CUDA_VISIBLE_DEVICES"
-    a = await backend.start(launch("a", hold, placement={"sim-node-0": 3 * GPU}))
+    hold = WAIT_FOR_GO + "echo $CUDA_VISIBLE_DEVICES"
+    await backend.start(launch("a", hold, placement={"sim-node-0": 3 * GPU}))
     b = await backend.start(launch("b", hold, placement={"sim-node-0": GPU, "sim-node-1": GPU}))
     assert b.data["devices"] == {"sim-node-0": ["GPU-SIMULATED-sim-node-0-3"],
                                  "sim-node-1": ["GPU-SIMULATED-sim-node-1-0"]}
@@ -194,11 +210,11 @@ async def test_gangs_get_disjoint_free_devices(backend, launch):
     with pytest.raises(BackendError, match="whole GPUs"):
         await backend.start(launch("c", "true", placement={"sim-node-1": 500}))
     assert not os.path.exists(backend.log_path("c", 1))  # nothing of a refused job runs
-    for job in (a, b):
-        await log_of(backend, job.job_id, until="ready")  # its checkpoint directory exists
-        (Path(launch(job.job_id, "").checkpoint_dir) / "go").touch()
+    await go(backend, launch, "a")
+    await go(backend, launch, "b")
     await ended(backend, 2)
-    assert (await log_of(backend, "b")).split() == ["ready", "GPU-SIMULATED-sim-node-0-3,GPU-SIMULATED-sim-node-1-0"]
+    assert (await log_of(backend, "b")).split()[-1] == \
+        "GPU-SIMULATED-sim-node-0-3,GPU-SIMULATED-sim-node-1-0"
     c = await backend.start(launch("c", "true"))  # the devices are free again
     assert c.data["devices"] == {"sim-node-0": ["GPU-SIMULATED-sim-node-0-0"]}
     await ended(backend)
@@ -216,7 +232,7 @@ async def test_exit_codes_and_logs(backend, launch):
     assert (exits["ok"].state, exits["ok"].exit_code) == ("succeeded", 0)
     assert (exits["bad"].state, exits["bad"].exit_code) == ("failed", 3)
     assert exits["sig"].state == "failed" and "SIGUSR1" in exits["sig"].reason
-    assert exits["nocmd"].state == "failed" and exits["nocmd"].exit_code == 127
+    assert (exits["nocmd"].state, exits["nocmd"].exit_code) == ("failed", 127)
     log = await log_of(backend, "ok")
     assert log == "to-stdout\nto-stderr\n"
     assert await backend.read_log("ok", 1, offset=len("to-stdout\n")) == b"to-stderr\n"
@@ -228,9 +244,10 @@ async def test_exit_codes_and_logs(backend, launch):
 
 @pytest.mark.asyncio
 async def test_checkpoint_dir_is_kept_across_attempts(backend, launch):
-    await backend.start(launch("r", "echo from attempt $GPUSHARE_ATTEMPT > $GPUSHARE_CHECKPOINT_DIR/state"))
+    ckpt = "$GPUSHARE_CHECKPOINT_DIR/state"
+    await backend.start(launch("r", f"echo from attempt $GPUSHARE_ATTEMPT > {ckpt}"))
     await ended(backend)
-    await backend.start(launch("r", "cat $GPUSHARE_CHECKPOINT_DIR/state; echo now $GPUSHARE_ATTEMPT", attempt=2))
+    await backend.start(launch("r", f"cat {ckpt}; echo now $GPUSHARE_ATTEMPT", attempt=2))
     await ended(backend)
     assert await log_of(backend, "r", 2) == "from attempt 1\nnow 2\n"
     assert await log_of(backend, "r", 1) == ""
@@ -240,7 +257,7 @@ async def test_checkpoint_dir_is_kept_across_attempts(backend, launch):
 
 @pytest.mark.asyncio
 async def test_stop_sends_sigterm_first(backend, launch):
-    await backend.start(launch("t", "trap 'echo got TERM; exit 7' TERM; echo ready; while :; do sleep 0.05; done"))
+    await backend.start(launch("t", "trap 'echo got TERM; exit 7' TERM; " + LOOP))
     await log_of(backend, "t", until="ready")
     began = time.monotonic()
     await backend.stop("t", 1, grace_s=5)
@@ -253,7 +270,7 @@ async def test_stop_sends_sigterm_first(backend, launch):
 
 @pytest.mark.asyncio
 async def test_stop_kills_after_the_grace(backend, launch):
-    await backend.start(launch("k", "trap '' TERM; echo ready; while :; do sleep 0.05; done"))
+    await backend.start(launch("k", "trap '' TERM; " + LOOP))
     await log_of(backend, "k", until="ready")
     began = time.monotonic()
     await backend.stop("k", 1, grace_s=0.3)
@@ -268,15 +285,14 @@ async def test_stop_kills_after_the_grace(backend, launch):
 @pytest.mark.asyncio
 async def test_restart_adopts_a_running_job(make_backend, launch):
     before = make_backend()
-    handle = await before.start(launch("live", "echo ready; while [ ! -e $GPUSHARE_CHECKPOINT_DIR/go ]; do sleep 0.02; done; exit 4",
+    handle = await before.start(launch("live", WAIT_FOR_GO + "exit 4",
                                        placement={"sim-node-0": 3 * GPU}))
     after = make_backend()  # the restarted service
     assert await after.adopt([handle]) == []
     assert await after.poll() == []
     with pytest.raises(BackendError, match="only 1 GPU free"):  # the adopted job keeps its GPUs
         await after.start(launch("other", "true", placement={"sim-node-0": 2 * GPU}))
-    await log_of(after, "live", until="ready")
-    (Path(launch("live", "").checkpoint_dir) / "go").touch()
+    await go(after, launch, "live")
     [exit] = await ended(after)
     assert (exit.job_id, exit.state, exit.exit_code) == ("live", "failed", 4)
 
@@ -302,7 +318,7 @@ async def test_restart_reports_jobs_that_ended_meanwhile(make_backend, launch):
 @pytest.mark.asyncio
 async def test_restart_stops_a_job_no_handle_names(make_backend, launch):
     before = make_backend()
-    stray = await before.start(launch("stray", "trap 'echo stopped; exit 0' TERM; echo ready; while :; do sleep 0.05; done"))
+    stray = await before.start(launch("stray", "trap 'echo stopped; exit 0' TERM; " + LOOP))
     await log_of(before, "stray", until="ready")
     after = make_backend()
     assert await after.adopt([]) == []
@@ -319,11 +335,13 @@ async def test_restart_stops_a_job_no_handle_names(make_backend, launch):
 @pytest.mark.asyncio
 async def test_root_service_runs_the_job_as_its_user_at_home(backend, launch, job_user):
     name, home = job_user
-    await backend.start(launch("who", "id -u; id -g; pwd; ls -ld $GPUSHARE_CHECKPOINT_DIR | awk '{print $3}'"))
+    owner = "ls -ld $GPUSHARE_CHECKPOINT_DIR | awk '{print $3}'"
+    await backend.start(launch("who", f"id -u; id -g; pwd; {owner}"))
     [exit] = await ended(backend)
     assert exit.state == "succeeded"
     account = pwd.getpwnam(name)
-    assert (await log_of(backend, "who")).split() == [str(account.pw_uid), str(account.pw_gid), home, name]
+    assert (await log_of(backend, "who")).split() == [
+        str(account.pw_uid), str(account.pw_gid), home, name]
 
 
 @root_only
@@ -342,7 +360,7 @@ async def test_working_directory_is_entered_with_the_users_rights(backend, launc
 async def test_root_service_refuses_root_and_unknown_users(backend, launch, user, message):
     with pytest.raises(BackendError, match=message):
         await backend.start(launch("x", "true", user=user))
-    assert backend.nodes() and not os.path.exists(backend.log_path("x", 1))
+    assert not os.path.exists(backend.log_path("x", 1))
 
 
 @pytest.mark.asyncio

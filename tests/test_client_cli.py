@@ -4,6 +4,7 @@ A small HTTP server stands in for the service where a test needs answers; its ro
 canned replies keyed by (method, path under the service's address)."""
 
 import http.server
+import io
 import json
 import os
 import socket
@@ -120,18 +121,24 @@ def env(monkeypatch, service):
 # -- bad arguments: one sentence, exit 2, before any request ------------------------------------
 
 @pytest.mark.parametrize("argv, words", [
-    (["--gpus", "0", "--", "x"], "argument --gpus: must be 1 or more, not 0"),
-    (["--gpus", "0.5", "--", "x"], "must be a whole number of GPUs, not '0.5' (train jobs get "
-                                   "whole GPUs"),
-    (["--gpus", "four", "--", "x"], "argument --gpus: must be a whole number of GPUs, not 'four'"),
+    # The same sentences as the server's (pool/validate.py), before any request.
+    (["--gpus", "0", "--", "x"], "argument --gpus: must be 1 or more, not 0; a train job needs "
+                                 "at least one GPU"),
+    (["--gpus", "0.5", "--", "x"], "argument --gpus: must be a whole number of GPUs (1 or more), "
+                                   "not 0.5"),
+    (["--gpus", "four", "--", "x"], "argument --gpus: must be a whole number of GPUs (1 or "
+                                    "more), not 'four'"),
     (["--env", "FOO", "--", "x"], "argument --env: entries must be NAME=VALUE, not 'FOO'"),
-    (["--env", "1X=2", "--", "x"], "argument --env: names are letters, digits and _"),
-    (["--priority", "500", "--", "x"], "argument --priority: must be a whole number from -100 "
-                                       "to 100, not '500'"),
-    (["--name", "n" * 101, "--", "x"], "argument --name: must be at most 100 characters"),
+    (["--env", "1X=2", "--", "x"], "argument --env: name '1X' is not a valid variable name"),
+    (["--env", "CUDA_VISIBLE_DEVICES=0", "--", "x"], "argument --env: may not set "
+                                                     "CUDA_VISIBLE_DEVICES: the pool sets it"),
+    (["--priority", "500", "--", "x"], "argument --priority: must be between -100 and 100, "
+                                       "not 500"),
+    (["--name", "n" * 101, "--", "x"], "argument --name: must be a string of at most 100 "
+                                       "characters"),
     (["--frobnicate", "--", "x"], "unrecognized arguments: --frobnicate"),
 ], ids=["zero-gpus", "fraction", "word-gpus", "env-without-equals", "env-bad-name",
-        "priority-range", "long-name", "unknown-option"])
+        "env-reserved", "priority-range", "long-name", "unknown-option"])
 def test_bad_submit_arguments_get_one_sentence(capsys, env, argv, words):
     code, err = refused(capsys, "submit", *argv)
     assert code == 2 and words in err
@@ -153,11 +160,25 @@ def test_job_spec_checks_like_the_server():
     assert job_spec(source="print(1)", project="vision", name="n") == {
         "source": "print(1)", "gpus": 1, "project": "vision", "name": "n"}
     for kwargs, words in [({"gpus": 0}, "gpus must be 1 or more, not 0"),
-                          ({"gpus": True}, "gpus must be a whole number"),
-                          ({"env": {"A-B": "1"}}, "env names are letters"),
-                          ({"command": "python t.py"}, "command is missing")]:
+                          ({"gpus": True}, "gpus must be a whole number of GPUs"),
+                          ({"env": {"A-B": "1"}}, "env name 'A-B' is not a valid variable name"),
+                          ({"command": "python t.py"}, "command must be a non-empty list"),
+                          ({"command": None}, "give either command"),
+                          ({"source": "x"}, "give either command")]:
         with pytest.raises(InvalidInput, match=words):
             job_spec(**{"command": ["x"], **kwargs})
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["jobs", "--state", "bogus"], "argument --state: invalid choice: 'bogus'"),
+    (["jobs", "--limit", "0"], "argument --limit: must be a whole number from 1 to 1000"),
+    (["logs", "j1", "--attempt", "0"], "argument --attempt: must be 1 or more, not '0'"),
+    (["cancel"], "the following arguments are required: JOB"),
+], ids=["state", "limit", "attempt", "no-job"])
+def test_bad_arguments_of_the_other_commands(capsys, env, argv, words):
+    code, err = refused(capsys, *argv)
+    assert code == 2 and words in err and err.count("\n") == 1
+    assert env.requests == []
 
 
 # -- credentials and reachability ---------------------------------------------------------------
@@ -283,6 +304,15 @@ def test_followed_logs_arrive_as_they_are_sent(service):
     assert service.requests[0]["query"] == {"follow": ["1"], "attempt": ["2"]}
 
 
+def test_logs_prints_and_follows_a_job(capsys, env):
+    env.routes[("GET", "api/jobs/j1")] = (200, {"id": "j1", "state": "succeeded", "attempt": 2})
+    env.routes[("GET", "api/jobs/j1/logs")] = chunked("line 1\n", "line 2\n")
+    assert run(capsys, "logs", "j1") == (0, "line 1\nline 2\n", "")
+    assert run(capsys, "logs", "-f", "j1") == (0, "line 1\nline 2\n", "")
+    assert [r["query"] for r in env.requests if r["path"].endswith("logs")] == [
+        {}, {"attempt": ["2"]}]
+
+
 # -- submit --wait and following a job ------------------------------------------------------------
 
 class ScriptedPool(PoolClient):
@@ -302,29 +332,22 @@ class ScriptedPool(PoolClient):
         return iter(texts.pop(0) if len(texts) > 1 else texts[0])
 
 
+def _job(state, attempt):
+    return {"id": "j", "state": state, "attempt": attempt}
+
+
 def test_follow_job_across_preemption_writes_each_line_once():
-    job = lambda state, attempt, **kw: {"id": "j", "state": state, "attempt": attempt, **kw}  # noqa
     client = ScriptedPool(
-        states=[job("running", 1), job("running", 1), job("pending", 2), job("running", 2),
-                job("succeeded", 2)],
+        states=[_job("running", 1), _job("running", 1), _job("pending", 2), _job("running", 2),
+                _job("succeeded", 2)],
         output={1: [["a\n", "b\n"], ["a\nb\nc\n"]], 2: [["x\n"], ["x\ny\n"]]})
-    out, notes = [], []
-    final = follow_job(client, job("pending", 1), _Sink(out), note=notes.append, poll_s=0,
+    out, notes = io.StringIO(), []
+    final = follow_job(client, _job("pending", 1), out, note=notes.append, poll_s=0,
                        sleep=lambda s: None)
-    assert final["state"] == "succeeded" and "".join(out) == "a\nb\nc\nx\ny\n"
+    # Attempt 1's stream closed early and was reopened: nothing twice, nothing lost.
+    assert final["state"] == "succeeded" and out.getvalue() == "a\nb\nc\nx\ny\n"
     assert notes[0].startswith("job j running") and any("pending" in n for n in notes)
     assert client.reads[-1] == (2, False)
-
-
-class _Sink(list):
-    def __init__(self, parts):
-        self.parts = parts
-
-    def write(self, text):
-        self.parts.append(text)
-
-    def flush(self):
-        pass
 
 
 @pytest.mark.parametrize("final, code, said", [
@@ -337,8 +360,9 @@ def test_submit_wait_streams_output_and_exits_with_the_outcome(capsys, env, monk
     monkeypatch.setattr(cli_pool, "POLL_S", 0.01)
     pending = {"id": "j1", "state": "pending", "gpus": 2, "project": "vision",
                "queue_position": 1, "reason": "waiting for 2 GPUs on one node", "attempt": 1}
-    states = [{**pending, "state": "running", "placement": {"node-a": 2}},
-              {**pending, **final, "queue_position": None}]
+    states = [{**pending, "state": "running", "placement": {"node-a": 2}, "reason": "",
+               "queue_position": None},
+              {**pending, **final, "queue_position": None, "reason": ""}]
     env.routes[("POST", "api/jobs")] = (201, pending)
     env.routes[("GET", "api/jobs/j1")] = lambda handler: _reply(
         handler, states.pop(0) if len(states) > 1 else states[0])
@@ -376,9 +400,10 @@ def test_submit_jobs_cancel_quota_pool_print_for_people_and_scripts(capsys, env)
                                                    "borrowed": 0.25, "deserved": 4, "limit": None,
                                                    "over_quota_weight": 1, "priority": 0,
                                                    "pending": 1}]}),
-        ("GET", "api/pool"): (200, {"capacity": 16, "in_use": 12, "simulated": True, "nodes": [
-            {"name": "node-a", "gpus": 8, "in_use": 8}, {"name": "node-b", "gpus": 8,
-                                                         "in_use": 4}]}),
+        ("GET", "api/pool"): (200, {"capacity": 16, "in_use": 12.5, "simulated": True, "nodes": [
+            {"name": "node-a", "gpus": 8, "pool": "train", "labels": {"gpushare.io/simulated":
+                                                                      "true"}},
+            {"name": "node-b", "gpus": 8, "pool": "train", "labels": {}}]}),
     })
     assert run(capsys, "submit", "--", "python", "t.py")[1] == (
         "job j2 pending (1 GPU, project nlp, position 3): project nlp is at its limit of 4 GPUs "
@@ -393,8 +418,10 @@ def test_submit_jobs_cancel_quota_pool_print_for_people_and_scripts(capsys, env)
         "PROJECT  QUOTA  IN USE  BORROWED  DESERVED  LIMIT  WEIGHT  PRIORITY  PENDING",
         "nlp          4    4.25      0.25         4      -       1         0        1"]
     assert run(capsys, "pool")[1].splitlines() == [
-        "train pool: 12 of 16 GPUs in use, 4 idle (simulated inventory: no GPUs were found)",
-        "NAME    GPUS  IN USE", "node-a     8       8", "node-b     8       4"]
+        "12.5 of 16 GPUs in use, 3.5 idle (simulated inventory: no GPUs were found)",
+        "NAME    GPUS  POOL   LABELS",
+        "node-a     8  train  gpushare.io/simulated=true",
+        "node-b     8  train  -"]
     assert json.loads(run(capsys, "pool", "--json")[1])["capacity"] == 16
 
 

@@ -34,6 +34,9 @@ SIMULATED_LABEL = "gpushare.io/simulated"
 ORPHAN_GRACE_S = 10.0
 """Grace period of a job found running that no handle names (after a restart)."""
 
+USER_PATH = "/usr/local/bin:/usr/bin:/bin"
+"""A job's PATH when ``env_keep`` does not pass the service's."""
+
 _SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
 
 
@@ -51,6 +54,8 @@ class _Account:
 
 @dataclass
 class _Attempt:
+    """A running attempt as this backend watches it."""
+
     job_id: str
     attempt: int
     pgid: int
@@ -116,7 +121,6 @@ class LocalBackend(Backend):
         super().__init__(**kwargs)
         self._inventory: dict[str, tuple[str, list[gpu_inventory.GPUInfo]]] | None = None
         self._running: dict[tuple[str, int], _Attempt] = {}
-        self._starting: dict[tuple[str, int], dict[str, list[str]]] = {}  # devices held by start()
         self._unreaped: list[subprocess.Popen] = []  # shims that recorded the exit, still exiting
 
     # --- the machine ---
@@ -128,11 +132,13 @@ class LocalBackend(Backend):
     def _gpus(self) -> dict[str, tuple[str, list[gpu_inventory.GPUInfo]]]:
         # Asked once: the hardware does not change while the service runs.
         if self._inventory is None:
-            self._inventory = {inv.node: (inv.source, inv.gpus()) for inv in self.detect_inventories()}
+            self._inventory = {inv.node: (inv.source, inv.gpus())
+                               for inv in self.detect_inventories()}
         return self._inventory
 
     def nodes(self) -> list[Node]:
-        return [Node(name, len(found), labels={SIMULATED_LABEL: "true"} if source == "simulated" else {})
+        return [Node(name, len(found),
+                     labels={SIMULATED_LABEL: "true"} if source == "simulated" else {})
                 for name, (source, found) in self._gpus().items()]
 
     def _service_is_root(self) -> bool:
@@ -143,19 +149,17 @@ class LocalBackend(Backend):
     async def start(self, launch: Launch) -> Handle:
         key = (launch.job_id, launch.attempt)
         if not _SAFE_ID.match(launch.job_id):
-            raise BackendError(f"Job id {launch.job_id!r} may hold only letters, digits, '.', '_' and '-'.")
+            raise BackendError(f"Job id {launch.job_id!r} may hold only letters, digits, "
+                               "'.', '_' and '-'.")
         if not launch.command:
             raise BackendError("The job has no command to run.")
-        if key in self._running or key in self._starting:
-            raise BackendError(f"Attempt {launch.attempt} of job {launch.job_id} is already running.")
+        if key in self._running:
+            raise BackendError(
+                f"Attempt {launch.attempt} of job {launch.job_id} is already running.")
         account = self._account(launch.user)
+        # No await from choosing devices to registering them: two starts cannot interleave.
         devices = self._choose(launch.placement)
-        self._starting[key] = devices  # held across the awaits below
-        try:
-            attempt = self._spawn(launch, account, devices)
-        finally:
-            del self._starting[key]
-        self._running[key] = attempt
+        self._running[key] = attempt = self._spawn(launch, account, devices)
         self.log.info("Started attempt %d of job %s as %s on %s (process group %d)", launch.attempt,
                       launch.job_id, account.name, ", ".join(devices), attempt.pgid)
         return attempt.handle()
@@ -165,29 +169,30 @@ class LocalBackend(Backend):
             try:
                 pw = pwd.getpwnam(user)
             except KeyError:
-                raise BackendError(f"User {user!r} has no account on this machine, so their job cannot run here.") from None
+                raise BackendError(f"User {user!r} has no account on this machine, so their "
+                                   "job cannot run here.") from None
             if pw.pw_uid == 0:
                 raise BackendError("Jobs never run as root; submit them as a regular user.")
             return _Account(pw.pw_name, pw.pw_uid, pw.pw_gid, pw.pw_dir, pw.pw_shell, True)
         if not self.run_as_service_user:
-            raise BackendError("The pool service is not root, so it cannot run jobs as their users; "
-                               "an administrator may set LocalBackend.run_as_service_user = True "
-                               "for a single-user setup.")
+            raise BackendError("The pool service is not root, so it cannot run jobs as their "
+                               "users; an administrator may set "
+                               "LocalBackend.run_as_service_user = True for a single-user setup.")
         pw = pwd.getpwuid(os.getuid())
         return _Account(pw.pw_name, pw.pw_uid, pw.pw_gid, pw.pw_dir, pw.pw_shell, False)
 
     def _choose(self, placement) -> dict[str, list[str]]:
         """Free devices for the placement: the lowest-numbered GPUs no running attempt uses."""
         inventory = self._gpus()
-        used = {uuid for devices in [*(a.devices for a in self._running.values()),
-                                     *self._starting.values()]
-                for uuids in devices.values() for uuid in uuids}
+        used = {uuid for running in self._running.values()
+                for uuids in running.devices.values() for uuid in uuids}
         chosen = {}
         for node, milli in sorted(placement.items()):
             if node not in inventory:
                 raise BackendError(f"Node {node} is not part of this machine's train pool.")
             if milli <= 0 or milli % GPU:
-                raise BackendError(f"A train job runs on whole GPUs, not on {gpus_text(milli)} of {node}.")
+                raise BackendError(
+                    f"A train job runs on whole GPUs, not on {gpus_text(milli)} of {node}.")
             free = [g.uuid for g in inventory[node][1] if g.uuid not in used]
             if len(free) < milli // GPU:
                 raise BackendError(f"The job was placed on {gpus_text(milli)} of {node}, "
@@ -242,7 +247,7 @@ class LocalBackend(Backend):
 
     def _job_env(self, launch: Launch, account: _Account, devices: dict[str, list[str]]) -> dict:
         env = {k: os.environ[k] for k in self.env_keep if k in os.environ}
-        env.setdefault("PATH", os.defpath)
+        env.setdefault("PATH", USER_PATH)
         env.update(HOME=account.home, USER=account.name, LOGNAME=account.name,
                    SHELL=account.shell or "/bin/sh", PYTHONUNBUFFERED="1")  # logs follow the job
         env.update(launch.env)
@@ -251,9 +256,11 @@ class LocalBackend(Backend):
                    GPUSHARE_JOB_ID=launch.job_id, GPUSHARE_ATTEMPT=str(launch.attempt),
                    GPUSHARE_CHECKPOINT_DIR=launch.checkpoint_dir)
         secret = os.environ.get("JUPYTERHUB_API_TOKEN")
-        dropped = sorted(k for k, v in env.items() if "TOKEN" in k.upper() or (secret and secret in v))
+        dropped = sorted(k for k, v in env.items()
+                         if "TOKEN" in k.upper() or (secret and secret in v))
         if dropped:
-            self.log.warning("Not passing %s to job %s: tokens never reach jobs", ", ".join(dropped), launch.job_id)
+            self.log.warning("Not passing %s to job %s: tokens never reach jobs",
+                             ", ".join(dropped), launch.job_id)
         return {k: v for k, v in env.items() if k not in dropped}
 
     # --- stop, poll, adopt ---
@@ -282,6 +289,7 @@ class LocalBackend(Backend):
             exit = _ended(running)
             if exit is not None:
                 del self._running[key]
+                _forget(running)
                 for timer in running.timers:
                     timer.cancel()
                 if running.proc is not None and running.proc.poll() is None:
@@ -297,7 +305,8 @@ class LocalBackend(Backend):
                 continue
             try:
                 data = handle.data
-                running = _Attempt(handle.job_id, handle.attempt, int(data["pgid"]), data.get("start"),
+                running = _Attempt(handle.job_id, handle.attempt, int(data["pgid"]),
+                                   data.get("start"),
                                    {n: list(u) for n, u in dict(data["devices"]).items()},
                                    str(data["exit"]), str(data["log"]))
             except (KeyError, TypeError, ValueError):
@@ -308,16 +317,20 @@ class LocalBackend(Backend):
             if exit is None:
                 self._running[key] = running
             else:
+                _forget(running)
                 exits.append(exit)
         named = {(h.job_id, h.attempt) for h in handles} | set(self._running)
         for record in self._records():
             key = (record.get("job_id"), record.get("attempt"))
-            if key not in named and _alive(record["pgid"], record.get("start")):
-                self.log.warning("Stopping attempt %s of job %s: it runs without a record", key[1], key[0])
+            if (key not in named and not os.path.exists(record["exit"])
+                    and _alive(record["pgid"], record.get("start"))):
+                self.log.warning("Stopping attempt %s of job %s: it runs without a record",
+                                 key[1], key[0])
                 self._stop_group(record["pgid"], record.get("start"), ORPHAN_GRACE_S, [])
         return exits
 
     def _records(self) -> list[dict]:
+        """The process records of attempts whose end has not been reported yet."""
         records = []
         for path in glob.glob(os.path.join(glob.escape(self.state_dir), "*", "*.pid")):
             try:
@@ -326,6 +339,7 @@ class LocalBackend(Backend):
                 int(record["pgid"])
             except (OSError, ValueError, KeyError, TypeError):
                 continue
+            record["exit"] = path[:-len(".pid")] + ".exit"
             records.append(record)
         return records
 
@@ -356,6 +370,9 @@ def _alive(pgid: int, start: int | None) -> bool:
         return False
     if stat is not None and stat[0] != "Z":
         return True
+    found = shim.members(pgid)  # the shim is gone: does anything of the job still run?
+    if found is not None:
+        return bool(found)
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
@@ -378,6 +395,15 @@ def _signal_group(pgid: int, start: int | None, sig: int) -> None:
         pass
 
 
+def _forget(running: _Attempt) -> None:
+    """Drop the process record of a reported attempt: its pid may be reused from now on, and
+    the record must not make a later restart stop whoever gets it."""
+    try:
+        os.unlink(running.exit_path[:-len(".exit")] + ".pid")
+    except OSError:
+        pass
+
+
 def _read_exit(path: str) -> int | None:
     try:
         with open(path) as f:
@@ -387,7 +413,8 @@ def _read_exit(path: str) -> int | None:
 
 
 def _ended(running: _Attempt) -> Exit | None:
-    """How the attempt ended, or None while it runs."""
+    """How the attempt ended, or None while it runs. A job killed by a signal gets exit
+    code 128 + the signal's number, as a shell (and Kubernetes) would report it."""
     code = _read_exit(running.exit_path)
     if code is None:
         if _alive(running.pgid, running.start):
@@ -396,8 +423,10 @@ def _ended(running: _Attempt) -> Exit | None:
     job, attempt = running.job_id, running.attempt
     if code is None:
         if running.stopping:
-            return Exit(job, attempt, "failed", reason="stopped; it ended without recording an exit status")
-        return Exit(job, attempt, "lost", reason="its processes are gone and no exit status was recorded")
+            return Exit(job, attempt, "failed",
+                        reason="stopped; it ended without recording an exit status")
+        return Exit(job, attempt, "lost",
+                    reason="its processes are gone and no exit status was recorded")
     if code == 0:
         return Exit(job, attempt, "succeeded", 0)
     if code > 0:

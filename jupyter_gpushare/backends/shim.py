@@ -39,22 +39,33 @@ def proc_stat(pid):
     return fields[0].decode(), int(fields[2]), int(fields[19])
 
 
-def signal_members(pgid, sig, spare=None):
-    """Send ``sig`` to every live process in group ``pgid`` except ``spare``. Returns False
-    when there is no /proc to list them."""
+def members(pgid):
+    """The live (not zombie) pids in process group ``pgid``; None when there is no /proc.
+    Zombies do not count: they wait for a reaper that may be slow or absent."""
     try:
         names = os.listdir("/proc")
     except OSError:
-        return False
+        return None
+    found = []
     for name in names:
-        if name.isdigit() and int(name) != spare:
+        if name.isdigit():
             stat = proc_stat(name)
             if stat and stat[1] == pgid and stat[0] != "Z":
-                try:
-                    os.kill(int(name), sig)
-                except OSError:
-                    pass
-    return True
+                found.append(int(name))
+    return found
+
+
+def signal_members(pgid, sig, spare=None):
+    """Send ``sig`` to every live process in group ``pgid`` except ``spare``. Returns False
+    when there is no /proc to list them."""
+    found = members(pgid)
+    for pid in found or ():
+        if pid != spare:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+    return found is not None
 
 
 def _run_child(argv, spec):

@@ -154,20 +154,24 @@ class JobsHandler(PoolHandler):
         if state is not None and state not in STATES:
             self.fail(400, f"state must be one of {', '.join(STATES)}, not {state!r}")
         states = (state,) if state else None
+        limit = self.get_argument("limit", "100")
+        if not limit.isdigit() or not 1 <= int(limit) <= 1000:
+            self.fail(400, f"limit must be a whole number from 1 to 1000, not {limit!r}")
+        limit = int(limit)
         project = self.get_argument("project", None)
         if self.get_argument("all", None):
             if not self.who.admin:
                 self.fail(403, "only admins can list every job; leave out all=1 for yours")
-            rows = store.jobs(states=states)
+            rows = store.jobs(states=states, limit=limit)
         elif project is not None:
             row = store.project(project)
             if row is None:
                 self.fail(400, f"there is no project {project!r}")
             if not self.member_of(row):
                 self.fail(403, f"you are not a member of project {project}")
-            rows = store.jobs(project=project, states=states)
+            rows = store.jobs(project=project, states=states, limit=limit)
         else:
-            rows = store.jobs(user=self.who.name, states=states)
+            rows = store.jobs(user=self.who.name, states=states, limit=limit)
         self.reply({"jobs": [self.job_json(r, r.user == self.who.name or self.who.admin)
                              for r in rows]})
 

@@ -112,7 +112,10 @@ SPEC = {
                     "parameters": [
                         {"name": "project", "in": "query", "schema": {"type": "string"}},
                         {"name": "all", "in": "query", "schema": {"type": "string"}},
-                        {"name": "state", "in": "query", "schema": {"type": "string"}}],
+                        {"name": "state", "in": "query", "schema": {"type": "string"}},
+                        {"name": "limit", "in": "query", "description": "newest first; "
+                         "default 100, at most 1000",
+                         "schema": {"type": "integer", "minimum": 1, "maximum": 1000}}],
                     "responses": {"200": _ok("JobList"), **_errors(400, 403)}},
             "post": {"summary": "Submit a train job",
                      "requestBody": {"required": True, "content": {"application/json": {

@@ -1,0 +1,128 @@
+"""Benchmark: the pool service under load, in a real JupyterHub behind the real proxy.
+
+200 concurrent clients poll ``GET api/jobs`` (each with a user's token) while 20 jobs a second
+are submitted for 60 s on the local backend (8 simulated GPUs; the jobs run ``true``).
+Prints request latency p50/p99 and errors, and submit-to-running latency (from the job's
+own timestamps). Baseline in the same run: the same clients on ``api/openapi.json``, which
+goes through the same proxy and tornado but asks neither JupyterHub nor the database.
+
+    .venv/bin/python benchmarks/pool_api_load.py [--clients 200] [--rate 20] [--seconds 60]
+
+Needs root (jobs run as the test users) and the proxy (the README's test command).
+"""
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from hubtest import Hub, system_users  # noqa: E402
+
+from jupyter_gpushare.sim.metrics import percentile  # noqa: E402
+
+POOL = """
+c = get_config()
+c.PoolService.projects = {"vision": {"quota": 4, "groups": ["vision"]},
+                          "nlp": {"quota": 4, "groups": ["nlp"]}}
+c.PoolService.cycle_interval = 0.5
+c.LocalBackend.simulated_nodes = 2
+c.LocalBackend.simulated_gpus_per_node = 4
+c.LocalBackend.env_keep = ["LANG", "LC_ALL"]
+"""
+
+
+async def poll(url, token, until, latencies, errors):
+    client = AsyncHTTPClient()
+    while time.monotonic() < until:
+        t = time.perf_counter()
+        try:
+            await client.fetch(HTTPRequest(url, headers={"Authorization": f"token {token}"},
+                                           request_timeout=30))
+            latencies.append(time.perf_counter() - t)
+        except (HTTPClientError, OSError) as e:
+            errors.append(str(e))
+
+
+async def submit_stream(hub, tokens, rate, until, ids, errors):
+    client = AsyncHTTPClient()
+    n = 0
+    start = time.monotonic()
+    while time.monotonic() < until:
+        user = ("alice", "bob")[n % 2]
+        body = json.dumps({"gpus": 1, "command": ["true"], "name": f"load-{n}"})
+        try:
+            resp = await client.fetch(HTTPRequest(hub.pool_url + "api/jobs", method="POST",
+                                                  body=body, headers={
+                                                      "Authorization": f"token {tokens[user]}",
+                                                      "Content-Type": "application/json"}))
+            ids.append((user, json.loads(resp.body)["id"]))
+        except (HTTPClientError, OSError) as e:
+            errors.append(str(e))
+        n += 1
+        await asyncio.sleep(max(0.0, start + n / rate - time.monotonic()))
+
+
+async def phase(hub, tokens, path, clients, seconds, rate=0):
+    latencies, errors, ids = [], [], []
+    until = time.monotonic() + seconds
+    users = list(tokens)
+    tasks = [poll(hub.pool_url + path, tokens[users[i % len(users)]], until, latencies, errors)
+             for i in range(clients)]
+    if rate:
+        tasks.append(submit_stream(hub, tokens, rate, until, ids, errors))
+    await asyncio.gather(*tasks)
+    return latencies, errors, ids
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--clients", type=int, default=200)
+    ap.add_argument("--rate", type=float, default=20)
+    ap.add_argument("--seconds", type=float, default=60)
+    args = ap.parse_args()
+    system_users(["alice", "bob"])
+    AsyncHTTPClient.configure(None, max_clients=args.clients + 10)
+    with tempfile.TemporaryDirectory() as tmp:
+        Path(tmp).chmod(0o755)
+        hub = Hub(Path(tmp), {"vision": ["alice"], "nlp": ["bob"]}, POOL).start()
+        try:
+            tokens = {u: hub.token(u) for u in ("alice", "bob")}
+            base_lat, base_err, _ = asyncio.run(phase(hub, tokens, "api/openapi.json",
+                                                      args.clients, min(args.seconds, 20)))
+            lat, err, ids = asyncio.run(phase(hub, tokens, "api/jobs", args.clients,
+                                              args.seconds, args.rate))
+            time.sleep(3)
+            to_running = []
+            for user, job_id in ids:
+                status, job = hub.api("GET", f"api/jobs/{job_id}", user)
+                if status == 200 and job["started"]:
+                    to_running.append(job["started"] - job["submitted"])
+        finally:
+            hub.stop()
+
+    def ms(values, q):
+        return percentile([v * 1000 for v in values], q)
+
+    print(f"{args.clients} clients polling, {args.rate:g} submits/s for {args.seconds:g} s "
+          f"({len(ids)} jobs submitted)")
+    print(f"{'':24}{'requests':>10}{'p50 ms':>9}{'p99 ms':>9}{'errors':>8}")
+    print(f"{'GET api/jobs (ours)':24}{len(lat):>10}{ms(lat, 50):>9.1f}{ms(lat, 99):>9.1f}"
+          f"{len(err):>8}")
+    print(f"{'GET api/openapi.json':24}{len(base_lat):>10}{ms(base_lat, 50):>9.1f}"
+          f"{ms(base_lat, 99):>9.1f}{len(base_err):>8}")
+    print(f"ours / baseline: p50 {ms(lat, 50) / ms(base_lat, 50):.2f}x, "
+          f"p99 {ms(lat, 99) / ms(base_lat, 99):.2f}x")
+    print(f"submit to running: p50 {ms(to_running, 50):.0f} ms, p99 {ms(to_running, 99):.0f} ms "
+          f"({len(to_running)} of {len(ids)} jobs started)")
+    if err:
+        print("first errors:", *sorted(set(err))[:3], sep="\n  ")
+
+
+if __name__ == "__main__":
+    main()
