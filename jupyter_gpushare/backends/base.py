@@ -49,7 +49,7 @@ class Exit:
     job_id: str
     attempt: int
     state: str
-    exit_code: int | None = None
+    exit_code: int | None = None  # 128 + the signal number when a signal ended it
     reason: str = ""
 
 
@@ -82,7 +82,8 @@ class Backend(LoggingConfigurable):
         """After a restart of the service: take back the attempts that still run (they
         are then watched as if started by this process) and return an ``Exit`` for each
         one that ended meanwhile or cannot be found (``lost``). Anything the backend runs
-        that no handle names is stopped: a job without a record must not hold GPUs."""
+        that no handle names is stopped: a job without a record must not hold GPUs. Stops
+        asked for before the restart are not remembered: the service asks again."""
         raise NotImplementedError
 
     def log_path(self, job_id: str, attempt: int):

@@ -68,6 +68,9 @@ class Scheduler:
             handles.append(Handle(row.id, row.attempt, row.handle))
         exits = await self.backend.adopt(handles)
         self._apply_exits(exits, time.time())
+        for row in self.store.active():  # stops asked for before the restart, asked again
+            if row.state == "running" and (row.preempting or row.cancel_requested):
+                await self.backend.stop(row.id, row.attempt, self.grace_s)
         self.log.info("adopted %d running job(s), %d had ended", len(handles) - len(exits),
                       len(exits))
 
