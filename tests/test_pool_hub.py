@@ -2,7 +2,13 @@
 simulated GPUs: jobs run and log, preemption and resume, every endpoint's rights, bad input,
 and a service that is killed and restarted by the hub."""
 
+import json
+import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -202,8 +208,6 @@ def test_killing_the_service_loses_nothing(hub):
     running = submit(hub, "alice", gpus=2, source=LONG.format(seconds=6))
     wait_for_output(hub, "alice", running["id"], "attempt 1")
     for pid in hub.service_pids():
-        import os
-        import signal
         os.kill(pid, signal.SIGKILL)
     # The hub restarts its managed service; the job it ran goes on and is adopted.
     time.sleep(1)
@@ -214,3 +218,34 @@ def test_killing_the_service_loses_nothing(hub):
     assert done["state"] == "succeeded" and done["attempt"] == 1
     status, log = hub.api("GET", f"api/jobs/{running['id']}/logs", "alice")
     assert "done" in log
+
+
+def gpushare(hub, user, *args, timeout=60):
+    """The gpushare command as a person in a notebook terminal runs it."""
+    env = {**os.environ, "GPUSHARE_URL": hub.pool_url, "JUPYTERHUB_API_TOKEN": hub.token(user)}
+    exe = Path(sys.executable).with_name("gpushare")
+    return subprocess.run([str(exe), *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_the_cli_submits_waits_lists_and_is_refused_clearly(hub):
+    settle(hub)
+    done = gpushare(hub, "bob", "submit", "--gpus", "1", "--name", "from-cli", "--wait", "--",
+                    "python3", "-c", "print('hello from the cli')")
+    assert done.returncode == 0, done.stderr
+    assert "hello from the cli" in done.stdout
+    listed = gpushare(hub, "bob", "jobs", "--json")
+    jobs = json.loads(listed.stdout)["jobs"]
+    assert listed.returncode == 0 and any(j["name"] == "from-cli" for j in jobs)
+    table = gpushare(hub, "bob", "jobs")
+    assert "from-cli" in table.stdout and "succeeded" in table.stdout
+    quota = gpushare(hub, "bob", "quota")
+    assert quota.returncode == 0 and "nlp" in quota.stdout
+    job = submit(hub, "alice", gpus=1, source="import time; time.sleep(20)")
+    refused = gpushare(hub, "bob", "cancel", job["id"])
+    assert refused.returncode == 2 and "not yours" in refused.stderr
+    assert "Traceback" not in refused.stderr and refused.stderr.count("\n") == 1
+    bad = gpushare(hub, "bob", "submit", "--gpus", "0", "--", "true")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    cancelled = gpushare(hub, "alice", "cancel", job["id"])
+    assert cancelled.returncode == 0, cancelled.stderr
