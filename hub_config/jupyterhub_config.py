@@ -53,11 +53,7 @@ c.JupyterHub.custom_scopes = {
 }
 c.JupyterHub.load_roles = [
     {"name": "user", "scopes": ["self", "access:services!service=gpushare"]},
-    {"name": "admin", "users": ["admin"], "scopes": ["admin-ui", "admin:users", "admin:servers",
-                                                     "tokens", "admin:groups", "list:services",
-                                                     "read:services", "read:hub",
-                                                     "custom:gpushare:admin",
-                                                     "access:services", "access:servers"]},
+    {"name": "gpushare-admin", "users": ["admin"], "scopes": ["custom:gpushare:admin"]},
     {"name": "gpushare-service", "services": ["gpushare"],
      "scopes": ["read:users", "read:groups"]},
 ]
@@ -65,12 +61,37 @@ c.Spawner.server_token_scopes = ["users:activity!user", "access:servers!user",
                                  "access:services!service=gpushare"]
 c.Spawner.environment = {"GPUSHARE_URL": f"{HUB_URL}/services/gpushare/"}
 c.Spawner.default_url = "/lab"
+c.Spawner.http_timeout = 120  # JupyterLab can take a while to come up on a small machine
+
+
+
+def _usable_by_others(path: Path) -> bool:
+    """Whether other accounts can run this Python (a pyenv under /root, mode 700, cannot be)."""
+    for part in [path, *path.parents]:
+        if not part.stat().st_mode & 0o001:
+            return False
+    return True
+
+
+BIN = Path(sys.executable).parent
+c.Spawner.cmd = [str(BIN / "jupyterhub-singleuser")]
+c.Spawner.environment["PATH"] = f"{BIN}:/usr/local/bin:/usr/bin:/bin"  # gpushare in terminals
 
 if AS_ROOT:
     for user in DEMO_USERS:
         if subprocess.run(["id", "-u", user], capture_output=True).returncode != 0:
             subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", user], check=True)
-    c.JupyterHub.spawner_class = "localprocess"
+    python_ok = _usable_by_others(Path(os.path.realpath(sys.executable))) and \
+        _usable_by_others(Path(sys.base_prefix) / "lib")
+    if python_ok:
+        c.JupyterHub.spawner_class = "localprocess"
+    else:
+        # Notebook servers then run as the hub's user; train jobs still run as their users.
+        print(f"gpushare demo: {sys.base_prefix} cannot be used by other accounts, so notebook "
+              f"servers run as the hub's user (JupyterHub's simple spawner); train jobs still "
+              f"run as their submitting users.", file=sys.stderr)
+        c.JupyterHub.spawner_class = "simple"
+        c.Spawner.args = ["--allow-root"]
 else:
     c.JupyterHub.spawner_class = "simple"  # every server as you, in /tmp/<user>
 
