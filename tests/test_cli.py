@@ -8,22 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_gpushare.cli import main
+from clirun import refused, run
 
 HEADER = "job_id,submit_time,duration,gpus,project\n"
-
-
-def run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def refused(capsys, *argv):
-    with pytest.raises(SystemExit) as e:
-        main(list(argv))
-    out, err = capsys.readouterr()
-    return e.value.code, err
 
 
 def test_json_and_human_output(capsys, example):

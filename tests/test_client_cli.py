@@ -17,7 +17,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from jupyter_gpushare import cli_pool
-from jupyter_gpushare.cli import main
+from clirun import refused, run
 from jupyter_gpushare.cli_pool import follow_job, format_jobs
 from jupyter_gpushare.client import (InvalidInput, NoCredentials, PoolClient, PoolError,
                                      PoolUnreachable, job_spec)
@@ -30,18 +30,6 @@ PREFIX = "/services/gpushare/"
 def no_environment(monkeypatch):
     monkeypatch.delenv("GPUSHARE_URL", raising=False)
     monkeypatch.delenv("JUPYTERHUB_API_TOKEN", raising=False)
-
-
-def run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def refused(capsys, *argv):
-    with pytest.raises(SystemExit) as e:
-        main(list(argv))
-    return e.value.code, capsys.readouterr().err
 
 
 def closed_port() -> int:

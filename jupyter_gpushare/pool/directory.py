@@ -7,6 +7,7 @@ and kept for a short while. Nothing a request says about itself is believed.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ class HubDirectory:
         self.token = token
         self.ttl_s = ttl_s
         self._cache: dict[str, tuple[float, Who]] = {}
+        self._asking: dict[str, asyncio.Future] = {}
 
     async def who(self, model: dict) -> Who:
         """The pool's view of the user (or service) that HubAuth identified."""
@@ -38,12 +40,31 @@ class HubDirectory:
         name = model["name"]
         scoped_admin = ADMIN_SCOPE in (model.get("scopes") or ())
         hit = self._cache.get(name)
-        if hit and time.monotonic() - hit[0] < self.ttl_s:
-            who = hit[1]
+        if hit is None:
+            who = await self._refresh(name)
         else:
-            who = await self._lookup(name)
-            self._cache[name] = (time.monotonic(), who)
+            who = hit[1]
+            if time.monotonic() - hit[0] >= self.ttl_s and name not in self._asking:
+                # Answer from what we know and refresh once in the background: when the
+                # entry expires under load, the hub gets one question, not one per request.
+                asyncio.ensure_future(self._refresh(name))
         return Who(who.name, who.admin or scoped_admin, who.groups)
+
+    async def _refresh(self, name: str) -> Who:
+        """One lookup per user at a time; concurrent askers share it."""
+        pending = self._asking.get(name)
+        if pending is None:
+            pending = self._asking[name] = asyncio.ensure_future(self._lookup(name))
+            pending.add_done_callback(lambda _: self._asking.pop(name, None))
+        try:
+            who = await asyncio.shield(pending)
+        except Exception:
+            hit = self._cache.get(name)
+            if hit is None:
+                raise
+            return hit[1]  # the hub did not answer: keep what we knew
+        self._cache[name] = (time.monotonic(), who)
+        return who
 
     async def _lookup(self, name: str) -> Who:
         req = HTTPRequest(f"{self.api_url}/users/{name}",
