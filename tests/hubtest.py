@@ -38,7 +38,8 @@ c.JupyterHub.custom_scopes = {{"custom:gpushare:admin": {{"description": "pool a
 c.JupyterHub.load_roles = [
     {{"name": "user", "scopes": ["self", "access:services!service=gpushare"]}},
     {{"name": "gpushare-service", "services": ["gpushare"], "scopes": ["read:users", "read:groups"]}},
-    {{"name": "tester", "services": ["tester"], "scopes": ["admin:users", "tokens", "read:users"]}},
+    {{"name": "tester", "services": ["tester"],
+      "scopes": ["admin:users", "tokens", "read:users", "access:services!service=gpushare"]}},
 ]
 c.JupyterHub.services = [
     {{"name": "gpushare", "url": "http://127.0.0.1:{service_port}",

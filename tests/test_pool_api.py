@@ -6,7 +6,9 @@ from jupyter_gpushare.pool.openapi import SPEC
 
 def documented(pattern: str) -> str:
     """``/api/jobs/([^/]+)/logs`` → ``/api/jobs/{job_id}/logs``."""
-    return pattern.replace("([^/]+)", "{job_id}" if "/jobs/" in pattern else "{name}")
+    name = "{job_id}" if "/jobs/" in pattern else "{slice_id}" if "/slices/" in pattern \
+        else "{name}"
+    return pattern.replace("([^/]+)", name)
 
 
 def test_openapi_paths_and_methods_are_exactly_the_handlers():

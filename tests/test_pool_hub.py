@@ -23,6 +23,8 @@ c.PoolService.grace_period = 3
 c.LocalBackend.simulated_nodes = 1
 c.LocalBackend.simulated_gpus_per_node = 4
 c.LocalBackend.env_keep = ["LANG", "LC_ALL"]  # the root service's PATH is not the users'
+c.PoolService.build_nodes = {"sim-build-0": 1}
+c.PoolService.build_allowance = 0.5
 """
 
 GROUPS = {"vision": ["alice", "carol"], "nlp": ["bob"]}
@@ -249,3 +251,34 @@ def test_the_cli_submits_waits_lists_and_is_refused_clearly(hub):
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     cancelled = gpushare(hub, "alice", "cancel", job["id"])
     assert cancelled.returncode == 0, cancelled.stderr
+
+
+def test_build_slices_are_packed_within_allowances_by_the_spawner_only(hub):
+    def as_spawner(method, path, body=None):  # the test service plays the hub's spawner
+        return hub.request(method, hub.pool_url + path, hub.tester_token, body)
+
+    status, a1 = as_spawner("POST", "api/slices", {"user": "alice", "gpus": 0.25, "server": ""})
+    assert status == 201 and (a1["node"], a1["gpu"], a1["gpus"]) == ("sim-build-0", 0, 0.25)
+    assert as_spawner("POST", "api/slices", {"user": "alice", "gpus": 0.25})[0] == 201
+    status, answer = as_spawner("POST", "api/slices", {"user": "alice", "gpus": 0.25})
+    assert status == 409 and "build allowance of 0.5 GPU" in answer["error"]
+    status, b1 = as_spawner("POST", "api/slices", {"user": "bob", "gpus": 0.5})
+    assert status == 201
+    status, answer = as_spawner("POST", "api/slices", {"user": "carol", "gpus": 0.25})
+    assert status == 409 and "the build pool is full" in answer["error"]
+    status, answer = as_spawner("POST", "api/slices", {"user": "carol", "gpus": 1.5})
+    assert status == 400 and "fraction of one GPU" in answer["error"]
+    # Users see their own slices and cannot reserve or release any.
+    status, mine = hub.api("GET", "api/slices", "alice")
+    assert status == 200 and {s["user"] for s in mine["slices"]} == {"alice"}
+    assert len(mine["slices"]) == 2
+    assert hub.api("POST", "api/slices", "alice", {"user": "alice", "gpus": 0.25})[0] == 403
+    assert hub.api("DELETE", f"api/slices/{b1['id']}", "alice")[0] == 403
+    assert hub.api("GET", "api/slices", None)[0] == 403
+    status, pool = hub.api("GET", "api/pool", "bob")
+    assert pool["build"] == {"capacity": 1, "in_use": 1.0, "allowance": 0.5,
+                             "nodes": [{"name": "sim-build-0", "gpus": 1}]}
+    # The spawner releases them when servers stop; then there is room again.
+    assert as_spawner("DELETE", f"api/slices/{b1['id']}")[0] == 200
+    assert as_spawner("DELETE", f"api/slices/{b1['id']}")[0] == 404
+    assert as_spawner("POST", "api/slices", {"user": "carol", "gpus": 0.25})[0] == 201

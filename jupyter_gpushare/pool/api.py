@@ -15,6 +15,7 @@ from jupyterhub.services.auth import HubAuthenticated
 from tornado import web
 from tornado.iostream import StreamClosedError
 
+from ..policy import SliceRefused
 from ..policy.model import GPU
 from .directory import Who
 from .models import JobRow, ProjectRow
@@ -132,9 +133,14 @@ class PoolInfoHandler(PoolHandler):
         ex = self.pool.scheduler.explained
         nodes = [{"name": n.name, "gpus": n.gpus, "pool": n.pool, "labels": dict(n.labels)}
                  for n in ex.nodes]
+        build = self.pool.build_pool()
         self.reply({"capacity": sum(n.gpus for n in ex.nodes), "nodes": nodes,
                     "in_use": sum(ex.usage.values()) / GPU,
-                    "simulated": any(n.labels.get("gpushare.io/simulated") for n in ex.nodes)})
+                    "simulated": any(n.labels.get("gpushare.io/simulated") for n in ex.nodes),
+                    "build": {"capacity": sum(n.gpus for n in build),
+                              "in_use": sum(r.milli for r in self.pool.store.slices()) / GPU,
+                              "allowance": self.pool.build_allowance,
+                              "nodes": [{"name": n.name, "gpus": n.gpus} for n in build]}})
 
 
 class QuotaHandler(PoolHandler):
@@ -297,6 +303,57 @@ class ProjectHandler(PoolHandler):
         self.reply(self.project_json(row))
 
 
+class SlicesHandler(PoolHandler):
+    """Build slices, reserved by the spawner (a JupyterHub service) for notebook servers."""
+
+    def get(self):
+        mine = None if (self.who.admin or self.who.kind == "service") else self.who.name
+        self.reply({"slices": [slice_json(r) for r in self.pool.store.slices(user=mine)]})
+
+    def post(self):
+        if not (self.who.admin or self.who.kind == "service"):
+            self.fail(403, "build slices are reserved by the hub's spawner, not by users")
+        body = self.body()
+        try:
+            if not isinstance(body, dict):
+                raise Invalid("the body must be a JSON object with user and gpus")
+            extra = sorted(set(body) - {"user", "gpus", "server"})
+            if extra:
+                raise Invalid(f"unknown field(s) {', '.join(extra)}; the fields are gpus, "
+                              f"server and user")
+            user, server = body.get("user"), body.get("server", "")
+            if not isinstance(user, str) or not user:
+                raise Invalid("user must be the JupyterHub user the slice is for")
+            if not isinstance(server, str) or len(server) > 255:
+                raise Invalid("server must be the server's name (at most 255 characters)")
+            gpus = body.get("gpus")
+            if isinstance(gpus, bool) or not isinstance(gpus, (int, float)) or \
+                    not 0 < gpus <= 1:
+                raise Invalid(f"gpus must be a fraction of one GPU, more than 0 and at most 1, "
+                              f"not {gpus!r}")
+        except Invalid as e:
+            self.fail(e.status, str(e))
+        placed = self.pool.reserve_slice(user, round(gpus * GPU), server)
+        if isinstance(placed, SliceRefused):
+            self.fail(409, str(placed))
+        self.reply(slice_json(placed), 201)
+
+
+class SliceHandler(PoolHandler):
+    def delete(self, slice_id):
+        if not (self.who.admin or self.who.kind == "service"):
+            self.fail(403, "build slices are released by the hub's spawner, not by users")
+        row = self.pool.store.remove_slice(slice_id)
+        if row is None:
+            self.fail(404, f"there is no slice {slice_id}")
+        self.reply(slice_json(row))
+
+
+def slice_json(row) -> dict:
+    return {"id": row.id, "user": row.user, "server": row.server, "gpus": row.milli / GPU,
+            "node": row.node, "gpu": row.gpu, "created": row.created}
+
+
 class MetricsHandler(PoolHandler):
     def get(self):
         if not self.who.admin:
@@ -321,6 +378,8 @@ def routes(prefix: str) -> list:
         (rf"{p}/api/jobs/([^/]+)/logs", LogsHandler),
         (rf"{p}/api/projects", ProjectsHandler),
         (rf"{p}/api/projects/([^/]+)", ProjectHandler),
+        (rf"{p}/api/slices", SlicesHandler),
+        (rf"{p}/api/slices/([^/]+)", SliceHandler),
         (rf"{p}/metrics", MetricsHandler),
         (rf"{p}/api/openapi.json", OpenAPIHandler),
     ]

@@ -22,7 +22,8 @@ from traitlets.config import Application
 from .. import __version__
 from ..backends.base import Backend, Launch
 from ..backends.local import LocalBackend
-from ..policy.model import GPU, TRAIN, PolicyConfig
+from ..policy import SliceRefused, place_slice
+from ..policy.model import BUILD, GPU, TRAIN, Node, PolicyConfig, Slice
 from .api import routes
 from .directory import HubDirectory
 from .loop import Scheduler
@@ -65,6 +66,12 @@ class PoolService(Application):
                                   "jobs of its own project.").tag(config=True)
     reclaim_fair_share = Bool(False, help="Let borrowers below their deserved share preempt "
                               "borrowers above theirs (more preemptions; see README).").tag(config=True)
+    build_nodes = Dict(help="""The build pool, whose GPUs are cut into slices for notebook
+        servers: ``{node name: GPUs}``. On one machine, give it GPUs the train pool does not
+        use. Empty: no build slices (servers get CPU-only profiles).""").tag(config=True)
+    build_allowance = Float(0.5, help="GPUs of build slices one user may hold at once, all "
+                            "their notebook servers together.").tag(config=True)
+
     max_body_size = Integer(1024 * 1024, help="Largest request body accepted, in bytes.").tag(config=True)
     python = Unicode("python3", help="Python that runs jobs given as source code, as found on "
                      "the user's PATH (the notebook issue sends the kernel's own).").tag(config=True)
@@ -142,6 +149,19 @@ class PoolService(Application):
                 self.config.get("LocalBackend", {}):
             return {"state_dir": str(Path(self.state_dir) / "local")}
         return {}
+
+    def build_pool(self) -> list[Node]:
+        return [Node(name, int(gpus), pool=BUILD) for name, gpus in sorted(self.build_nodes.items())]
+
+    def reserve_slice(self, user: str, milli: int, server: str):
+        """Pack a slice on the build pool (policy.place_slice) or say why not."""
+        slices = [Slice(r.id, r.user, r.milli, r.node, r.gpu) for r in self.store.slices()]
+        where = place_slice(self.build_pool(), slices, user, milli,
+                            round(self.build_allowance * GPU))
+        if isinstance(where, SliceRefused):
+            return where
+        return self.store.add_slice(time.time(), user=user, server=server, milli=milli,
+                                    node=where.node, gpu=where.gpu)
 
     def train_capacity(self) -> int:
         return sum(n.milli for n in self.backend.nodes() if n.pool == TRAIN)

@@ -74,3 +74,17 @@ class EventRow(Base):
     kind: Mapped[str] = mapped_column(String(16))  # submit|start|preempt|requeue|finish|cancel
     attempt: Mapped[int] = mapped_column(Integer)
     detail: Mapped[str] = mapped_column(Text, default="")
+
+
+class SliceRow(Base):
+    """A build slice reserved for a notebook server: ``milli`` of GPU ``gpu`` on ``node``."""
+
+    __tablename__ = "slices"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    user: Mapped[str] = mapped_column(String(255), index=True)
+    server: Mapped[str] = mapped_column(String(255), default="")
+    milli: Mapped[int] = mapped_column(Integer)
+    node: Mapped[str] = mapped_column(String(255))
+    gpu: Mapped[int] = mapped_column(Integer)
+    created: Mapped[float] = mapped_column(Float)

@@ -89,6 +89,18 @@ SPEC = {
                     "priority": {"type": "integer"},
                     "groups": {"type": "array", "items": {"type": "string"}},
                 }},
+            "SliceRequest": {"type": "object", "additionalProperties": False,
+                             "required": ["user", "gpus"], "properties": {
+                                 "user": {"type": "string"}, "server": {"type": "string"},
+                                 "gpus": {"type": "number", "exclusiveMinimum": 0,
+                                          "maximum": 1}}},
+            "Slice": {"type": "object", "properties": {
+                "id": {"type": "string"}, "user": {"type": "string"},
+                "server": {"type": "string"}, "gpus": {"type": "number"},
+                "node": {"type": "string"}, "gpu": {"type": "integer"},
+                "created": {"type": "number"}}},
+            "SliceList": {"type": "object", "properties": {
+                "slices": {"type": "array", "items": {"$ref": "#/components/schemas/Slice"}}}},
             "Pool": {"type": "object", "properties": {
                 "capacity": {"type": "number"}, "in_use": {"type": "number"},
                 "simulated": {"type": "boolean"},
@@ -145,6 +157,23 @@ SPEC = {
                     "requestBody": {"required": True, "content": {"application/json": {
                         "schema": {"$ref": "#/components/schemas/ProjectUpdate"}}}},
                     "responses": {"200": _ok("Project"), **_errors(400, 403, 404, 409)}},
+        },
+        "/api/slices": {
+            "get": {"summary": "Build slices: yours, or all for admins and the spawner",
+                    "responses": {"200": _ok("SliceList")}},
+            "post": {"summary": "Reserve a build slice for a user's notebook server (the "
+                                "spawner, a JupyterHub service, or admins); packed best fit "
+                                "within the user's build allowance",
+                     "requestBody": {"required": True, "content": {"application/json": {
+                         "schema": {"$ref": "#/components/schemas/SliceRequest"}}}},
+                     "responses": {"201": _ok("Slice", "reserved"),
+                                   **_errors(400, 403, 409, 413)}},
+        },
+        "/api/slices/{slice_id}": {
+            "delete": {"summary": "Release a build slice (the spawner or admins)",
+                       "parameters": [{"name": "slice_id", "in": "path", "required": True,
+                                       "schema": {"type": "string"}}],
+                       "responses": {"200": _ok("Slice"), **_errors(403, 404)}},
         },
         "/metrics": {"get": {"summary": "Prometheus metrics (admins)",
                              "responses": {"200": {"description": "text/plain; version=0.0.4"},

@@ -17,7 +17,7 @@ from sqlalchemy import create_engine, event, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import sessionmaker
 
-from .models import AttemptRow, EventRow, JobRow, ProjectRow
+from .models import AttemptRow, EventRow, JobRow, ProjectRow, SliceRow
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 ACTIVE = ("pending", "running")
@@ -183,6 +183,29 @@ class Store:
             s.add(EventRow(job_id=job_id, t=now, kind="finish", attempt=row.attempt,
                            detail=f"{state}: {message}" if message else state))
             s.commit()
+            return row
+
+    # -- build slices -----------------------------------------------------------------------
+    def slices(self, user: str | None = None) -> list[SliceRow]:
+        q = select(SliceRow).order_by(SliceRow.created, SliceRow.id)
+        if user is not None:
+            q = q.where(SliceRow.user == user)
+        with self.session() as s:
+            return list(s.scalars(q))
+
+    def add_slice(self, now: float, **fields) -> SliceRow:
+        with self.session() as s:
+            row = SliceRow(id="s-" + secrets.token_hex(4), created=now, **fields)
+            s.add(row)
+            s.commit()
+            return row
+
+    def remove_slice(self, slice_id: str) -> SliceRow | None:
+        with self.session() as s:
+            row = s.get(SliceRow, slice_id)
+            if row is not None:
+                s.delete(row)
+                s.commit()
             return row
 
     @staticmethod
