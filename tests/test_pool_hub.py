@@ -155,9 +155,14 @@ def test_who_may_see_and_do_what(hub):
     assert hub.api("GET", "metrics", "alice")[0] == 403
     status, metrics = hub.api("GET", "metrics", "admin")
     assert status == 200 and "gpushare_project_quota_gpus" in metrics
-    for path in ("api/pool", "api/quota", "api/projects", "api/jobs"):
+    for path in ("api/pool", "api/quota", "api/projects", "api/jobs", "api/slices"):
         assert hub.api("GET", path, None)[0] == 403
         assert hub.api("GET", path, "bob")[0] == 200
+    assert hub.api("GET", "metrics", None)[0] == 403
+    assert hub.api("PUT", "api/projects/nlp", None, {"quota": 1})[0] == 403
+    assert hub.api("POST", "api/jobs", None, {"gpus": 1, "command": ["true"]})[0] == 403
+    assert hub.api("POST", "api/slices", None, {"user": "bob", "gpus": 0.25})[0] == 403
+    assert hub.api("DELETE", "api/slices/s-0000", None)[0] == 403
     status, body = hub.api("DELETE", f"api/jobs/{jid}", "alice")
     assert status == 200
     assert hub.wait_job("alice", jid, ("cancelled",))["state"] == "cancelled"
