@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from jupyter_gpushare.policy import PolicyConfig, Snapshot
+from jupyter_gpushare.policy import Snapshot
 from jupyter_gpushare.policy.model import GPU
 from jupyter_gpushare.sim.engine import SimConfig, Simulator, make_nodes
 from jupyter_gpushare.sim.metrics import percentile, summarize

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import pwd
-import sys
 import time
 from pathlib import Path
 from urllib.parse import urlparse

@@ -10,7 +10,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from ..backends.base import Backend, BackendError, Exit, Handle, Launch
+from ..backends.base import Backend, BackendError, Exit, Handle
 from ..policy import JobState, Node, PolicyConfig, Project, Snapshot, TrainJob, cycle
 from .models import JobRow
 from .store import Store
