@@ -23,6 +23,7 @@ from .openapi import SPEC
 from .validate import Invalid, job_spec, project_name, project_update
 
 STATES = ("pending", "running", "succeeded", "failed", "cancelled")
+_LISTS: dict[tuple, str] = {}  # rendered job lists, by caller, query and store version
 
 
 class PoolHandler(HubAuthenticated, web.RequestHandler):
@@ -155,6 +156,20 @@ class QuotaHandler(PoolHandler):
 
 class JobsHandler(PoolHandler):
     def get(self):
+        # Many clients poll the same lists: the answer only changes when the store is
+        # written or a cycle explains positions anew, so it is kept until then.
+        key = (self.who.name, self.who.admin, tuple(sorted(
+            (k, tuple(v)) for k, v in self.request.query_arguments.items())),
+            id(self.pool.store), self.pool.store.version, self.pool.scheduler.explained.at)
+        body = _LISTS.get(key)
+        if body is None:
+            body = json.dumps(self._list())
+            if len(_LISTS) >= 512:
+                _LISTS.clear()
+            _LISTS[key] = body
+        self.finish(body)
+
+    def _list(self) -> dict:
         store = self.pool.store
         state = self.get_argument("state", None)
         if state is not None and state not in STATES:
@@ -178,8 +193,8 @@ class JobsHandler(PoolHandler):
             rows = store.jobs(project=project, states=states, limit=limit)
         else:
             rows = store.jobs(user=self.who.name, states=states, limit=limit)
-        self.reply({"jobs": [self.job_json(r, r.user == self.who.name or self.who.admin)
-                             for r in rows]})
+        return {"jobs": [self.job_json(r, r.user == self.who.name or self.who.admin)
+                         for r in rows]}
 
     async def post(self):
         if self.who.kind != "user":

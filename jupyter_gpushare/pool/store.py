@@ -51,6 +51,11 @@ class Store:
         self.engine = make_engine(url)
         upgrade(self.engine)
         self.session = sessionmaker(self.engine, expire_on_commit=False)
+        self.version = 0  # bumped by every write: what was read before may be stale
+
+        @event.listens_for(self.session, "after_commit")
+        def _written(_session):
+            self.version += 1
 
     # -- projects -------------------------------------------------------------------------
     def projects(self) -> list[ProjectRow]:
