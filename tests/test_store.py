@@ -87,3 +87,16 @@ def test_migrations_on_postgresql():
         subprocess.run([*run_as, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "fast",
                         "stop"], capture_output=True)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_counts_are_not_capped_by_list_limits(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'pool.sqlite'}")
+    for _ in range(3):
+        store.add_job(time.time(), user="ann", project="a", name="", gpus=1000, priority=0,
+                      command=["true"], env={}, checkpoint_dir="")
+    done = store.add_job(time.time(), user="ann", project="b", name="", gpus=1000,
+                         priority=0, command=["true"], env={}, checkpoint_dir="")
+    store.finish(done.id, time.time(), "succeeded")
+    assert store.pending_counts() == {"a": 3}
+    assert store.state_counts("ann") == {"pending": 3, "succeeded": 1}
+    assert len(store.jobs(user="ann", limit=2)) == 2

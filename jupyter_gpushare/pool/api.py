@@ -118,10 +118,11 @@ class PoolHandler(HubAuthenticated, web.RequestHandler):
             return "stopping: preempted, it will be requeued" if row.preempting else ""
         return row.message or ""
 
-    def project_json(self, p: ProjectRow) -> dict:
+    def project_json(self, p: ProjectRow, pending_counts: dict | None = None) -> dict:
         ex = self.pool.scheduler.explained
         used = ex.usage.get(p.name, 0)
-        pending = sum(1 for j in self.pool.store.jobs(project=p.name, states=("pending",)))
+        counts = self.pool.store.pending_counts() if pending_counts is None else pending_counts
+        pending = counts.get(p.name, 0)
         return {"name": p.name, "quota": p.quota / GPU, "over_quota_weight": p.over_quota_weight,
                 "limit": None if p.limit is None else p.limit / GPU, "priority": p.priority,
                 "groups": list(p.groups or ()), "in_use": used / GPU,
@@ -146,11 +147,11 @@ class PoolInfoHandler(PoolHandler):
 
 class QuotaHandler(PoolHandler):
     def get(self):
-        counts = {s: 0 for s in STATES}
-        for row in self.pool.store.jobs(user=self.who.name):
-            counts[row.state] += 1
+        store = self.pool.store
+        counts = {s: 0 for s in STATES} | store.state_counts(self.who.name)
+        pending = store.pending_counts()
         self.reply({"user": self.who.name, "admin": self.who.admin,
-                    "projects": [self.project_json(p) for p in self.my_projects()],
+                    "projects": [self.project_json(p, pending) for p in self.my_projects()],
                     "jobs": counts})
 
 
@@ -290,7 +291,9 @@ class LogsHandler(PoolHandler):
 
 class ProjectsHandler(PoolHandler):
     def get(self):
-        self.reply({"projects": [self.project_json(p) for p in self.pool.store.projects()]})
+        counts = self.pool.store.pending_counts()
+        self.reply({"projects": [self.project_json(p, counts)
+                                 for p in self.pool.store.projects()]})
 
 
 class ProjectHandler(PoolHandler):

@@ -13,7 +13,7 @@ from typing import Iterable
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import create_engine, event, select
+from sqlalchemy import create_engine, event, func, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import sessionmaker
 
@@ -115,6 +115,20 @@ class Store:
         q = q.order_by(JobRow.submitted.desc(), JobRow.id).limit(limit)
         with self.session() as s:
             return list(s.scalars(q))
+
+    def pending_counts(self) -> dict[str, int]:
+        """Pending jobs per project, counted in the database (no row limit)."""
+        q = select(JobRow.project, func.count()).where(JobRow.state == "pending") \
+            .group_by(JobRow.project)
+        with self.session() as s:
+            return dict(s.execute(q).all())
+
+    def state_counts(self, user: str) -> dict[str, int]:
+        """A user's jobs per state, counted in the database (no row limit)."""
+        q = select(JobRow.state, func.count()).where(JobRow.user == user) \
+            .group_by(JobRow.state)
+        with self.session() as s:
+            return dict(s.execute(q).all())
 
     def active(self) -> list[JobRow]:
         with self.session() as s:
