@@ -1,10 +1,13 @@
 """The GPUs of a machine, through NVML (nvidia-ml-py), or a labelled stand-in where there are none.
 
-An ``Inventory`` describes one machine. ``NVMLInventory`` asks the driver; every way that can
-fail (no bindings, no driver, no permission, bindings that do not match the driver) becomes
-one sentence, because a GPU-less laptop or CI runner is a normal place to run the demo, not
-an error worth a traceback. ``SimulatedInventory`` is the honest stand-in: fake GPUs whose
-UUIDs and names say they are simulated, so nothing downstream mistakes them for devices.
+An ``Inventory`` describes one machine: ``gpus()`` lists its whole GPUs (what the scheduler
+places on), ``sample()`` reads what they are doing now (memory, utilization, MIG instances and
+the memory of each process on them). ``NVMLInventory`` asks the driver; every way that can fail
+(no bindings, no driver, no permission, bindings that do not match the driver, a query the GPU
+does not support) becomes one sentence, because a GPU-less laptop or CI runner is a normal place
+to run the demo, not an error worth a traceback. ``SimulatedInventory`` is the honest stand-in:
+fake GPUs whose UUIDs and names say they are simulated, so nothing downstream mistakes them for
+devices.
 
 ``pynvml`` is imported inside functions so that the package works without it.
 """
@@ -12,6 +15,7 @@ UUIDs and names say they are simulated, so nothing downstream mistakes them for 
 from __future__ import annotations
 
 import logging
+import os
 import socket
 from dataclasses import dataclass
 
@@ -29,6 +33,47 @@ class GPUInfo:
     memory_total: int
 
 
+@dataclass(frozen=True)
+class ProcessMemory:
+    """A process using a GPU. ``pid`` is a PID of the host (NVML's view; inside a container
+    it is not the container's PID). ``used`` is its GPU memory in bytes, None where the driver
+    cannot tell."""
+
+    pid: int
+    used: int | None
+
+
+@dataclass(frozen=True)
+class Device:
+    """What one GPU, or one MIG instance of it, holds now. ``processes`` is None when they
+    could not be read (``problems`` says why)."""
+
+    uuid: str
+    name: str
+    memory_total: int
+    memory_used: int | None
+    processes: tuple[ProcessMemory, ...] | None
+
+
+@dataclass(frozen=True)
+class GPUSample:
+    """One GPU at one moment. ``utilization`` is the percent of the last sample period in
+    which a kernel ran (None where not supported, e.g. with MIG on); ``mig_enabled`` is None
+    on GPUs without MIG; ``mig`` lists its MIG instances. ``problems`` are sentences about
+    what could not be read; the rest is still good."""
+
+    gpu: GPUInfo
+    device: Device
+    utilization: int | None = None
+    mig_enabled: bool | None = None
+    mig: tuple[Device, ...] = ()
+    problems: tuple[str, ...] = ()
+
+    def devices(self) -> tuple[Device, ...]:
+        """The GPU itself, then its MIG instances: every UUID a slice can be on."""
+        return (self.device, *self.mig)
+
+
 class InventoryError(Exception):
     """The GPUs could not be listed; the message is one sentence saying why."""
 
@@ -44,20 +89,68 @@ class Inventory:
     def gpus(self) -> list[GPUInfo]:
         raise NotImplementedError
 
+    def sample(self) -> list[GPUSample]:
+        """What each GPU holds now; raises ``InventoryError`` when nothing can be read."""
+        raise NotImplementedError
+
+    def problem(self) -> str | None:
+        """Why this machine's GPUs cannot be used, in one sentence; None when some are listed."""
+        try:
+            found = self.gpus()
+        except InventoryError as exc:
+            return str(exc)
+        return None if found else "NVML works but finds no GPU on this machine."
+
+
+def find_device(samples: list[GPUSample], uuid: str) -> Device | None:
+    """The GPU or MIG instance with this UUID, if any."""
+    for sample in samples:
+        for device in sample.devices():
+            if device.uuid == uuid:
+                return device
+    return None
+
 
 class SimulatedInventory(Inventory):
     """``count`` fake GPUs for machines without any, so the scheduler and the demo still run.
-    They have no memory and CUDA sees none of them: a job placed on them runs on the CPU."""
+    By default they have no memory and CUDA sees none of them: a job placed on them runs on
+    the CPU.
+
+    Given ``memory_total`` (bytes per GPU), they also report the GPU memory that
+    :meth:`set_process_memory` says a process uses, for as long as that process lives, the way
+    NVML lists processes; this is how the slice watchdog is exercised without a GPU."""
 
     source = "simulated"
 
-    def __init__(self, node: str, count: int):
+    def __init__(self, node: str, count: int, memory_total: int = 0):
         super().__init__(node)
         self.count = count
+        self.memory_total = memory_total
+        self._used: dict[tuple[str, int], int] = {}
 
     def gpus(self) -> list[GPUInfo]:
-        return [GPUInfo(i, f"GPU-SIMULATED-{self.node}-{i}", SIMULATED_NAME, 0)
+        return [GPUInfo(i, f"GPU-SIMULATED-{self.node}-{i}", SIMULATED_NAME, self.memory_total)
                 for i in range(self.count)]
+
+    def set_process_memory(self, uuid: str, pid: int, used: int) -> None:
+        """Say that process ``pid`` holds ``used`` bytes on the GPU ``uuid`` (0 forgets it)."""
+        if uuid not in {g.uuid for g in self.gpus()}:
+            raise InventoryError(f"There is no simulated GPU {uuid} on {self.node}.")
+        if used:
+            self._used[(uuid, pid)] = used
+        else:
+            self._used.pop((uuid, pid), None)
+
+    def sample(self) -> list[GPUSample]:
+        used = dict(self._used)  # a copy: a test may change it while a watchdog samples
+        samples = []
+        for gpu in self.gpus():
+            procs = tuple(ProcessMemory(pid, n) for (uuid, pid), n in sorted(used.items())
+                          if uuid == gpu.uuid and _alive(pid))
+            device = Device(gpu.uuid, gpu.name, gpu.memory_total,
+                            sum(p.used for p in procs), procs)
+            samples.append(GPUSample(gpu, device))
+        return samples
 
 
 class NVMLInventory(Inventory):
@@ -70,12 +163,20 @@ class NVMLInventory(Inventory):
 
     def gpus(self) -> list[GPUInfo]:
         """The GPUs in NVML index order; raises ``InventoryError`` when NVML cannot list them."""
+        return self._with_nvml(self._query)
+
+    def sample(self) -> list[GPUSample]:
+        """Memory, utilization, MIG instances and processes of every GPU. A query a GPU does
+        not support (utilization with MIG on, say) becomes a sentence in ``problems``."""
+        return self._with_nvml(self._sample)
+
+    def _with_nvml(self, query):
         try:
             import pynvml
         except ImportError:
             raise InventoryError(_NO_BINDINGS) from None
         try:
-            return self._query(pynvml)
+            return query(pynvml)
         except (pynvml.NVMLError, pynvml.NVMLLibraryMismatchError, OSError) as exc:
             # NVMLLibraryMismatchError is not an NVMLError: it needs its own entry.
             raise InventoryError(describe(exc)) from None
@@ -83,23 +184,128 @@ class NVMLInventory(Inventory):
     def _query(self, pynvml) -> list[GPUInfo]:
         pynvml.nvmlInit()
         try:
-            found = []
-            for i in range(pynvml.nvmlDeviceGetCount()):
-                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-                found.append(GPUInfo(i, _text(pynvml.nvmlDeviceGetUUID(handle)),
-                                     _text(pynvml.nvmlDeviceGetName(handle)),
-                                     int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)))
-            return found
+            return _list(pynvml)
         finally:
             pynvml.nvmlShutdown()
 
-    def problem(self) -> str | None:
-        """Why this machine's GPUs cannot be used, in one sentence; None when NVML lists some."""
+    def _sample(self, pynvml) -> list[GPUSample]:
+        pynvml.nvmlInit()
         try:
-            found = self.gpus()
-        except InventoryError as exc:
-            return str(exc)
-        return None if found else "NVML works but finds no GPU on this machine."
+            return [_sample_gpu(pynvml, gpu) for gpu in _list(pynvml)]
+        finally:
+            pynvml.nvmlShutdown()
+
+
+def _list(pynvml) -> list[GPUInfo]:
+    found = []
+    for i in range(pynvml.nvmlDeviceGetCount()):
+        handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+        found.append(GPUInfo(i, _text(pynvml.nvmlDeviceGetUUID(handle)),
+                             _text(pynvml.nvmlDeviceGetName(handle)),
+                             int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)))
+    return found
+
+
+def _sample_gpu(pynvml, gpu: GPUInfo) -> GPUSample:
+    handle = pynvml.nvmlDeviceGetHandleByIndex(gpu.index)
+    problems: list[str] = []
+    where = f"GPU {gpu.index}"
+    utilization = _optional(pynvml, problems, f"utilization of {where}",
+                            lambda: int(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu))
+    # GPUs without MIG answer NotSupported: that is not a problem worth saying.
+    mig_enabled = _optional(pynvml, [], "", lambda: bool(
+        pynvml.nvmlDeviceGetMigMode(handle)[0] == pynvml.NVML_DEVICE_MIG_ENABLE))
+    device = _device(pynvml, handle, gpu.uuid, gpu.name, problems, where)
+    mig = _mig_devices(pynvml, handle, problems, where) if mig_enabled else ()
+    return GPUSample(gpu, device, utilization, mig_enabled, mig, tuple(problems))
+
+
+def _device(pynvml, handle, uuid, name, problems, where) -> Device:
+    memory = _optional(pynvml, problems, f"memory of {where}",
+                       lambda: pynvml.nvmlDeviceGetMemoryInfo(handle))
+    processes = _optional(pynvml, problems, f"processes on {where}",
+                          lambda: _processes(pynvml, handle))
+    return Device(uuid, name, int(memory.total) if memory else 0,
+                  int(memory.used) if memory else None, processes)
+
+
+def _mig_devices(pynvml, handle, problems, where) -> tuple[Device, ...]:
+    found = []
+    count = _optional(pynvml, problems, f"MIG instances of {where}",
+                      lambda: pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)) or 0
+    for i in range(count):
+        try:
+            mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, i)
+        except (pynvml.NVMLError_NotFound, pynvml.NVMLError_InvalidArgument):
+            continue  # an empty slot: MIG instances need not be numbered contiguously
+        except pynvml.NVMLError as exc:
+            problems.append(f"MIG instance {i} of {where}: {describe(exc)}")
+            continue
+        uuid = _optional(pynvml, problems, f"MIG instance {i} of {where}",
+                         lambda: _text(pynvml.nvmlDeviceGetUUID(mig)))
+        if uuid is None:
+            continue
+        name = _optional(pynvml, [], "", lambda: _text(pynvml.nvmlDeviceGetName(mig))) or "MIG"
+        found.append(_device(pynvml, mig, uuid, name, problems, f"MIG instance {i} of {where}"))
+    return tuple(found)
+
+
+def _processes(pynvml, handle) -> tuple[ProcessMemory, ...]:
+    """Compute, MPS-client and graphics processes, once each. A process in several lists
+    reports its memory on the device in each, so the largest is kept, not the sum. The
+    compute list must be readable; the others are not there on every GPU."""
+    listed: dict[int, int | None] = {}
+    for name in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetMPSComputeRunningProcesses",
+                 "nvmlDeviceGetGraphicsRunningProcesses"):
+        try:
+            found = _versioned(pynvml, name, handle)
+        except pynvml.NVMLError_NotSupported:
+            if name == "nvmlDeviceGetComputeRunningProcesses":
+                raise
+            continue
+        for proc in found:
+            used, known = proc.usedGpuMemory, listed.get(proc.pid)
+            listed[proc.pid] = used if known is None else max(known, used or 0)
+    return tuple(ProcessMemory(pid, used) for pid, used in sorted(listed.items()))
+
+
+def _versioned(pynvml, name, handle):
+    try:
+        return getattr(pynvml, name)(handle)
+    except pynvml.NVMLLibraryMismatchError:
+        # Drivers older than the bindings lack the _v3 call; _v2 reads the same fields.
+        older = getattr(pynvml, name + "_v2", None)
+        if older is None:
+            raise
+        return older(handle)
+
+
+def _optional(pynvml, problems: list[str], what: str, read):
+    """``read()``, or None with a sentence in ``problems`` when NVML cannot answer it."""
+    try:
+        return read()
+    except (pynvml.NVMLError, pynvml.NVMLLibraryMismatchError) as exc:
+        if what:
+            problems.append(f"{what[:1].upper()}{what[1:]}: {describe(exc)}")
+        return None
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs; a zombie has released its GPU memory, so it does not count."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc here
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+    return stat[stat.rindex(")") + 2:][:1] not in ("Z", "X")
 
 
 def detect(simulated_nodes: int, simulated_gpus_per_node: int,
@@ -136,6 +342,7 @@ _SENTENCES = {
                                 "driver: install the nvidia-ml-py version that matches it.",
     "NVMLError_GpuIsLost": "NVML reports a GPU lost (fallen off the bus): the machine needs "
                            "an administrator.",
+    "NVMLError_NotSupported": "This GPU or its driver does not support that query.",
 }
 
 
