@@ -166,11 +166,21 @@ def parse_env(items) -> dict[str, str]:
     return env
 
 
+def check_workdir(value) -> str:
+    """Where the job runs: an absolute path (the pool's machine knows no other directory)."""
+    if not isinstance(value, str) or not value.startswith("/") or "\0" in value \
+            or len(value) > 4096:
+        raise InvalidInput("workdir", f"must be an absolute path like /home/you/project, not "
+                           f"{value!r}")
+    return value
+
+
 def job_spec(command=None, *, source: str | None = None, gpus=1, project: str | None = None,
-             name: str | None = None, priority=None, env=None) -> dict:
+             name: str | None = None, priority=None, env=None, workdir: str | None = None) -> dict:
     """Build (and check) the JSON body of ``POST api/jobs`` from front-end arguments.
 
-    ``command`` is a list of words to run, or ``source`` Python code; exactly one of them."""
+    ``command`` is a list of words to run, or ``source`` Python code; exactly one of them.
+    ``workdir`` is the absolute directory it runs in (default: the user's home)."""
     if (command is None) == (source is None):
         raise InvalidInput("command", "", message="give either command (a list of strings) or "
                            "source (Python code), not both and not neither")
@@ -198,6 +208,8 @@ def job_spec(command=None, *, source: str | None = None, gpus=1, project: str | 
         spec["priority"] = check_priority(priority)
     if env:
         spec["env"] = parse_env(env)
+    if workdir is not None:
+        spec["workdir"] = check_workdir(workdir)
     return spec
 
 

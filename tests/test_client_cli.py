@@ -147,7 +147,10 @@ def test_job_spec_checks_like_the_server():
         "command": ["python", "t.py"], "gpus": 2, "env": {"A": "1", "B": "x=y"}, "priority": -3}
     assert job_spec(source="print(1)", project="vision", name="n") == {
         "source": "print(1)", "gpus": 1, "project": "vision", "name": "n"}
-    for kwargs, words in [({"gpus": 0}, "gpus must be 1 or more, not 0"),
+    assert job_spec(["x"], workdir="/home/a/p")["workdir"] == "/home/a/p"
+    for kwargs, words in [({"workdir": "rel/dir"}, "workdir must be an absolute path"),
+                          ({"workdir": 3}, "workdir must be an absolute path"),
+({"gpus": 0}, "gpus must be 1 or more, not 0"),
                           ({"gpus": True}, "gpus must be a whole number of GPUs"),
                           ({"env": {"A-B": "1"}}, "env name 'A-B' is not a valid variable name"),
                           ({"command": "python t.py"}, "command must be a non-empty list"),

@@ -106,6 +106,7 @@ class PoolHandler(HubAuthenticated, web.RequestHandler):
         if full:
             out["command"] = row.command
             out["env"] = row.env
+            out["workdir"] = row.workdir
         return out
 
     @staticmethod

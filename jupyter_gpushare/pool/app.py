@@ -170,7 +170,8 @@ class PoolService(Application):
         command = spec["command"] or [self.python, "-c", spec["source"]]
         row = self.store.add_job(time.time(), user=user, project=project.name, name=spec["name"],
                                  gpus=spec["gpus"], priority=spec["priority"], command=command,
-                                 env=spec["env"], checkpoint_dir="")
+                                 env=spec["env"], workdir=spec.get("workdir"),
+                                 checkpoint_dir="")
         self.scheduler.wake()
         return row
 

@@ -44,6 +44,8 @@ SPEC = {
                     "name": {"type": "string", "maxLength": 100},
                     "priority": {"type": "integer", "minimum": -100, "maximum": 100, "default": 0},
                     "env": {"type": "object", "additionalProperties": {"type": "string"}},
+                    "workdir": {"type": "string", "description": "absolute path the job runs "
+                                "in; default: your home directory"},
                 }},
             "Job": {
                 "type": "object",
@@ -64,6 +66,8 @@ SPEC = {
                     "command": {"type": "array", "items": {"type": "string"},
                                 "description": "only for the job's owner and admins"},
                     "env": {"type": "object", "description": "only for the owner and admins"},
+                    "workdir": {"type": "string", "nullable": True,
+                                "description": "only for the owner and admins"},
                 }},
             "JobList": {"type": "object", "properties": {
                 "jobs": {"type": "array", "items": {"$ref": "#/components/schemas/Job"}}}},

@@ -6,7 +6,7 @@ import re
 
 from ..policy.model import GPU
 
-JOB_FIELDS = {"project", "gpus", "command", "source", "name", "priority", "env"}
+JOB_FIELDS = {"project", "gpus", "command", "source", "name", "priority", "env", "workdir"}
 PROJECT_FIELDS = {"quota", "over_quota_weight", "limit", "priority", "groups"}
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RESERVED_ENV = ("GPUSHARE_", "JUPYTERHUB_", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
@@ -90,8 +90,14 @@ def job_spec(body) -> dict:
             raise Invalid(f"env may not set {key}: the pool sets it for each attempt")
         if not isinstance(value, str) or "\0" in value or len(value) > 32_768:
             raise Invalid(f"env {key} must be a string of at most 32 KiB without NUL")
+    workdir = body.get("workdir")
+    if workdir is not None and (not isinstance(workdir, str) or not workdir.startswith("/")
+                                or "\0" in workdir or len(workdir) > 4096):
+        raise Invalid(f"workdir must be an absolute path like /home/you/project, not "
+                      f"{workdir!r}; leave it out to run in your home directory")
     return {"gpus": gpus * GPU, "command": command, "source": source, "name": name,
-            "priority": priority, "env": dict(env), "project": body.get("project")}
+            "priority": priority, "env": dict(env), "project": body.get("project"),
+            "workdir": workdir}
 
 
 def project_update(body, current: dict | None) -> dict:
