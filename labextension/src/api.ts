@@ -1,0 +1,105 @@
+/**
+ * The one place that knows the server extension's REST paths (`/gpushare/api/...` in this
+ * notebook server). ServerConnection adds the XSRF token and the server's auth; the browser
+ * never holds the hub token: the server extension forwards to the pool with its own.
+ */
+import { URLExt } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
+
+import { BuildSlice, Job, Quota, TrainSpec, errorMessage } from './model';
+
+/** A request the server or the pool refused or could not answer: `message` is one sentence. */
+export class GpushareError extends Error {
+  constructor(
+    message: string,
+    readonly status: number
+  ) {
+    super(message);
+  }
+
+  /** The pool (or this server) cannot be reached, as opposed to refusing the request. */
+  get unreachable(): boolean {
+    return this.status === 0 || this.status >= 502;
+  }
+}
+
+export class GpushareAPI {
+  constructor(readonly settings: ServerConnection.ISettings = ServerConnection.makeSettings()) {}
+
+  quota(): Promise<Quota> {
+    return this.json('quota');
+  }
+
+  async jobs(): Promise<Job[]> {
+    return (await this.json<{ jobs: Job[] }>('jobs?limit=50')).jobs;
+  }
+
+  pool(): Promise<{ capacity: number; simulated: boolean }> {
+    return this.json('pool');
+  }
+
+  /** This server's build slice, or null when it holds none. */
+  async slice(): Promise<BuildSlice | null> {
+    const body = await this.json<any>('slice');
+    const slice = body && typeof body === 'object' && 'slice' in body ? body.slice : body;
+    return slice && typeof slice.gpus === 'number' ? { gpus: slice.gpus } : null;
+  }
+
+  submit(spec: TrainSpec): Promise<Job> {
+    return this.json('jobs', { method: 'POST', body: JSON.stringify(spec) });
+  }
+
+  cancel(id: string): Promise<Job> {
+    return this.json(`jobs/${encodeURIComponent(id)}`, { method: 'DELETE' });
+  }
+
+  /**
+   * The job's output, passed to `onText` as it arrives; with `follow` until the job ends.
+   * Resolves when the stream ends; `signal` stops it.
+   */
+  async logs(
+    id: string,
+    follow: boolean,
+    onText: (text: string) => void,
+    signal?: AbortSignal
+  ): Promise<void> {
+    const path = `jobs/${encodeURIComponent(id)}/logs${follow ? '?follow=1' : ''}`;
+    const response = await this.request(path, { signal });
+    const reader = response.body?.getReader();
+    if (!reader) {
+      onText(await response.text());
+      return;
+    }
+    const decoder = new TextDecoder();
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done) {
+        break;
+      }
+      onText(decoder.decode(value, { stream: true }));
+    }
+    onText(decoder.decode());
+  }
+
+  private async json<T>(path: string, init: RequestInit = {}): Promise<T> {
+    const response = await this.request(path, init);
+    return (await response.json()) as T;
+  }
+
+  private async request(path: string, init: RequestInit): Promise<Response> {
+    const url = URLExt.join(this.settings.baseUrl, 'gpushare', 'api', path);
+    let response: Response;
+    try {
+      response = await ServerConnection.makeRequest(url, init, this.settings);
+    } catch (error) {
+      if (init.signal?.aborted) {
+        throw error;
+      }
+      throw new GpushareError('This notebook server cannot be reached; retrying.', 0);
+    }
+    if (!response.ok) {
+      throw new GpushareError(errorMessage(response.status, await response.text()), response.status);
+    }
+    return response;
+  }
+}

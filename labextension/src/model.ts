@@ -1,0 +1,369 @@
+/**
+ * What the panel and the status bar show, worked out from the pool's JSON: pure functions,
+ * no DOM and no JupyterLab imports, so that they are unit tested under plain Node.
+ *
+ * GPU amounts arrive from the pool in GPUs (the pool counts milli-GPUs inside and divides by
+ * 1000), so they are compared in milli-GPUs here too, never as floats.
+ */
+
+export type JobState = 'pending' | 'running' | 'succeeded' | 'failed' | 'cancelled';
+
+/** A job as the pool's `api/jobs` answers it (openapi.py, `Job`). */
+export interface Job {
+  id: string;
+  name: string;
+  user: string;
+  project: string;
+  gpus: number;
+  priority: number;
+  state: JobState;
+  attempt: number;
+  queue_position: number | null;
+  reason: string;
+  submitted: number;
+  started: number | null;
+  finished: number | null;
+  exit_code: number | null;
+  preempting?: boolean;
+}
+
+/** A project as `api/quota` answers it (openapi.py, `Project`). */
+export interface Project {
+  name: string;
+  quota: number;
+  limit: number | null;
+  in_use: number;
+  borrowed: number;
+  deserved: number;
+  pending: number;
+}
+
+/** `api/quota`: the user's projects and the user's job counts by state. */
+export interface Quota {
+  user: string;
+  admin: boolean;
+  projects: Project[];
+  jobs: Partial<Record<JobState, number>>;
+}
+
+/** This server's build slice, from the server extension's `slice` route. */
+export interface BuildSlice {
+  gpus: number;
+}
+
+const milli = (gpus: number): number => Math.round(gpus * 1000);
+
+const VULGAR: Record<string, string> = {
+  '1/2': '½', '1/3': '⅓', '2/3': '⅔', '1/4': '¼', '3/4': '¾', '1/5': '⅕', '2/5': '⅖',
+  '3/5': '⅗', '4/5': '⅘', '1/6': '⅙', '5/6': '⅚', '1/8': '⅛', '3/8': '⅜', '5/8': '⅝',
+  '7/8': '⅞', '1/10': '⅒'
+};
+
+/** A GPU amount as people write it: "4", "1.5", "0.125" (at most three decimals). */
+export function gpuAmount(gpus: number): string {
+  return String(milli(gpus) / 1000);
+}
+
+/** A fraction of one GPU as a glyph where one exists ("¼", "⅓"), else a decimal. */
+export function fraction(gpus: number): string {
+  const m = milli(gpus);
+  if (m % 1000 === 0) {
+    return String(m / 1000);
+  }
+  for (const d of [2, 3, 4, 5, 6, 8, 10]) {
+    const n = Math.round((m * d) / 1000);
+    // Thirds and sixths are stored rounded to milli-GPUs (333), so allow that rounding.
+    if (n > 0 && n < d && Math.abs(n * 1000 - m * d) <= d) {
+      const glyph = VULGAR[`${n}/${d}`];
+      if (glyph) {
+        return glyph;
+      }
+    }
+  }
+  return gpuAmount(gpus);
+}
+
+/** A duration in seconds, short: "45s", "2m 05s", "1h 02m", "3d 4h". */
+export function duration(seconds: number): string {
+  const s = Math.max(0, Math.floor(seconds));
+  if (s < 60) {
+    return `${s}s`;
+  }
+  const pad = (n: number): string => String(n).padStart(2, '0');
+  if (s < 3600) {
+    return `${Math.floor(s / 60)}m ${pad(s % 60)}s`;
+  }
+  if (s < 86400) {
+    return `${Math.floor(s / 3600)}h ${pad(Math.floor((s % 3600) / 60))}m`;
+  }
+  return `${Math.floor(s / 86400)}d ${Math.floor((s % 86400) / 3600)}h`;
+}
+
+/**
+ * How long a job has been at it, `now` in seconds since the epoch: running since it
+ * started, waiting since it was submitted, or how long it ran once it ended.
+ */
+export function elapsed(job: Job, now: number): string {
+  if (job.state === 'running' && job.started !== null) {
+    return duration(now - job.started);
+  }
+  if (job.state === 'pending') {
+    return `waiting ${duration(now - job.submitted)}`;
+  }
+  const end = job.finished ?? now;
+  return job.started === null ? '–' : duration(end - job.started);
+}
+
+/** One row of the job table, every cell as text. */
+export interface JobRow {
+  id: string;
+  name: string;
+  state: string;
+  gpus: string;
+  position: string;
+  reason: string;
+  elapsed: string;
+  attempt: string;
+  cancellable: boolean;
+  followable: boolean;
+}
+
+export function jobRow(job: Job, now: number): JobRow {
+  const live = job.state === 'pending' || job.state === 'running';
+  let state: string = job.state;
+  if (job.state === 'failed' && job.exit_code !== null) {
+    state = `failed (exit ${job.exit_code})`;
+  } else if (job.state === 'running' && job.preempting) {
+    state = 'running (preempted)';
+  } else if (job.state === 'pending' && job.attempt > 1) {
+    state = 'pending (requeued)';
+  }
+  return {
+    id: job.id,
+    name: job.name || job.id,
+    state,
+    gpus: gpuAmount(job.gpus),
+    position: job.state === 'pending' && job.queue_position !== null ? `#${job.queue_position}` : '',
+    reason: job.reason,
+    elapsed: elapsed(job, now),
+    attempt: String(job.attempt),
+    cancellable: live,
+    followable: job.state !== 'pending' || job.attempt > 1
+  };
+}
+
+/** Live jobs first (running, then pending by queue position), then the rest newest first. */
+export function sortJobs(jobs: Job[]): Job[] {
+  const rank = (j: Job): number => (j.state === 'running' ? 0 : j.state === 'pending' ? 1 : 2);
+  return [...jobs].sort((a, b) => {
+    const r = rank(a) - rank(b);
+    if (r !== 0) {
+      return r;
+    }
+    if (a.state === 'pending') {
+      return (a.queue_position ?? Infinity) - (b.queue_position ?? Infinity);
+    }
+    return b.submitted - a.submitted || a.id.localeCompare(b.id);
+  });
+}
+
+/**
+ * One project's quota bar. The bar's full width is `scale` GPUs (the same for every project
+ * of the panel, so bars compare); `used` is in use within the guarantee, `borrowed` beyond it,
+ * `free` the guaranteed GPUs not in use; `quotaAt` marks where the guarantee ends. Percentages
+ * add up to at most 100.
+ */
+export interface QuotaBar {
+  used: number;
+  borrowed: number;
+  free: number;
+  quotaAt: number;
+  label: string;
+}
+
+export function barScale(projects: Project[]): number {
+  return Math.max(1000, ...projects.map(p => Math.max(milli(p.quota), milli(p.in_use)))) / 1000;
+}
+
+export function quotaBar(project: Project, scale: number): QuotaBar {
+  const full = Math.max(milli(scale), milli(project.quota), milli(project.in_use), 1);
+  const quota = milli(project.quota);
+  const inUse = milli(project.in_use);
+  const used = Math.min(inUse, quota);
+  const borrowed = Math.max(0, inUse - quota);
+  const pct = (m: number): number => Math.round((m * 1000) / full) / 10;
+  let label = `${gpuAmount(project.in_use)} of ${gpuAmount(project.quota)} guaranteed in use`;
+  if (borrowed > 0) {
+    label += ` · ${gpuAmount(borrowed / 1000)} borrowed`;
+  }
+  if (project.pending > 0) {
+    label += ` · ${project.pending} queued`;
+  }
+  return {
+    used: pct(used),
+    borrowed: pct(borrowed),
+    free: pct(quota - used),
+    quotaAt: pct(quota),
+    label
+  };
+}
+
+/**
+ * The status bar text, e.g. "GPU ¼ · vision 4/2 · 1 queued": the build slice, the projects
+ * the user has GPUs in (in use/guaranteed; the only project when none), and the user's own
+ * running and queued jobs. `error` set: the pool cannot be reached.
+ */
+export function statusText(
+  slice: BuildSlice | null,
+  quota: Quota | null,
+  error: string | null
+): string {
+  const parts = [slice ? `GPU ${fraction(slice.gpus)}` : 'GPU –'];
+  if (error !== null || quota === null) {
+    parts.push(error !== null ? 'pool unreachable' : 'pool …');
+    return parts.join(' · ');
+  }
+  let shown = quota.projects.filter(p => milli(p.in_use) > 0);
+  if (shown.length === 0 && quota.projects.length === 1) {
+    shown = quota.projects;
+  }
+  for (const p of shown.slice(0, 2)) {
+    parts.push(`${p.name} ${gpuAmount(p.in_use)}/${gpuAmount(p.quota)}`);
+  }
+  if (shown.length > 2) {
+    parts.push(`+${shown.length - 2} projects`);
+  }
+  const running = quota.jobs.running ?? 0;
+  const pending = quota.jobs.pending ?? 0;
+  if (running > 0) {
+    parts.push(`${running} running`);
+  }
+  if (pending > 0) {
+    parts.push(`${pending} queued`);
+  }
+  return parts.join(' · ');
+}
+
+/** The status bar's tooltip: the same, spelled out. */
+export function statusTitle(slice: BuildSlice | null, quota: Quota | null, error: string | null): string {
+  const lines = [
+    slice
+      ? `This notebook server holds ${gpuAmount(slice.gpus)} of a build GPU.`
+      : 'This notebook server holds no build GPU slice.'
+  ];
+  if (error !== null) {
+    lines.push(error);
+  } else if (quota !== null) {
+    for (const p of quota.projects) {
+      lines.push(`${p.name}: ${quotaBar(p, p.quota).label}.`);
+    }
+  }
+  lines.push('Click for the gpushare panel.');
+  return lines.join('\n');
+}
+
+/** What the "Run as train job" dialog sends: the pool's job spec. */
+export interface TrainSpec {
+  gpus: number;
+  project?: string;
+  name?: string;
+  command: string[];
+  workdir?: string;
+}
+
+/** What the user typed into the dialog. */
+export interface TrainForm {
+  gpus: string;
+  project: string;
+  name: string;
+}
+
+/** What the dialog knows of the pool to check the form against before sending it. */
+export interface TrainLimits {
+  projects: Project[];
+  capacity: number | null;
+}
+
+/** The file to run: its path under the server root, the root, and the Python to run it. */
+export interface TrainTarget {
+  path: string;
+  serverRoot: string;
+  python: string;
+}
+
+/**
+ * The job spec for a script, or one sentence saying what to fix. The pool checks it all
+ * again; this only spares a round trip and says it next to the field.
+ */
+export function trainSpec(
+  form: TrainForm,
+  limits: TrainLimits,
+  target: TrainTarget
+): { spec: TrainSpec } | { error: string } {
+  const text = form.gpus.trim();
+  if (!/^\d+$/.test(text) || Number(text) < 1) {
+    return { error: `GPUs must be a whole number of GPUs, 1 or more, not "${form.gpus}".` };
+  }
+  const gpus = Number(text);
+  if (limits.capacity !== null && gpus > limits.capacity) {
+    return {
+      error: `The train pool has ${gpuAmount(limits.capacity)} GPUs; ask for ${gpuAmount(limits.capacity)} or fewer.`
+    };
+  }
+  const names = limits.projects.map(p => p.name);
+  let project = limits.projects.find(p => p.name === form.project);
+  if (form.project === '') {
+    if (limits.projects.length > 1) {
+      return { error: `Choose a project: you are in ${names.join(', ')}.` };
+    }
+    project = limits.projects[0];
+  } else if (project === undefined) {
+    return {
+      error: `You are not in project "${form.project}"; yours: ${names.join(', ') || 'none'}.`
+    };
+  }
+  if (project && project.limit !== null && milli(gpus) > milli(project.limit)) {
+    return {
+      error: `Project ${project.name} may use at most ${gpuAmount(project.limit)} GPUs; ask for fewer.`
+    };
+  }
+  const name = form.name.trim();
+  if (name.length > 100) {
+    return { error: 'The name may have at most 100 characters.' };
+  }
+  const slash = target.path.lastIndexOf('/');
+  const dir = slash < 0 ? '' : target.path.slice(0, slash);
+  const file = target.path.slice(slash + 1);
+  if (!file.endsWith('.py')) {
+    return { error: `Only Python scripts (.py) run as train jobs, not ${file}.` };
+  }
+  const root = target.serverRoot.replace(/\/+$/, '');
+  const spec: TrainSpec = { gpus, command: [target.python, file], name: name || file };
+  if (root) {
+    // Without the root (an unusual server) the job runs in the user's home directory.
+    spec.workdir = dir ? `${root}/${dir}` : root;
+  }
+  if (project) {
+    spec.project = project.name;
+  }
+  return { spec };
+}
+
+/** The pool's error sentence from a JSON body, or one made from the HTTP status. */
+export function errorMessage(status: number, body: string): string {
+  try {
+    const parsed = JSON.parse(body);
+    if (parsed && typeof parsed.error === 'string' && parsed.error) {
+      return parsed.error;
+    }
+  } catch {
+    // not JSON: a proxy's or the server's own page
+  }
+  if (status === 502 || status === 503 || status === 504) {
+    return `The gpushare pool cannot be reached (HTTP ${status}); retrying.`;
+  }
+  if (status === 404) {
+    return 'The gpushare server extension is not enabled in this notebook server (HTTP 404).';
+  }
+  return `The gpushare request failed (HTTP ${status}).`;
+}

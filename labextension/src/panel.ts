@@ -1,0 +1,208 @@
+/**
+ * The side panel: one line saying whether the pool answers, a quota bar per project, the
+ * user's jobs with cancel and logs, and a log viewer that follows a running job. Every text
+ * from the pool goes in through textContent, never as HTML.
+ */
+import { showErrorMessage } from '@jupyterlab/apputils';
+import { Widget } from '@lumino/widgets';
+
+import { Job, barScale, gpuAmount, jobRow, quotaBar } from './model';
+import { GpushareModel } from './poller';
+
+const COLUMNS = ['Name', 'State', 'GPUs', 'Queue', 'Reason', 'Elapsed', 'Attempt', ''];
+
+function el<K extends keyof HTMLElementTagNameMap>(
+  tag: K,
+  className = '',
+  text = ''
+): HTMLElementTagNameMap[K] {
+  const node = document.createElement(tag);
+  if (className) {
+    node.className = className;
+  }
+  if (text) {
+    node.textContent = text;
+  }
+  return node;
+}
+
+export class GpusharePanel extends Widget {
+  constructor(private readonly model: GpushareModel) {
+    super();
+    this.id = 'jupyter-gpushare-panel';
+    this.addClass('jp-GpusharePanel');
+    this.title.caption = 'GPU share: quotas, queue and train jobs';
+    const header = el('header', 'jp-GpusharePanel-header');
+    header.append(el('h2', '', 'GPU share'), this._line);
+    this._line.className = 'jp-GpusharePanel-line';
+    this._table.className = 'jp-GpusharePanel-jobs';
+    const head = this._table.createTHead().insertRow();
+    for (const column of COLUMNS) {
+      head.append(el('th', '', column));
+    }
+    this._table.createTBody();
+    this._log.className = 'jp-GpusharePanel-log';
+    this._logTitle.className = 'jp-GpusharePanel-logTitle';
+    this.node.append(
+      header,
+      el('h3', '', 'Train quota'),
+      this._quotas,
+      el('h3', '', 'Your train jobs'),
+      this._table,
+      this._logTitle,
+      this._log
+    );
+    this._quotas.className = 'jp-GpusharePanel-quotas';
+    this._logTitle.textContent = 'Logs: choose a job';
+    model.changed.connect(this.update, this);
+  }
+
+  dispose(): void {
+    this._following?.abort();
+    super.dispose();
+  }
+
+  protected onAfterShow(): void {
+    void this.model.refresh();
+  }
+
+  protected onUpdateRequest(): void {
+    const { quota, error, updated, slice } = this.model;
+    if (error !== null) {
+      this._line.textContent = error;
+    } else if (quota === null) {
+      this._line.textContent = 'Asking the gpushare pool…';
+    } else {
+      const when = updated ? new Date(updated * 1000).toLocaleTimeString() : '';
+      const build = slice ? `this server holds ${gpuAmount(slice.gpus)} of a build GPU` : 'no build GPU slice';
+      this._line.textContent = `${quota.user}: ${build}; updated ${when}`;
+    }
+    this.toggleClass('jp-mod-error', error !== null);
+    this._renderQuotas();
+    this._renderJobs();
+  }
+
+  private _renderQuotas(): void {
+    const projects = this.model.quota?.projects ?? [];
+    const scale = barScale(projects);
+    this._quotas.replaceChildren();
+    if (this.model.quota && projects.length === 0) {
+      this._quotas.append(el('p', '', 'You are in no project; ask an admin to add you to one.'));
+    }
+    for (const project of projects) {
+      const bar = quotaBar(project, scale);
+      const row = el('div', 'jp-GpusharePanel-quota');
+      row.dataset.project = project.name;
+      const track = el('div', 'jp-GpusharePanel-bar');
+      track.title = bar.label;
+      for (const [part, width] of [['used', bar.used], ['borrowed', bar.borrowed], ['free', bar.free]] as const) {
+        const seg = el('span', `jp-GpusharePanel-${part}`);
+        seg.style.width = `${width}%`;
+        track.append(seg);
+      }
+      const mark = el('span', 'jp-GpusharePanel-quotaMark');
+      mark.style.left = `${bar.quotaAt}%`;
+      track.append(mark);
+      row.append(el('div', 'jp-GpusharePanel-projectName', project.name), track, el('div', 'jp-GpusharePanel-label', bar.label));
+      this._quotas.append(row);
+    }
+  }
+
+  private _renderJobs(): void {
+    const body = this._table.tBodies[0];
+    const now = Date.now() / 1000;
+    body.replaceChildren();
+    if (this.model.jobs.length === 0) {
+      const cell = body.insertRow().insertCell();
+      cell.colSpan = COLUMNS.length;
+      cell.textContent = this.model.quota ? 'No train jobs yet: right-click a .py file, "Run as train job…".' : '';
+    }
+    for (const job of this.model.jobs) {
+      const row = jobRow(job, now);
+      const tr = body.insertRow();
+      tr.dataset.job = job.id;
+      tr.dataset.state = job.state;
+      tr.classList.toggle('jp-mod-selected', job.id === this._shown);
+      for (const text of [row.name, row.state, row.gpus, row.position, row.reason, row.elapsed, row.attempt]) {
+        tr.insertCell().textContent = text;
+      }
+      const actions = tr.insertCell();
+      const logs = el('button', 'jp-mod-styled jp-GpusharePanel-logs', 'Logs');
+      logs.disabled = !row.followable;
+      logs.title = row.followable ? 'Show the output (followed while it runs)' : 'No output until it starts';
+      logs.onclick = () => void this.showLogs(job);
+      actions.append(logs);
+      if (row.cancellable) {
+        const cancel = el('button', 'jp-mod-styled jp-mod-warn jp-GpusharePanel-cancel', 'Cancel');
+        cancel.onclick = () => void this._cancel(job, cancel);
+        actions.append(cancel);
+      }
+    }
+  }
+
+  private async _cancel(job: Job, button: HTMLButtonElement): Promise<void> {
+    button.disabled = true;
+    try {
+      await this.model.api.cancel(job.id);
+    } catch (error) {
+      void showErrorMessage('Could not cancel the job', (error as Error).message);
+    }
+    void this.model.refresh();
+  }
+
+  /** Show a job's output and follow it while the job lives, attempt after attempt. */
+  async showLogs(job: Job): Promise<void> {
+    this._following?.abort();
+    const control = new AbortController();
+    this._following = control;
+    this._shown = job.id;
+    this._log.textContent = '';
+    this._logTitle.textContent = `Logs: ${job.name || job.id}`;
+    this.update();
+    let attempt = job.attempt;
+    for (;;) {
+      const live = job.state === 'pending' || job.state === 'running';
+      try {
+        await this.model.api.logs(job.id, live, text => this._append(text), control.signal);
+      } catch (error) {
+        if (control.signal.aborted) {
+          return;
+        }
+        this._logTitle.textContent = `Logs: ${job.name || job.id}: ${(error as Error).message}`;
+        return;
+      }
+      if (control.signal.aborted || !live) {
+        break;
+      }
+      // The stream ends with the attempt: follow the next one if the job was requeued.
+      await this.model.refresh().catch(() => undefined);
+      const now = this.model.job(job.id);
+      if (!now || now.attempt === attempt || !(now.state === 'pending' || now.state === 'running')) {
+        break;
+      }
+      job = now;
+      attempt = now.attempt;
+      this._append(`\n--- attempt ${attempt} ---\n`);
+    }
+    if (!control.signal.aborted) {
+      this._logTitle.textContent = `Logs: ${job.name || job.id} (ended)`;
+    }
+  }
+
+  private _append(text: string): void {
+    const log = this._log;
+    const atEnd = log.scrollHeight - log.scrollTop - log.clientHeight < 20;
+    log.append(text);
+    if (atEnd) {
+      log.scrollTop = log.scrollHeight;
+    }
+  }
+
+  private _line = el('div');
+  private _quotas = el('div');
+  private _table = el('table');
+  private _logTitle = el('h3');
+  private _log = el('pre');
+  private _shown: string | null = null;
+  private _following: AbortController | null = null;
+}

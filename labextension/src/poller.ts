@@ -1,0 +1,68 @@
+/**
+ * What the status bar and the panel show, fetched together on one schedule. While the pool
+ * cannot be reached, `error` says so in one sentence and the poll keeps trying, backing off
+ * to at most 30 s between tries.
+ */
+import { Poll } from '@lumino/polling';
+import { ISignal, Signal } from '@lumino/signaling';
+
+import { GpushareAPI } from './api';
+import { BuildSlice, Job, Quota, sortJobs } from './model';
+
+export class GpushareModel {
+  constructor(readonly api: GpushareAPI) {
+    this._poll = new Poll({
+      factory: () => this._fetch(),
+      frequency: { interval: 3000, backoff: true, max: 30000 },
+      name: 'jupyter-gpushare',
+      standby: 'when-hidden'
+    });
+  }
+
+  quota: Quota | null = null;
+  jobs: Job[] = [];
+  slice: BuildSlice | null = null;
+  error: string | null = null;
+  /** When the pool last answered, in seconds since the epoch. */
+  updated: number | null = null;
+
+  get changed(): ISignal<this, void> {
+    return this._changed;
+  }
+
+  /** Fetch now rather than at the next tick (after the user did something). */
+  refresh(): Promise<void> {
+    return this._poll.refresh();
+  }
+
+  job(id: string): Job | undefined {
+    return this.jobs.find(j => j.id === id);
+  }
+
+  dispose(): void {
+    this._poll.dispose();
+    Signal.clearData(this);
+  }
+
+  private async _fetch(): Promise<void> {
+    // The slice belongs to this server, not to the pool: its absence is no pool error.
+    const slice = this.api.slice().catch(() => null);
+    try {
+      const [quota, jobs] = await Promise.all([this.api.quota(), this.api.jobs()]);
+      this.quota = quota;
+      this.jobs = sortJobs(jobs);
+      this.error = null;
+      this.updated = Date.now() / 1000;
+    } catch (error) {
+      this.error = (error as Error).message;
+      this.slice = await slice;
+      this._changed.emit();
+      throw error; // the poll backs off
+    }
+    this.slice = await slice;
+    this._changed.emit();
+  }
+
+  private _poll: Poll;
+  private _changed = new Signal<this, void>(this);
+}

@@ -1,0 +1,247 @@
+// Unit tests of the panel's and status bar's logic (src/model.ts) with Node's test runner:
+// `npm test` compiles them with tsconfig.test.json and runs `node --test`.
+import { strict as assert } from 'node:assert';
+import { describe, test } from 'node:test';
+
+import {
+  Job,
+  Project,
+  Quota,
+  barScale,
+  duration,
+  elapsed,
+  errorMessage,
+  fraction,
+  gpuAmount,
+  jobRow,
+  quotaBar,
+  sortJobs,
+  statusText,
+  trainSpec
+} from '../src/model';
+
+function project(name: string, quota: number, inUse: number, extra: Partial<Project> = {}): Project {
+  return {
+    name,
+    quota,
+    limit: null,
+    in_use: inUse,
+    borrowed: Math.max(0, inUse - quota),
+    deserved: quota,
+    pending: 0,
+    ...extra
+  };
+}
+
+function job(extra: Partial<Job>): Job {
+  return {
+    id: 'j1',
+    name: 'train',
+    user: 'alice',
+    project: 'vision',
+    gpus: 2,
+    priority: 0,
+    state: 'pending',
+    attempt: 1,
+    queue_position: null,
+    reason: '',
+    submitted: 1000,
+    started: null,
+    finished: null,
+    exit_code: null,
+    ...extra
+  };
+}
+
+function quota(projects: Project[], jobs: Quota['jobs'] = {}): Quota {
+  return { user: 'alice', admin: false, projects, jobs };
+}
+
+describe('GPU amounts', () => {
+  test('fractions of one GPU are glyphs, thirds despite milli rounding', () => {
+    assert.equal(fraction(0.25), '¼');
+    assert.equal(fraction(0.5), '½');
+    assert.equal(fraction(0.125), '⅛');
+    assert.equal(fraction(0.333), '⅓');
+    assert.equal(fraction(0.667), '⅔');
+    assert.equal(fraction(1), '1');
+    assert.equal(fraction(0.3), '0.3');
+    assert.equal(fraction(0.35), '0.35');
+  });
+
+  test('amounts have at most three decimals and no float noise', () => {
+    assert.equal(gpuAmount(4), '4');
+    assert.equal(gpuAmount(0.1 + 0.2), '0.3');
+    assert.equal(gpuAmount(1.0005), '1.001');
+  });
+});
+
+describe('durations', () => {
+  test('short forms at each scale', () => {
+    assert.equal(duration(0), '0s');
+    assert.equal(duration(-5), '0s');
+    assert.equal(duration(59.9), '59s');
+    assert.equal(duration(125), '2m 05s');
+    assert.equal(duration(3600 + 120), '1h 02m');
+    assert.equal(duration(3 * 86400 + 4 * 3600 + 59), '3d 4h');
+  });
+
+  test('elapsed: running since start, waiting since submit, ran until finish', () => {
+    assert.equal(elapsed(job({ state: 'running', started: 1010 }), 1100), '1m 30s');
+    assert.equal(elapsed(job({ state: 'pending' }), 1005), 'waiting 5s');
+    assert.equal(elapsed(job({ state: 'succeeded', started: 1000, finished: 1042 }), 9999), '42s');
+    assert.equal(elapsed(job({ state: 'cancelled', finished: 1003 }), 9999), '–');
+  });
+});
+
+describe('job table rows', () => {
+  test('a pending job shows its queue position and reason and can be cancelled', () => {
+    const row = jobRow(job({ queue_position: 2, reason: 'waiting for 2 GPUs' }), 1001);
+    assert.deepEqual(
+      [row.name, row.state, row.gpus, row.position, row.reason, row.elapsed, row.attempt],
+      ['train', 'pending', '2', '#2', 'waiting for 2 GPUs', 'waiting 1s', '1']
+    );
+    assert.equal(row.cancellable, true);
+    assert.equal(row.followable, false);
+  });
+
+  test('requeued, preempted and failed jobs say so', () => {
+    assert.equal(jobRow(job({ attempt: 2 }), 0).state, 'pending (requeued)');
+    assert.equal(jobRow(job({ attempt: 2 }), 0).followable, true);
+    assert.equal(jobRow(job({ state: 'running', started: 0, preempting: true }), 0).state, 'running (preempted)');
+    const failed = jobRow(job({ state: 'failed', exit_code: 3, started: 0, finished: 1 }), 5);
+    assert.equal(failed.state, 'failed (exit 3)');
+    assert.equal(failed.cancellable, false);
+    assert.equal(failed.position, '');
+  });
+
+  test('a job without a name is shown by its id', () => {
+    assert.equal(jobRow(job({ name: '', id: 'abc123' }), 0).name, 'abc123');
+  });
+
+  test('running first, then pending by position, then ended newest first', () => {
+    const jobs = [
+      job({ id: 'old', state: 'succeeded', submitted: 1 }),
+      job({ id: 'p2', queue_position: 2 }),
+      job({ id: 'new', state: 'failed', submitted: 5 }),
+      job({ id: 'run', state: 'running', started: 3 }),
+      job({ id: 'p1', queue_position: 1 })
+    ];
+    assert.deepEqual(sortJobs(jobs).map(j => j.id), ['run', 'p1', 'p2', 'new', 'old']);
+  });
+});
+
+describe('quota bars', () => {
+  test('within quota: used and free guaranteed fill the guarantee', () => {
+    const bar = quotaBar(project('vision', 4, 1), 4);
+    assert.deepEqual([bar.used, bar.borrowed, bar.free, bar.quotaAt], [25, 0, 75, 100]);
+    assert.equal(bar.label, '1 of 4 guaranteed in use');
+  });
+
+  test('borrowing: the part beyond the quota is borrowed, the mark at the quota', () => {
+    const bar = quotaBar(project('vision', 2, 4, { pending: 1 }), 4);
+    assert.deepEqual([bar.used, bar.borrowed, bar.free, bar.quotaAt], [50, 50, 0, 50]);
+    assert.equal(bar.label, '4 of 2 guaranteed in use · 2 borrowed · 1 queued');
+  });
+
+  test('one scale for all bars, so that they compare; never over 100%', () => {
+    const projects = [project('a', 2, 0), project('b', 1, 6)];
+    assert.equal(barScale(projects), 6);
+    const a = quotaBar(projects[0], barScale(projects));
+    assert.equal(Math.round(a.quotaAt), 33);
+    for (const p of projects) {
+      const bar = quotaBar(p, barScale(projects));
+      assert.ok(bar.used + bar.borrowed + bar.free <= 100.05);
+    }
+    assert.equal(barScale([]), 1);
+  });
+
+  test('a project with no quota only borrows', () => {
+    const bar = quotaBar(project('nlp', 0, 2), 2);
+    assert.deepEqual([bar.used, bar.borrowed, bar.free, bar.quotaAt], [0, 100, 0, 0]);
+  });
+});
+
+describe('status bar text', () => {
+  test('slice, projects in use, queued', () => {
+    const q = quota([project('vision', 2, 4), project('nlp', 1, 0)], { pending: 1, running: 0 });
+    assert.equal(statusText({ gpus: 0.25 }, q, null), 'GPU ¼ · vision 4/2 · 1 queued');
+  });
+
+  test('the only project shows even when idle; running jobs counted', () => {
+    assert.equal(statusText(null, quota([project('vision', 2, 0)], { running: 2 }), null), 'GPU – · vision 0/2 · 2 running');
+  });
+
+  test('at most two projects, the rest counted', () => {
+    const q = quota([project('a', 1, 1), project('b', 1, 1), project('c', 1, 1)]);
+    assert.equal(statusText({ gpus: 0.5 }, q, null), 'GPU ½ · a 1/1 · b 1/1 · +1 projects');
+  });
+
+  test('an unreachable pool says so', () => {
+    assert.equal(statusText({ gpus: 0.25 }, quota([]), 'x'), 'GPU ¼ · pool unreachable');
+    assert.equal(statusText(null, null, null), 'GPU – · pool …');
+  });
+});
+
+describe('Run as train job: checking the form', () => {
+  const limits = { projects: [project('vision', 2, 0, { limit: 4 }), project('nlp', 2, 0)], capacity: 8 };
+  const target = { path: 'work/train.py', serverRoot: '/home/alice/', python: '/opt/py/bin/python' };
+
+  test('a good form makes the pool job spec, in the script folder', () => {
+    const out = trainSpec({ gpus: ' 2 ', project: 'vision', name: '' }, limits, target);
+    assert.deepEqual(out, {
+      spec: {
+        gpus: 2,
+        project: 'vision',
+        name: 'train.py',
+        command: ['/opt/py/bin/python', 'train.py'],
+        workdir: '/home/alice/work'
+      }
+    });
+  });
+
+  test('a script at the root runs in the root; without a root, in the home directory', () => {
+    const one = { projects: [project('vision', 2, 0)], capacity: 8 };
+    const atRoot = trainSpec({ gpus: '1', project: '', name: 'x' }, one, { ...target, path: 't.py' });
+    assert.ok('spec' in atRoot && atRoot.spec.workdir === '/home/alice' && atRoot.spec.project === 'vision');
+    const noRoot = trainSpec({ gpus: '1', project: '', name: 'x' }, one, { ...target, serverRoot: '' });
+    assert.ok('spec' in noRoot && !('workdir' in noRoot.spec));
+  });
+
+  const bad: [string, Partial<{ gpus: string; project: string; name: string }>, RegExp][] = [
+    ['zero GPUs', { gpus: '0' }, /whole number of GPUs, 1 or more, not "0"/],
+    ['words', { gpus: 'abc' }, /not "abc"/],
+    ['fractions', { gpus: '1.5' }, /whole number/],
+    ['empty', { gpus: '' }, /whole number/],
+    ['more than the pool', { gpus: '9' }, /train pool has 8 GPUs; ask for 8 or fewer/],
+    ['over the project limit', { gpus: '5' }, /vision may use at most 4 GPUs/],
+    ['no project among several', { project: '' }, /Choose a project: you are in vision, nlp/],
+    ['a project not yours', { project: 'audio' }, /not in project "audio"; yours: vision, nlp/],
+    ['a long name', { name: 'n'.repeat(101) }, /at most 100 characters/]
+  ];
+  for (const [what, change, message] of bad) {
+    test(`refuses ${what} with one sentence`, () => {
+      const out = trainSpec({ gpus: '1', project: 'vision', name: '', ...change }, limits, target);
+      assert.ok('error' in out, what);
+      assert.match(out.error, message);
+      assert.match(out.error, /^[A-Z].*\.$/);
+    });
+  }
+
+  test('only .py files', () => {
+    const out = trainSpec({ gpus: '1', project: 'vision', name: '' }, limits, { ...target, path: 'a/notes.txt' });
+    assert.ok('error' in out && /Only Python scripts/.test(out.error));
+  });
+});
+
+describe('error sentences', () => {
+  test("the pool's own sentence is kept", () => {
+    assert.equal(errorMessage(409, '{"error": "job x has already ended (succeeded)"}'), 'job x has already ended (succeeded)');
+  });
+
+  test('gateways and missing routes get a sentence of their own', () => {
+    assert.match(errorMessage(502, '<html>'), /pool cannot be reached \(HTTP 502\)/);
+    assert.match(errorMessage(404, ''), /server extension is not enabled/);
+    assert.equal(errorMessage(500, 'oops'), 'The gpushare request failed (HTTP 500).');
+  });
+});
