@@ -264,6 +264,8 @@ def test_build_slices_are_packed_within_allowances_by_the_spawner_only(hub):
 
     status, a1 = as_spawner("POST", "api/slices", {"user": "alice", "gpus": 0.25, "server": ""})
     assert status == 201 and (a1["node"], a1["gpu"], a1["gpus"]) == ("sim-build-0", 0, 0.25)
+    # No GPU here: the build pool is simulated too, and its UUIDs say so (pinned slices use them).
+    assert a1["uuid"] == "GPU-SIMULATED-sim-build-0-0"
     assert as_spawner("POST", "api/slices", {"user": "alice", "gpus": 0.25})[0] == 201
     status, answer = as_spawner("POST", "api/slices", {"user": "alice", "gpus": 0.25})
     assert status == 409 and "build allowance of 0.5 GPU" in answer["error"]

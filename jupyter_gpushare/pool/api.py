@@ -327,7 +327,8 @@ class SlicesHandler(PoolHandler):
 
     def get(self):
         mine = None if (self.who.admin or self.who.kind == "service") else self.who.name
-        self.reply({"slices": [slice_json(r) for r in self.pool.store.slices(user=mine)]})
+        rows = self.pool.store.slices(user=mine)
+        self.reply({"slices": [slice_json(r, self.pool) for r in rows]})
 
     def post(self):
         if not (self.who.admin or self.who.kind == "service"):
@@ -355,7 +356,7 @@ class SlicesHandler(PoolHandler):
         placed = self.pool.reserve_slice(user, round(gpus * GPU), server)
         if isinstance(placed, SliceRefused):
             self.fail(409, str(placed))
-        self.reply(slice_json(placed), 201)
+        self.reply(slice_json(placed, self.pool), 201)
 
 
 class SliceHandler(PoolHandler):
@@ -365,12 +366,15 @@ class SliceHandler(PoolHandler):
         row = self.pool.store.remove_slice(slice_id)
         if row is None:
             self.fail(404, f"there is no slice {slice_id}")
-        self.reply(slice_json(row))
+        self.reply(slice_json(row, self.pool))
 
 
-def slice_json(row) -> dict:
+def slice_json(row, pool) -> dict:
+    """A slice as the API shows it; ``uuid`` names its GPU where the pool's machine can
+    (pinned slices need it), else null."""
     return {"id": row.id, "user": row.user, "server": row.server, "gpus": row.milli / GPU,
-            "node": row.node, "gpu": row.gpu, "created": row.created}
+            "node": row.node, "gpu": row.gpu, "uuid": pool.build_gpu_uuid(row.node, row.gpu),
+            "created": row.created}
 
 
 class MetricsHandler(PoolHandler):

@@ -19,8 +19,9 @@ from traitlets import Bool, Dict, Float, Integer, TraitError, Type, Unicode, def
 from traitlets.config import Application
 
 from .. import __version__
+from .. import gpus as gpu_inventory
 from ..backends.base import Backend, Launch
-from ..backends.local import LocalBackend
+from ..backends.local import SIMULATED_LABEL, LocalBackend
 from ..policy import SliceRefused, place_slice
 from ..policy.model import BUILD, GPU, TRAIN, Node, PolicyConfig, Slice
 from .api import routes
@@ -112,6 +113,8 @@ class PoolService(Application):
                          "priority": int(spec.get("priority", 0))}
         return out
 
+    _build_uuids: dict[tuple[str, int], str] | None = None  # found at the first use
+
     # -- set-up -------------------------------------------------------------------------
     def initialize(self, argv=None):
         super().initialize(argv)
@@ -151,6 +154,36 @@ class PoolService(Application):
 
     def build_pool(self) -> list[Node]:
         return [Node(name, int(gpus), pool=BUILD) for name, gpus in sorted(self.build_nodes.items())]
+
+    def build_gpu_uuid(self, node: str, gpu: int) -> str | None:
+        """The UUID of a build-pool GPU where this machine can name it: what a pinned slice puts
+        in ``CUDA_VISIBLE_DEVICES``. None for a GPU of another machine (on Kubernetes the
+        device plugin picks the device)."""
+        if self._build_uuids is None:
+            self._build_uuids = self._find_build_uuids()
+        return self._build_uuids.get((node, gpu))
+
+    def _find_build_uuids(self) -> dict[tuple[str, int], str]:
+        # A simulated train pool means NVML found no GPU here: the build pool is simulated too,
+        # and its UUIDs say so (GPU-SIMULATED-<node>-<index>). Otherwise only a build node
+        # named like this host has GPUs NVML can name.
+        simulated = any(n.labels.get(SIMULATED_LABEL) for n in self.backend.nodes())
+        nvml = None if simulated else gpu_inventory.NVMLInventory()
+        found = {}
+        for name, count in self.build_nodes.items():
+            if simulated:
+                inventory = gpu_inventory.SimulatedInventory(name, int(count))
+            elif name == nvml.node:
+                inventory = nvml
+            else:
+                continue
+            try:
+                gpus = inventory.gpus()
+            except gpu_inventory.InventoryError as exc:
+                self.log.warning("The build GPUs of %s cannot be named: %s", name, exc)
+                continue
+            found.update({(name, g.index): g.uuid for g in gpus if g.index < int(count)})
+        return found
 
     def reserve_slice(self, user: str, milli: int, server: str):
         """Pack a slice on the build pool (policy.place_slice) or say why not."""

@@ -102,6 +102,7 @@ SPEC = {
                 "id": {"type": "string"}, "user": {"type": "string"},
                 "server": {"type": "string"}, "gpus": {"type": "number"},
                 "node": {"type": "string"}, "gpu": {"type": "integer"},
+                "uuid": {"type": "string", "nullable": True},
                 "created": {"type": "number"}}},
             "SliceList": {"type": "object", "properties": {
                 "slices": {"type": "array", "items": {"$ref": "#/components/schemas/Slice"}}}},
