@@ -1,0 +1,369 @@
+"""The Python API of the train pool in a notebook: ``submit(...)`` returns a :class:`Job`.
+
+    job = jupyter_gpushare.submit(source="import torch; ...", gpus=2, out=["model"])
+    job.wait(); model = job.result()["model"]
+
+The magics and the panel are thin layers over this module; all HTTP goes through
+:class:`~jupyter_gpushare.client.PoolClient`. Python code (``source``) runs as a job in the
+kernel's working directory with the kernel's own Python (see ``runner.py``), so the job sees
+the notebook's files and packages.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import threading
+import time
+from typing import Callable, Iterator
+
+from ..client import (ACTIVE_STATES, FINAL_STATES, ClientError, InvalidInput, PoolClient,
+                      PoolUnreachable, job_spec)
+from . import runner
+
+RETRY_MAX_S = 5.0  # longest pause between tries while the pool service cannot be reached
+
+
+class JobError(ClientError):
+    """A job did not give what was asked (it failed, was cancelled, has no result yet)."""
+
+
+class JobTimeout(JobError, TimeoutError):
+    """``Job.wait(timeout=...)`` ran out of time; the job goes on."""
+
+
+def submit(command=None, *, source: str | None = None, gpus=1, project: str | None = None,
+           name: str | None = None, priority=None, env=None, workdir: str | None = None,
+           with_vars: dict | None = None, out=None, client: PoolClient | None = None) -> "Job":
+    """Submit a train job and return its :class:`Job` at once.
+
+    ``command`` (a list of words) runs as given; ``source`` (Python code) runs in a fresh
+    process of this kernel's Python. ``with_vars`` ({name: value}, picklable) are defined
+    before ``source`` runs; ``out`` names variables that :meth:`Job.result` brings back.
+    ``workdir`` (absolute) defaults to the current directory; ``project`` to your only one.
+    Bad values raise :class:`~jupyter_gpushare.client.InvalidInput`, and the pool's refusals
+    :class:`~jupyter_gpushare.client.ClientError`, each with one sentence; nothing is submitted.
+    """
+    client = client or PoolClient()
+    workdir = os.getcwd() if workdir is None else workdir
+    out = _names(out, "out")
+    if (with_vars or out) and source is None:
+        raise InvalidInput("with_vars", "", message="with_vars and out work with source (Python "
+                           "code); a command gets its inputs from its arguments and files")
+    if with_vars is not None and not isinstance(with_vars, dict):
+        raise InvalidInput("with_vars", "must be a dict of {name: value}")
+    for key in with_vars or {}:
+        _names([key], "with_vars")
+    if source is not None and (not isinstance(source, str) or not source.strip()):
+        raise InvalidInput("source", "must be Python code as a non-empty string")
+    if source is not None:
+        try:
+            compile(source, "<cell>", "exec")
+        except SyntaxError as e:
+            raise InvalidInput("source", "", message=f"the code has a syntax error on line "
+                               f"{e.lineno}: {e.msg}; a train job runs plain Python (no "
+                               f"%magics or !commands)") from None
+    # Checked in full before any file is written: bad input leaves nothing behind.
+    spec = job_spec(["python"] if source is not None else command, source=None, gpus=gpus,
+                    project=project, name=name, priority=priority, env=env, workdir=workdir)
+    folder = None
+    if source is not None:
+        try:
+            folder = runner.pack(workdir, source, with_vars, out)
+        except runner.PackError as e:
+            raise InvalidInput("with_vars", "", message=str(e)) from None
+        except OSError as e:
+            raise ClientError(f"cannot write the job's files under {workdir}/{runner.CELLS} "
+                              f"({e.strerror}); run from a directory you can write") from None
+        spec["command"] = runner.command(folder)
+    try:
+        info = client.submit(spec)
+    except BaseException:
+        _remove(folder)
+        raise
+    return Job(info, client, folder=folder, out=out)
+
+
+class Job:
+    """A train job in the pool. ``id`` is fixed; :attr:`state` and :meth:`info` ask the pool."""
+
+    def __init__(self, info: dict, client: PoolClient | None = None, *,
+                 folder: str | None = None, out=()):
+        self.id = info["id"]
+        self.client = client or PoolClient()
+        self._info = info
+        self._folder = folder  # the runner's files, removed once nothing more is needed
+        self._out = tuple(out)
+        self._problems: list[str] = []
+        self._result: dict | None = None
+
+    @classmethod
+    def get(cls, job_id: str, client: PoolClient | None = None) -> "Job":
+        """A handle on an existing job of yours (no ``result()`` values: those belong to the
+        kernel that submitted it)."""
+        client = client or PoolClient()
+        return cls(client.job(job_id), client)
+
+    def __repr__(self):
+        info = self._info
+        return (f"<Job {self.id} {info.get('state')}: {_gpus(info.get('gpus'))}, project "
+                f"{info.get('project')}>")
+
+    @property
+    def state(self) -> str:
+        """The state now: pending, running, succeeded, failed or cancelled."""
+        return self.info()["state"]
+
+    def info(self) -> dict:
+        """The job as the pool describes it now (its JSON: state, attempt, queue_position,
+        reason, exit_code, ...)."""
+        self._info = self.client.job(self.id)
+        if self._info["state"] in FINAL_STATES:
+            self._finished()
+        return self._info
+
+    def cancel(self) -> dict:
+        """Cancel the job: a pending job ends at once, a running one gets SIGTERM (then
+        SIGKILL after the pool's grace period)."""
+        self._info = self.client.cancel(self.id)
+        if self._info["state"] in FINAL_STATES:
+            self._finished()
+        return self._info
+
+    def wait(self, timeout: float | None = None,
+             on_update: Callable[[dict], None] | None = None) -> dict:
+        """Wait until the job ends; return its final :meth:`info`. ``on_update(info)`` is
+        called whenever its state, attempt, queue position or reason changes. Raises
+        :class:`JobTimeout` after ``timeout`` seconds (the job goes on)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        seen, pause = None, 0.2
+        while True:
+            try:
+                info = self.info()
+            except PoolUnreachable:
+                info = self._info  # a restarting service: look again, until the deadline
+            key = tuple(info.get(k) for k in ("state", "attempt", "queue_position", "reason"))
+            if on_update is not None and key != seen:
+                on_update(info)
+            seen = key
+            if info["state"] in FINAL_STATES:
+                return info
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise JobTimeout(f"job {self.id} is still {info['state']} after {timeout:g} s; "
+                                 f"it goes on (job.cancel() stops it)")
+            time.sleep(pause if left is None else min(pause, left))
+            pause = min(pause * 1.5, 2.0)
+
+    def logs(self, follow: bool = False, attempt: int | None = None) -> Iterator[str]:
+        """The job's output as text chunks. Without ``follow``: what the attempt (default: the
+        current one) printed so far. With ``follow``: as it is printed, through later attempts
+        if the job is preempted and requeued, until the job ends."""
+        if not follow or attempt is not None:
+            return self.client.logs(self.id, follow=follow, attempt=attempt)
+        return self._follow()
+
+    def result(self) -> dict:
+        """The ``out`` variables of a job that succeeded, as ``{name: value}``. Raises
+        :class:`JobError` with one sentence while it runs, if it failed or was cancelled, or if
+        a value could not be sent back."""
+        if self._result is not None:
+            return dict(self._result)
+        info = self._info if self._info["state"] in FINAL_STATES else self.info()
+        if info["state"] in ACTIVE_STATES:
+            raise JobError(f"job {self.id} is still {info['state']}; wait for it first "
+                           f"(job.wait())")
+        if info["state"] != "succeeded":
+            raise JobError(self.failure())
+        if not self._out:
+            return {}
+        if self._folder is None or not os.path.isdir(self._folder):
+            raise JobError(f"the values of job {self.id} are gone: they are read once, by "
+                           f"the kernel that submitted it")
+        values, problems = runner.unpack(self._folder)
+        if problems:
+            raise JobError(f"job {self.id} succeeded but " + "; ".join(problems))
+        self._result = values
+        _remove(self._folder)
+        return dict(values)
+
+    def failure(self) -> str | None:
+        """One sentence on why the job did not succeed, or None if it did (or has not ended)."""
+        info = self._info
+        state, code = info.get("state"), info.get("exit_code")
+        if state in ACTIVE_STATES or state == "succeeded":
+            return None
+        if state == "cancelled":
+            return f"job {self.id} was cancelled" + (f" ({info['reason']})"
+                                                     if info.get("reason") else "")
+        if code is None:
+            return f"job {self.id} failed: {info.get('reason') or 'the pool gave no reason'}"
+        said = f"job {self.id} failed with exit code {code}"
+        why = self._problems or self._own_words()
+        reason = info.get("reason") or ""
+        if why:
+            return f"{said}: {'; '.join(why)}"
+        if reason and reason != f"exited with code {code}":
+            return f"{said}: {reason}"
+        return said
+
+    # -- following -----------------------------------------------------------------------
+
+    def watch(self, on_output: Callable[[str], None],
+              on_update: Callable[[dict, str | None], None] | None = None,
+              every: float = 1.0) -> dict:
+        """Follow the output (``on_output(text)``) and the state (``on_update(info,
+        problem)`` about every ``every`` seconds, ``problem`` a sentence while the pool cannot
+        be reached) until the job ends; return its final info. Callbacks run in this thread;
+        the output is read by a helper thread, so a KeyboardInterrupt lands here."""
+        chunks: queue.Queue = queue.Queue()
+
+        def follow():
+            try:
+                for text in self._follow():
+                    chunks.put(("out", text))
+                chunks.put(("end", None))
+            except BaseException as e:  # handed to the caller's thread
+                chunks.put(("error", e))
+
+        threading.Thread(target=follow, name=f"gpushare-logs-{self.id}", daemon=True).start()
+        next_look = 0.0
+        while True:
+            now = time.monotonic()
+            if now >= next_look and on_update is not None:
+                try:
+                    on_update(self.info(), None)
+                except PoolUnreachable as e:
+                    on_update(self._info, str(e))
+                next_look = now + every
+            try:
+                kind, value = chunks.get(timeout=max(0.0, next_look - time.monotonic())
+                                         if on_update is not None else 0.5)
+            except queue.Empty:
+                continue
+            if kind == "out":
+                on_output(value)
+            elif kind == "error":
+                raise value
+            else:
+                if on_update is not None:
+                    on_update(self._info, None)
+                return self._info
+
+    def _follow(self) -> Iterator[str]:
+        written: dict[int, int] = {}  # attempt -> characters already given
+        info, pause = self._retrying(self.info), 0.2
+        while True:
+            attempt, broke = info["attempt"], False
+            try:
+                yield from _skip(self.client.logs(self.id, follow=True, attempt=attempt),
+                                 written, attempt)
+            except PoolUnreachable:  # a restarting service: try again, skip what was given
+                broke = True
+                time.sleep(pause)
+                pause = min(pause * 2, RETRY_MAX_S)
+            info = self._retrying(self.info)
+            if broke or info["attempt"] != attempt:
+                continue  # the same attempt again, or the next one after a requeue
+            if info["state"] in FINAL_STATES:
+                return
+            time.sleep(0.2)  # closed early while it still runs: open it again
+
+    def _retrying(self, call):
+        pause = 0.2
+        while True:
+            try:
+                return call()
+            except PoolUnreachable:
+                time.sleep(pause)
+                pause = min(pause * 2, RETRY_MAX_S)
+
+    # -- the runner's files --------------------------------------------------------------
+
+    def _finished(self) -> None:
+        """The job has ended: read why the runner refused (if it did) and drop the files
+        unless they hold values that ``result()`` has yet to read."""
+        if self._folder is None or not os.path.isdir(self._folder):
+            return
+        if self._info.get("exit_code") in (runner.EXIT_INPUT, runner.EXIT_OUTPUT):
+            self._problems = runner.unpack(self._folder)[1]
+        if not (self._info["state"] == "succeeded" and self._out):
+            _remove(self._folder)
+
+    def _own_words(self) -> list[str]:
+        """The last line the pool's shim or the runner wrote about the job ("gpushare: cannot
+        run ...: Permission denied"): why it could not start, in the job's log."""
+        try:
+            text = "".join(self.client.logs(self.id, attempt=self._info.get("attempt")))
+        except ClientError:
+            return []
+        lines = [line[len("gpushare: "):] for line in text.splitlines()
+                 if line.startswith("gpushare: ")]
+        return lines[-1:]
+
+
+def describe(info: dict, now: float | None = None) -> str:
+    """One line on a job for people: ``j-1 running on 2 GPUs · 0:12 elapsed``."""
+    now = time.time() if now is None else now
+    ident = info.get("id") + (f" ({info['name']})" if info.get("name") else "")
+    state, attempt, reason = info.get("state"), info.get("attempt") or 1, info.get("reason")
+    if state == "pending":
+        where = "queued" if attempt == 1 else f"preempted, requeued (attempt {attempt})"
+        if info.get("queue_position") is not None:
+            where += f": position {info['queue_position']}"
+        return f"{ident} {where}" + (f" — {reason}" if reason else "")
+    started, finished = info.get("started"), info.get("finished")
+    if state == "running":
+        line = f"{ident} running on {_gpus(info.get('gpus'))} · {_clock(now - (started or now))} " \
+               f"elapsed"
+        if attempt > 1:
+            line += f" · attempt {attempt}"
+        return line + (f" · {reason}" if reason else "")
+    took = f" after {_clock(finished - started)}" if started and finished else ""
+    if state == "failed" and info.get("exit_code") is not None:
+        return f"{ident} failed (exit code {info['exit_code']}){took}"
+    return f"{ident} {state}{took}"
+
+
+def _clock(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return (f"{hours}:" if hours else "") + (f"{rest // 60:02d}" if hours else
+                                             f"{rest // 60}") + f":{rest % 60:02d}"
+
+
+def _gpus(value) -> str:
+    if isinstance(value, (int, float)):
+        return f"{value:g} GPU" + ("" if value == 1 else "s")
+    return "? GPUs"
+
+
+def _names(names, field: str) -> tuple[str, ...]:
+    if names is None:
+        return ()
+    if isinstance(names, str):
+        names = [names]
+    out = []
+    for name in names:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise InvalidInput(field, f"must name Python variables, and {name!r} is not a "
+                               f"variable name")
+        out.append(name)
+    return tuple(out)
+
+
+def _skip(chunks, written: dict, attempt: int) -> Iterator[str]:
+    """The chunks beyond what was already given of this attempt's output."""
+    done, seen = written.get(attempt, 0), 0
+    for text in chunks:
+        start = max(0, done - seen)
+        seen += len(text)
+        if start < len(text):
+            written[attempt] = seen
+            yield text[start:]
+
+
+def _remove(folder: str | None) -> None:
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
