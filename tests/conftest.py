@@ -2,6 +2,9 @@ from pathlib import Path
 
 import pytest
 
+# The real Kubernetes control plane: fixtures kube_cluster (session) and kube (per test).
+pytest_plugins = ["kube.fixtures"]
+
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 EXAMPLES = Path(__file__).resolve().parents[1] / "jupyter_gpushare" / "sim" / "examples"
 

@@ -72,8 +72,8 @@ def free_port() -> int:
 class Component:
     """One control-plane process, its output in ``<workdir>/<name>.log``."""
 
-    def __init__(self, name: str, argv: list[str], workdir: Path):
-        self.name, self.argv = name, argv
+    def __init__(self, name: str, argv: list[str], workdir: Path, stop_timeout: float = 10):
+        self.name, self.argv, self.stop_timeout = name, argv, stop_timeout
         self.log = workdir / f"{name}.log"
         self.proc: subprocess.Popen | None = None
 
@@ -85,12 +85,12 @@ class Component:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def stop(self, timeout: float = 10):
+    def stop(self):
         if not self.alive():
             return
         self.proc.send_signal(signal.SIGTERM)
         try:
-            self.proc.wait(timeout)
+            self.proc.wait(self.stop_timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
@@ -196,13 +196,13 @@ class ControlPlane:
             f"--service-account-private-key-file={self.pki['sa.key']}",
             f"--root-ca-file={self.cert_dir / 'apiserver.crt'}",
             "--bind-address=127.0.0.1", f"--secure-port={cm_port}", "--port=0",
-            f"--cert-dir={self.workdir / 'cm-certs'}", "--v=1"])
+            f"--cert-dir={self.workdir / 'cm-certs'}", "--v=0"])
         kc = str(self.kubeconfig_for("system:kube-scheduler"))
         self._add("kube-scheduler", [
             str(self.bin_dir / "kube-scheduler"), f"--kubeconfig={kc}",
             f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
             "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={sched_port}",
-            "--port=0", f"--cert-dir={self.workdir / 'sched-certs'}", "--v=1"])
+            "--port=0", f"--cert-dir={self.workdir / 'sched-certs'}", "--v=0"])
         for name, port in (("kube-controller-manager", cm_port), ("kube-scheduler", sched_port)):
             self._wait(lambda p=port: self._http_ok(f"https://127.0.0.1:{p}/healthz"), name,
                        timeout)
@@ -277,10 +277,12 @@ class ControlPlane:
             f"--kubelet-certificate-authority={self.pki['kubelet-ca.crt']}",
             "--kubelet-preferred-address-types=InternalIP,Hostname",
             "--kubelet-timeout=10s",
-            "--profiling=false", "--v=1"]
+            "--profiling=false", "--v=0"]
 
     def _add(self, name: str, argv: list[str]):
-        c = Component(name, argv, self.workdir)
+        # The apiserver stops listening at once on SIGTERM but lingers ~10 s more (its endpoint
+        # reconciler retries against itself): after 2 s it is killed.
+        c = Component(name, argv, self.workdir, 2 if name == "kube-apiserver" else 10)
         self.components[name] = c
         c.start()
 

@@ -14,6 +14,8 @@ calling process.
 - Deletion honours the grace period: SIGTERM, SIGKILL at the deadline, then the pod object is
   deleted with grace 0 (uid precondition), as a kubelet does. Finalizers are left alone.
 - restartPolicy Always/OnFailure restarts exited containers after a 1 s back-off.
+- Each pod has a directory ``<workdir>/pods/<ns>_<name>_<uid8>/`` with ``<container>.log`` and
+  ``home/`` (HOME and the default working directory); it is kept after the pod is gone.
 - ``remove_node`` is a node dying: its processes are killed, the Node deleted, and (unless told
   otherwise) its pods force-deleted, which the pod GC controller would do after ~40 s.
 
@@ -23,8 +25,9 @@ run as this user), probes, init containers, resource enforcement."""
 from __future__ import annotations
 
 import collections
+import heapq
+import itertools
 import logging
-import shutil
 import signal
 import threading
 import time
@@ -45,29 +48,46 @@ RESTART_BACKOFF_S = 1.0
 
 
 class WorkQueue:
-    """client-go's work queue in small: a key is never processed by two workers at once, and a
-    key added while it is processed is processed again afterwards."""
+    """client-go's work queue in small: a key is never processed by two workers at once, a key
+    added while it is processed is processed again afterwards, and ``add_after`` delays an add
+    (one timer thread for all of them)."""
 
     def __init__(self):
         self.cond = threading.Condition()
         self.queue: collections.deque = collections.deque()
         self.dirty: set = set()
         self.processing: set = set()
+        self.later: list = []                 # heap of (due, seq, key)
+        self.seq = itertools.count()
         self.closed = False
+        threading.Thread(target=self._timer, name="kubelet-sim-timer", daemon=True).start()
 
     def add(self, key):
         with self.cond:
-            if key in self.dirty:
+            if key in self.dirty or self.closed:
                 return
             self.dirty.add(key)
             if key not in self.processing:
                 self.queue.append(key)
-                self.cond.notify()
+                self.cond.notify_all()
 
     def add_after(self, key, delay: float):
-        t = threading.Timer(max(delay, 0.0), self.add, (key,))
-        t.daemon = True
-        t.start()
+        with self.cond:
+            heapq.heappush(self.later, (time.monotonic() + max(delay, 0.0), next(self.seq), key))
+            self.cond.notify_all()
+
+    def _timer(self):
+        with self.cond:
+            while not self.closed:
+                now = time.monotonic()
+                while self.later and self.later[0][0] <= now:
+                    key = heapq.heappop(self.later)[2]
+                    if key not in self.dirty:
+                        self.dirty.add(key)
+                        if key not in self.processing:
+                            self.queue.append(key)
+                    self.cond.notify_all()
+                self.cond.wait(self.later[0][0] - now if self.later else None)
 
     def get(self):
         with self.cond:
@@ -85,7 +105,7 @@ class WorkQueue:
             self.processing.discard(key)
             if key in self.dirty:
                 self.queue.append(key)
-                self.cond.notify()
+                self.cond.notify_all()
 
     def close(self):
         with self.cond:
@@ -242,7 +262,8 @@ class KubeletSimulator:
         except KubeError as e:
             if e.status != 404:
                 raise
-            self.api.post(path, {"metadata": {"name": name}, "spec": spec})
+            if name in self.nodes:            # not for a node removed meanwhile
+                self.api.post(path, {"metadata": {"name": name}, "spec": spec})
 
     def _heartbeat(self):
         beats = 0
@@ -333,13 +354,10 @@ class KubeletSimulator:
             if phase in ("Succeeded", "Failed"):
                 return                        # finished before we (re)started; nothing runs
             return self._start(key, pod)
-        changed = False
         for c in run.containers.values():
             if c.restart_at is not None and time.monotonic() >= c.restart_at:
                 self._restart(run, c, pod)
-                changed = True
             elif c.poll():
-                changed = True
                 policy = run.restart_policy
                 if policy == "Always" or (policy == "OnFailure" and c.exit_code != 0):
                     c.last_state = c.terminated_state()
@@ -456,7 +474,7 @@ class KubeletSimulator:
             if self.runs.get(key) is run:
                 del self.runs[key]
             self._ips.discard(run.ip)
-        shutil.rmtree(run.directory, ignore_errors=True)
+        # The pod's directory (its logs) stays for post-mortems; the API no longer serves it.
 
     # -- helpers -----------------------------------------------------------------------------
     def _allocate_ip(self) -> str:
