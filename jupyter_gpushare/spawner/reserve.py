@@ -1,0 +1,129 @@
+"""Reserving and releasing build slices at the pool service, for the spawners.
+
+The pool packs slices on build-pool GPUs and enforces each user's build allowance
+(``policy/slices.py``); the spawner only asks. It asks with a token of its own (a JupyterHub
+service: see ``GPUShareSpawnerMixin.pool_api_token``), since slices are reserved for users
+by the hub, never by users. The HTTP is ``client.PoolClient``'s, in a worker thread, so that
+the hub's event loop never waits on the network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from ..client import ClientError, PoolClient, PoolError, _segment
+from ..policy.model import GPU
+
+
+class SliceClient(PoolClient):
+    """The pool client with the calls only the hub's spawner makes (``api/slices``)."""
+
+    def reserve(self, user: str, milli: int, server: str) -> dict:
+        return self._json("POST", "api/slices",
+                          body={"user": user, "gpus": milli / GPU, "server": server})
+
+    def release(self, slice_id: str) -> dict:
+        return self._json("DELETE", f"api/slices/{_segment(slice_id)}")
+
+    def slices(self) -> list[dict]:
+        return self._json("GET", "api/slices")["slices"]
+
+
+@dataclass(frozen=True)
+class Held:
+    """A reserved slice, as the pool answered: ``gpu`` of ``node``, ``uuid`` where known."""
+
+    id: str
+    milli: int
+    node: str
+    gpu: int
+    uuid: str | None
+
+    @classmethod
+    def from_json(cls, reply: dict) -> "Held":
+        return cls(str(reply["id"]), round(float(reply["gpus"]) * GPU), str(reply["node"]),
+                   int(reply["gpu"]), reply.get("uuid") or None)
+
+
+class Refused(Exception):
+    """The pool said no (409: the build pool is full, or the allowance is used); the message
+    is the pool's sentence."""
+
+
+async def reserve(client: SliceClient, user: str, server: str, milli: int, *, wait_s: float,
+                  say: Callable[[str], None], interval: float = 2.0) -> list[Held]:
+    """Slices for ``milli`` (one, or one whole GPU each for more than one GPU).
+
+    While the pool refuses with 409, ``say`` it once and ask again every ``interval`` seconds
+    for up to ``wait_s``; then raise ``Refused``. Other failures raise ``ClientError``. All or
+    nothing: what was reserved is released again when a later part fails."""
+    parts = [milli] if milli <= GPU else [GPU] * (milli // GPU)
+    held: list[Held] = []
+    deadline = time.monotonic() + wait_s
+    told = False
+    try:
+        for part in parts:
+            while True:
+                try:
+                    reply = await asyncio.to_thread(client.reserve, user, part, server)
+                    held.append(Held.from_json(reply))
+                    break
+                except PoolError as exc:
+                    if exc.status != 409:
+                        raise
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise Refused(exc.message) from None
+                    if not told:
+                        say(f"{sentence(exc.message)[:-1]}: waiting up to {wait_s:g} s for "
+                            f"room.")
+                        told = True
+                    await asyncio.sleep(min(interval, left))
+    except BaseException:
+        await release(client, [h.id for h in held])
+        raise
+    return held
+
+
+async def release(client: SliceClient, ids: list[str], log=None) -> list[str]:
+    """Release slices; a slice the pool no longer has is released already. Returns the ids
+    that could not be released (logged), which the pool keeps until the server starts again
+    (``release_stale``) or an admin deletes them."""
+    kept = []
+    for slice_id in ids:
+        try:
+            await asyncio.to_thread(client.release, slice_id)
+        except PoolError as exc:
+            if exc.status != 404:
+                kept.append(slice_id)
+                if log:
+                    log.error("Build slice %s was not released: %s", slice_id, exc)
+        except ClientError as exc:
+            kept.append(slice_id)
+            if log:
+                log.error("Build slice %s was not released: %s", slice_id, exc)
+    return kept
+
+
+async def release_stale(client: SliceClient, user: str, server: str, log=None) -> list[str]:
+    """Release slices the pool still holds for this server from an earlier run (a hub that
+    died, a release that failed): a server runs once at a time, so they are nobody's."""
+    stale = [s["id"] for s in await asyncio.to_thread(client.slices)
+             if s.get("user") == user and s.get("server") == server]
+    if stale and log:
+        log.warning("Releasing build slice(s) %s left over from an earlier run of %s's "
+                    "server %r", ", ".join(stale), user, server)
+    await release(client, stale, log)
+    return stale
+
+
+def sentence(text: str) -> str:
+    """The pool's clause as a sentence for the spawn page: capital first, full stop last."""
+    text = " ".join(str(text).split())
+    if not text:
+        return text
+    text = text[0].upper() + text[1:]
+    return text if text.endswith((".", "!", "?")) else text + "."
