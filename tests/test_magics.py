@@ -8,16 +8,19 @@ its user, as production does, where that user cannot run this machine's Python."
 
 import os
 import re
+import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from hubtest import Hub, need_proxy, system_users
+from hubtest import Hub, free_port, need_proxy, system_users
 from kernels import Kernel
 
-from jupyter_gpushare.notebook.magics import parse, TrainError
+from jupyter_gpushare.notebook import runner
+from jupyter_gpushare.notebook.job import describe
+from jupyter_gpushare.notebook.magics import TrainError, parse
 
 TESTS = Path(__file__).resolve().parent
 JOB_ID = re.compile(r"\bj-[0-9a-f]{8}\b")
@@ -118,6 +121,15 @@ def test_with_and_out_carry_variables_there_and_back(kernel):
     assert back.stdout.strip() == "42 [42, \"<class 'dict'>\"]"
 
 
+def test_a_value_of_a_class_defined_in_the_notebook_cannot_travel_and_the_cell_says_why(kernel):
+    assert kernel.run("class Config:\n    lr = 0.1\ncfg = Config()").status == "ok"
+    cell = kernel.run("%%train --with cfg\nprint(cfg.lr)\n")
+    assert cell.status == "error" and "Traceback" not in cell.text
+    assert re.search(r"job j-\w+ failed with exit code 2: --with cfg cannot be loaded in the "
+                     r"job \(AttributeError: .*define them in the cell or in a module; its "
+                     r"output is above", cell.error_line), cell.error_line
+
+
 def test_an_out_variable_the_cell_did_not_define_fails_the_cell_in_one_sentence(kernel):
     cell = kernel.run("%%train --out nope\na = 1\n")
     assert cell.status == "error" and "Traceback" not in cell.text
@@ -146,6 +158,26 @@ def test_interrupting_the_kernel_cancels_the_job_and_stops_the_next_cells(hub, k
                         timeout=20)["state"] == "cancelled"
     after = kernel.collect(second)
     assert after.status == "aborted" and "the next cell ran" not in after.stdout
+
+
+def test_a_preempted_cell_says_so_and_streams_its_next_attempt(hub, kernel):
+    sent = kernel.send(
+        "%%train --gpus 4\n"  # vision's quota is 2: it borrows nlp's 2 GPUs
+        "import os, time\n"
+        "print('attempt', os.environ['GPUSHARE_ATTEMPT'], flush=True)\n"
+        "if os.environ['GPUSHARE_ATTEMPT'] == '1':\n"
+        "    time.sleep(60)\n")
+    kernel.collect(sent, until=lambda c: "attempt 1" in c.stdout)
+    status, nlp = hub.api("POST", "api/jobs", "bob",
+                          {"gpus": 2, "source": "import time; time.sleep(2)"})
+    assert status == 201, nlp
+    cell = kernel.collect(sent)
+    assert cell.status == "ok", cell.text
+    assert "attempt 2" in cell.stdout  # the output goes on with the next attempt
+    lines = [m["content"]["data"]["text/plain"] for m in cell.messages
+             if m["msg_type"] == "update_display_data"]
+    assert any("preempted, requeued (attempt 2)" in line for line in lines), lines
+    assert "succeeded" in lines[-1] and hub.wait_job("bob", nlp["id"], ("succeeded",))
 
 
 def test_no_wait_returns_a_handle_that_waits_logs_and_brings_back_results(hub, kernel):
@@ -264,7 +296,6 @@ def test_bad_input_prints_one_sentence_and_submits_nothing(hub, kernel, code, wo
      "cannot be reached (connection refused)"),
 ], ids=["several-projects", "no-project", "no-token", "bad-token", "no-url", "pool-down"])
 def test_who_and_where_problems_print_one_sentence(hub, kernel, setup, words):
-    from hubtest import free_port
     before = job_count(hub)
     code = setup.format(carol=hub.token("carol"), dave=hub.token("dave"), closed=free_port())
     assert kernel.run("import os\nsaved = dict(os.environ)\n" + code).status == "ok"
@@ -344,3 +375,39 @@ def test_a_job_that_cannot_run_the_notebooks_python_says_so_in_one_sentence(root
             kernel.stop()
         assert cell.status == "error" and "Traceback" not in cell.text, cell.text
         assert "failed with exit code 126: " + words in cell.error_line, cell.error_line
+
+
+def test_the_status_line():
+    job = {"id": "j-1", "name": "", "gpus": 2, "attempt": 1, "state": "pending",
+           "queue_position": 3, "reason": "waiting for 2 GPUs"}
+    assert describe(job) == "j-1 queued: position 3 — waiting for 2 GPUs"
+    assert describe({**job, "attempt": 2, "name": "big"}) == \
+        "j-1 (big) preempted, requeued (attempt 2): position 3 — waiting for 2 GPUs"
+    running = {**job, "state": "running", "started": 100.0, "reason": ""}
+    assert describe(running, now=112.5) == "j-1 running on 2 GPUs · 0:12 elapsed"
+    assert describe({**running, "gpus": 1}, now=100 + 3725) == \
+        "j-1 running on 1 GPU · 1:02:05 elapsed"
+    ended = {**running, "finished": 103.2}
+    assert describe({**ended, "state": "failed", "exit_code": 1}) == \
+        "j-1 failed (exit code 1) after 0:03"
+    assert describe({**ended, "state": "succeeded"}) == "j-1 succeeded after 0:03"
+
+
+def test_the_runner_without_a_pool(tmp_path):
+    """The folder format both ways, with the job's process run by hand."""
+    folder = runner.pack(str(tmp_path), "import os\nb = a + 1\nprint(os.getcwd())\n",
+                         {"a": 41}, ["b"])
+    assert os.stat(folder).st_mode & 0o777 == 0o700
+    done = subprocess.run(runner.command(folder), cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == str(tmp_path), done.stderr
+    assert runner.unpack(folder) == ({"b": 42}, [])
+    folder = runner.pack(str(tmp_path), "import threading\nb = threading.Lock()\n", {},
+                         ["b", "c"])
+    done = subprocess.run(runner.command(folder), cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == runner.EXIT_OUTPUT
+    values, problems = runner.unpack(folder)
+    assert values == {} and problems == [
+        "--out b: cannot be pickled (TypeError: cannot pickle '_thread.lock' object)",
+        "--out c: the cell did not define c"]
+    with pytest.raises(runner.PackError, match="--with f: cannot be sent"):
+        runner.pack(str(tmp_path), "f()", {"f": lambda: 1})

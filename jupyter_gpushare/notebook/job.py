@@ -97,6 +97,7 @@ class Job:
         self._out = tuple(out)
         self._problems: list[str] = []
         self._result: dict | None = None
+        self._lock = threading.Lock()
 
     @classmethod
     def get(cls, job_id: str, client: PoolClient | None = None) -> "Job":
@@ -282,14 +283,17 @@ class Job:
     # -- the runner's files --------------------------------------------------------------
 
     def _finished(self) -> None:
-        """The job has ended: read why the runner refused (if it did) and drop the files
-        unless they hold values that ``result()`` has yet to read."""
-        if self._folder is None or not os.path.isdir(self._folder):
-            return
-        if self._info.get("exit_code") in (runner.EXIT_INPUT, runner.EXIT_OUTPUT):
-            self._problems = runner.unpack(self._folder)[1]
-        if not (self._info["state"] == "succeeded" and self._out):
-            _remove(self._folder)
+        """The job has ended: read which ``out`` values the runner could not send back (if
+        that is why it failed) and drop the files unless ``result()`` has yet to read them.
+        Both the caller's thread and the output thread of ``watch()`` may get here."""
+        with self._lock:
+            if self._folder is None or not os.path.isdir(self._folder):
+                return
+            if self._info.get("exit_code") == runner.EXIT_OUTPUT and \
+                    os.path.exists(os.path.join(self._folder, runner.RESULT)):
+                self._problems = runner.unpack(self._folder)[1]
+            if not (self._info["state"] == "succeeded" and self._out):
+                _remove(self._folder)
 
     def _own_words(self) -> list[str]:
         """The last line the pool's shim or the runner wrote about the job ("gpushare: cannot
