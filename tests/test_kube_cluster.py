@@ -117,6 +117,28 @@ def test_simulated_containers_and_restarts(kube):
     assert kube.logs("flaky") == "again\n" and kube.logs("flaky", previous="true") == "first\n"
 
 
+def test_run_locally_annotation_and_env_sources(kube):
+    kube.add_node("env-node", gpus=1)
+    sel = kube.node_selector
+    kube.api.post(f"/api/v1/namespaces/{kube.namespace}/secrets",
+                  {"metadata": {"name": "s"}, "stringData": {"k": "from-secret"}})
+    # args only (as KubeSpawner writes a notebook pod): runs locally when the pod asks for it.
+    script = "import os; print(os.environ['S'], os.environ['IP'] == os.environ['MINE'])"
+    kube.create_pod(pod("args-only", node_selector=sel, args=[PY, "-c", script],
+                        annotations={"sim.gpushare.jupyter.org/run-locally": "true"},
+                        env=[{"name": "S", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
+                             {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                             {"name": "MINE", "value": "$(IP)"}]))
+    kube.wait_pod("args-only", "Succeeded")
+    assert kube.logs("args-only") == "from-secret True\n"
+    # A command, but the pod says not to run it: simulated, for the seconds it says.
+    kube.create_pod(pod("not-run", [PY, "-c", "print('never')"], node_selector=sel,
+                        annotations={"sim.gpushare.jupyter.org/run-locally": "false",
+                                     "sim.gpushare.jupyter.org/run-seconds": "0.2"}))
+    kube.wait_pod("not-run", "Succeeded")
+    assert kube.logs("not-run") == ""
+
+
 def test_a_pod_that_cannot_fit_says_insufficient_gpu(kube, core):
     kube.add_node("small", gpus=2)
     kube.create_pod(pod("huge", gpus=3, node_selector=kube.node_selector))

@@ -59,17 +59,19 @@ if ((${#missing[@]})); then
     $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >&2
 fi
 
-# Download once; keep the tarballs (small) so a rebuild needs no network.
+# Download once; keep the tarballs (34 MB) so a rebuild needs no network.
 DL=$CACHE/download
 mkdir -p "$DL"
 if ! ls "$DL"/kubernetes_*.dsc >/dev/null 2>&1; then
-    log "downloading the kubernetes source package"
-    (cd "$DL" && apt-get source --download-only kubernetes >&2)
-fi
-dsc=$(ls "$DL"/kubernetes_*.dsc | head -n1)
-if ! grep -q "^Version: .*${KUBE_VERSION}" "$dsc"; then
-    log "$(basename "$dsc") is not version $KUBE_VERSION; set GPUSHARE_KUBE_VERSION to match it"
-    exit 3
+    # Debian's version reads like 1.20.5+really1.20.2-1.1: the upstream one is after "really".
+    available=$(apt-cache showsrc kubernetes | sed -n 's/^Version: //p' | head -n1)
+    if [[ $available != *"$KUBE_VERSION"-* ]]; then
+        log "the kubernetes source package here is ${available:-missing}, not $KUBE_VERSION;" \
+            "set GPUSHARE_KUBE_VERSION to match it"
+        exit 3
+    fi
+    log "downloading the kubernetes source package $available"
+    (cd "$DL" && apt-get source --download-only "kubernetes=$available" >&2)
 fi
 
 SRC=$CACHE/src

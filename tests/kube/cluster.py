@@ -118,9 +118,14 @@ class ControlPlane:
     ``tokens`` adds users to the static token file: ``{"hub": ["some-group"]}``; their tokens
     are in ``self.tokens`` and ``kubeconfig_for(user)`` writes a kubeconfig for one. The admin
     user ("admin", group system:masters) is always there: ``self.token``. Authorization is RBAC,
-    so a non-admin token is as limited as in a real cluster."""
+    so a non-admin token is as limited as in a real cluster.
 
-    def __init__(self, bin_dir: Path, workdir: Path, *, tokens: dict[str, list[str]] | None = None):
+    ``extra_args`` appends flags per component, e.g. ``{"kube-scheduler": ["--kube-api-qps=200"]}``
+    (the scheduler binds at most 50 pods/s with its default client rate limit)."""
+
+    def __init__(self, bin_dir: Path, workdir: Path, *, tokens: dict[str, list[str]] | None = None,
+                 extra_args: dict[str, list[str]] | None = None):
+        self.extra_args = extra_args or {}
         self.bin_dir = Path(bin_dir)
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -282,6 +287,7 @@ class ControlPlane:
     def _add(self, name: str, argv: list[str]):
         # The apiserver stops listening at once on SIGTERM but lingers ~10 s more (its endpoint
         # reconciler retries against itself): after 2 s it is killed.
+        argv = argv + list(self.extra_args.get(name, []))
         c = Component(name, argv, self.workdir, 2 if name == "kube-apiserver" else 10)
         self.components[name] = c
         c.start()

@@ -24,12 +24,15 @@ _names = itertools.count()
 
 class KubeCluster:
     """``control_plane`` (ControlPlane) + ``kubelet`` (KubeletSimulator). ``kubeconfig``,
-    ``url``, ``token`` and ``api`` are the admin's. Keyword arguments after ``workdir`` go to
-    the simulator (``run_commands``, ``start_delay_s``, ``heartbeat_s``, ``base_env``)."""
+    ``url``, ``token`` and ``api`` are the admin's. ``tokens``/``extra_args`` go to the
+    ControlPlane; other keyword arguments to the simulator (``run_commands``, ``start_delay_s``,
+    ``heartbeat_s``, ``base_env``, ``workers``)."""
 
     def __init__(self, workdir: Path, *, bin_dir: Path | None = None,
-                 tokens: dict[str, list[str]] | None = None, **kubelet_options):
+                 tokens: dict[str, list[str]] | None = None,
+                 extra_args: dict[str, list[str]] | None = None, **kubelet_options):
         self.workdir = Path(workdir)
+        self.extra_args = extra_args
         self.bin_dir = bin_dir
         self.tokens = tokens
         self.kubelet_options = kubelet_options
@@ -42,7 +45,7 @@ class KubeCluster:
         bin_dir = self.bin_dir or ensure_binaries()
         self.timings["binaries_s"] = time.monotonic() - t0
         cp = self.control_plane = ControlPlane(bin_dir, self.workdir / "control-plane",
-                                               tokens=self.tokens)
+                                               tokens=self.tokens, extra_args=self.extra_args)
         cp.start()
         self.timings.update(cp.timings)
         self.kubelet = KubeletSimulator(cp.api, self.workdir / "kubelet",

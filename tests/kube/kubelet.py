@@ -35,7 +35,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from .logserver import LogServer
-from .podrun import (ANN_RUN_LOCALLY, ContainerRun, PodRun, container_env, decode_data,
+from .podrun import (ANN_RUN_LOCALLY, ContainerRun, PodRun, container_argv, container_env,
+                     decode_data,
                      default_base_env, now_iso, signal_container, start_process, start_simulated)
 from .rest import KubeError, KubeREST
 
@@ -117,13 +118,24 @@ class KubeletSimulator:
     """``KubeletSimulator(api, workdir, cert=..., key=...)``; ``start()``, ``add_node(...)``,
     ``remove_node(name)``, ``stop()``. ``api`` is a KubeREST with rights over nodes, leases and
     pods (the control plane's admin). ``cert``/``key``: the serving certificate the API server
-    trusts for kubelets (ControlPlane.pki["kubelet.crt"/"kubelet.key"])."""
+    trusts for kubelets (ControlPlane.pki["kubelet.crt"/"kubelet.key"]).
+
+    Which containers run as local processes: with the pod annotation
+    ``sim.gpushare.jupyter.org/run-locally: "true"`` every container that has a ``command`` or
+    ``args`` (args alone run as the argv: images are not simulated); with ``"false"`` none;
+    without it, containers with a ``command`` when ``run_commands`` is true.
+    ``base_env`` replaces the environment every process starts from (default: PATH with this
+    Python's bin directory first, HOME = the pod's own directory, LANG, KUBERNETES_SERVICE_*).
+    ``prepare(pod, container, argv, env) -> (argv, env)`` may rewrite a process just before it
+    starts (a test seam, e.g. to make a notebook server bind its pod IP).
+    ``start_delay_s`` keeps bound pods Pending that long (an image pull)."""
 
     def __init__(self, api: KubeREST, workdir: Path, *, cert: Path, key: Path,
                  run_commands: bool = True, start_delay_s: float = 0.0,
                  heartbeat_s: float = 10.0, base_env: dict[str, str] | None = None,
-                 workers: int = 4):
+                 prepare=None, workers: int = 4):
         self.api = api
+        self.prepare = prepare
         self.workdir = Path(workdir)
         self.run_commands = run_commands
         self.start_delay_s = start_delay_s
@@ -385,8 +397,10 @@ class KubeletSimulator:
         annotations = meta.get("annotations") or {}
         wanted = annotations.get(ANN_RUN_LOCALLY)
         for cspec in spec["containers"]:
-            local = (wanted == "true" or (wanted is None and self.run_commands)) \
-                and bool(cspec.get("command"))
+            if wanted == "true":
+                local = bool(cspec.get("command") or cspec.get("args"))
+            else:
+                local = wanted is None and self.run_commands and bool(cspec.get("command"))
             c = ContainerRun(name=cspec["name"], image=cspec.get("image", ""), local=local)
             run.containers[c.name] = c
             self._launch(run, c, cspec, pod)
@@ -402,7 +416,10 @@ class KubeletSimulator:
         base = self._base_env or default_base_env(run.directory / "home", self._api_host,
                                                   self._api_port)
         env = container_env(pod, cspec, {**base, "HOSTNAME": run.name}, self._read_data)
-        start_process(run, c, cspec, env)
+        argv, cwd = container_argv(cspec, env), cspec.get("workingDir")
+        if self.prepare is not None:
+            argv, env = self.prepare(pod, cspec, argv, env)
+        start_process(run, c, argv, cwd, env)
         if c.proc is not None:
             key = (run.namespace, run.name)
             threading.Thread(target=self._wait_exit, args=(key, c.proc), daemon=True,

@@ -194,11 +194,17 @@ def default_base_env(home: Path, api_host: str, api_port: int) -> dict[str, str]
             "KUBERNETES_SERVICE_HOST": api_host, "KUBERNETES_SERVICE_PORT": str(api_port)}
 
 
-def start_process(run: PodRun, c: ContainerRun, spec: dict, env: dict[str, str]):
+def container_argv(spec: dict, env: dict[str, str]) -> list[str]:
+    """``command`` + ``args`` with $(VAR) expanded. Images are not simulated, so a container
+    without a ``command`` runs its ``args`` as if the image's ENTRYPOINT were empty."""
+    return [expand(a, env) for a in (spec.get("command") or []) + (spec.get("args") or [])]
+
+
+def start_process(run: PodRun, c: ContainerRun, argv: list[str], cwd: str | None,
+                  env: dict[str, str]):
     """Starts a container's command as a local process in its own process group; a command
     that cannot start ends the container at once with exit code 128 (StartError)."""
-    argv = [expand(a, env) for a in (spec.get("command") or []) + (spec.get("args") or [])]
-    cwd = spec.get("workingDir") or str(run.directory / "home")
+    cwd = cwd or str(run.directory / "home")
     log = run.log_path(c.name)
     if log.exists():
         log.replace(run.log_path(c.name, previous=True))
