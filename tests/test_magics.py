@@ -70,6 +70,11 @@ def job_count(hub) -> int:
     return len(body["jobs"])
 
 
+def cell_folders(workdir) -> set:
+    cells = workdir / ".gpushare" / "cells"
+    return set(cells.iterdir()) if cells.exists() else set()
+
+
 def only_job_id(cell) -> str:
     ids = set(JOB_ID.findall(cell.text))
     assert len(ids) == 1, cell.text
@@ -274,14 +279,14 @@ BAD = [
     "with-undefined", "with-unpicklable", "out-not-a-name", "no-cell", "empty-cell", "magic-in-cell",
     "bad-quoting", "no-script", "missing-script", "script-with", "gpushare-unknown",
     "cancel-unknown-job"])
-def test_bad_input_prints_one_sentence_and_submits_nothing(hub, kernel, code, words):
-    before = job_count(hub)
+def test_bad_input_prints_one_sentence_and_submits_nothing(hub, kernel, workdir, code, words):
+    before, folders = job_count(hub), cell_folders(workdir)
     cell = kernel.run(code)
     assert cell.status == "error" and "Traceback" not in cell.text, cell.text
     said = cell.stderr.strip() if cell.stderr else cell.error_line  # IPython's UsageError
     assert words in said and "\n" not in said, said
     assert not cell.stdout.strip() and not cell.displays
-    assert job_count(hub) == before
+    assert job_count(hub) == before and cell_folders(workdir) == folders  # nothing left
 
 
 @pytest.mark.parametrize("setup, words", [
