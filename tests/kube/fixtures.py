@@ -39,6 +39,10 @@ class KubeTest:
     def api(self):
         return self.cluster.api
 
+    @property
+    def kubeconfig(self):
+        return self.cluster.kubeconfig
+
     def add_node(self, name: str, **options) -> dict:
         options["labels"] = {**self.node_selector, **(options.get("labels") or {})}
         node = self.kubelet.add_node(name, **options)

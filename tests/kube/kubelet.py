@@ -332,7 +332,7 @@ class KubeletSimulator:
                     return
                 log.info("pod watch ended (%s); listing again in %.1f s", e, backoff)
                 self._stopping.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
+                backoff = min(backoff * 2, 2.0)       # tests want a quick recovery
 
     def _work(self):
         while True:
