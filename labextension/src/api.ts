@@ -6,7 +6,7 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
-import { BuildSlice, Job, Quota, TrainSpec, errorMessage } from './model';
+import { BuildSlice, Job, Quota, TrainSpec, buildSlice, errorMessage } from './model';
 
 /** A request the server or the pool refused or could not answer: `message` is one sentence. */
 export class GpushareError extends Error {
@@ -40,9 +40,7 @@ export class GpushareAPI {
 
   /** This server's build slice, or null when it holds none. */
   async slice(): Promise<BuildSlice | null> {
-    const body = await this.json<any>('slice');
-    const slice = body && typeof body === 'object' && 'slice' in body ? body.slice : body;
-    return slice && typeof slice.gpus === 'number' ? { gpus: slice.gpus } : null;
+    return buildSlice(await this.json<unknown>('slice'));
   }
 
   submit(spec: TrainSpec): Promise<Job> {
@@ -95,7 +93,7 @@ export class GpushareAPI {
       if (init.signal?.aborted) {
         throw error;
       }
-      throw new GpushareError('This notebook server cannot be reached; retrying.', 0);
+      throw new GpushareError('This notebook server cannot be reached.', 0);
     }
     if (!response.ok) {
       throw new GpushareError(errorMessage(response.status, await response.text()), response.status);

@@ -46,9 +46,24 @@ export interface Quota {
   jobs: Partial<Record<JobState, number>>;
 }
 
-/** This server's build slice, from the server extension's `slice` route. */
+/**
+ * This server's build slice, from the server extension's `slice` route: the fraction of one
+ * GPU, and whether the slice watchdog last saw the server use more GPU memory than that.
+ */
 export interface BuildSlice {
   gpus: number;
+  over: boolean;
+  message: string;
+}
+
+/** The `slice` route's answer (`{slice: {gpus, ...} | null, watchdog: {over, message} | null}`). */
+export function buildSlice(body: any): BuildSlice | null {
+  const slice = body?.slice;
+  if (!slice || typeof slice.gpus !== 'number') {
+    return null;
+  }
+  const watchdog = body.watchdog ?? {};
+  return { gpus: slice.gpus, over: watchdog.over === true, message: String(watchdog.message ?? '') };
 }
 
 const milli = (gpus: number): number => Math.round(gpus * 1000);
@@ -218,7 +233,7 @@ export function statusText(
   quota: Quota | null,
   error: string | null
 ): string {
-  const parts = [slice ? `GPU ${fraction(slice.gpus)}` : 'GPU –'];
+  const parts = [slice ? `GPU ${fraction(slice.gpus)}${slice.over ? ' ⚠' : ''}` : 'GPU –'];
   if (error !== null || quota === null) {
     parts.push(error !== null ? 'pool unreachable' : 'pool …');
     return parts.join(' · ');
@@ -251,6 +266,9 @@ export function statusTitle(slice: BuildSlice | null, quota: Quota | null, error
       ? `This notebook server holds ${gpuAmount(slice.gpus)} of a build GPU.`
       : 'This notebook server holds no build GPU slice.'
   ];
+  if (slice?.over && slice.message) {
+    lines.push(slice.message);
+  }
   if (error !== null) {
     lines.push(error);
   } else if (quota !== null) {
@@ -349,6 +367,16 @@ export function trainSpec(
   return { spec };
 }
 
+/** A sentence as the panel shows it: capital first, a full stop last. */
+export function sentence(text: string): string {
+  const t = text.trim();
+  if (!t) {
+    return t;
+  }
+  const capital = t[0].toUpperCase() + t.slice(1);
+  return /[.!?)]$/.test(capital) ? capital : `${capital}.`;
+}
+
 /** The pool's error sentence from a JSON body, or one made from the HTTP status. */
 export function errorMessage(status: number, body: string): string {
   try {
@@ -360,7 +388,7 @@ export function errorMessage(status: number, body: string): string {
     // not JSON: a proxy's or the server's own page
   }
   if (status === 502 || status === 503 || status === 504) {
-    return `The gpushare pool cannot be reached (HTTP ${status}); retrying.`;
+    return `The gpushare pool cannot be reached (HTTP ${status}).`;
   }
   if (status === 404) {
     return 'The gpushare server extension is not enabled in this notebook server (HTTP 404).';

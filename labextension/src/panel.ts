@@ -9,7 +9,7 @@ import { Widget } from '@lumino/widgets';
 import { Job, barScale, gpuAmount, jobRow, quotaBar } from './model';
 import { GpushareModel } from './poller';
 
-const COLUMNS = ['Name', 'State', 'GPUs', 'Queue', 'Reason', 'Elapsed', 'Attempt', ''];
+const COLUMNS = ['Job', 'State', 'GPUs', 'Time'];
 
 function el<K extends keyof HTMLElementTagNameMap>(
   tag: K,
@@ -40,7 +40,6 @@ export class GpusharePanel extends Widget {
     for (const column of COLUMNS) {
       head.append(el('th', '', column));
     }
-    this._table.createTBody();
     this._log.className = 'jp-GpusharePanel-log';
     this._logTitle.className = 'jp-GpusharePanel-logTitle';
     this.node.append(
@@ -74,7 +73,10 @@ export class GpusharePanel extends Widget {
       this._line.textContent = 'Asking the gpushare pool…';
     } else {
       const when = updated ? new Date(updated * 1000).toLocaleTimeString() : '';
-      const build = slice ? `this server holds ${gpuAmount(slice.gpus)} of a build GPU` : 'no build GPU slice';
+      let build = slice ? `this server holds ${gpuAmount(slice.gpus)} of a build GPU` : 'no build GPU slice';
+      if (slice?.over) {
+        build += ` (${slice.message || 'using more GPU memory than its slice'})`;
+      }
       this._line.textContent = `${quota.user}: ${build}; updated ${when}`;
     }
     this.toggleClass('jp-mod-error', error !== null);
@@ -108,34 +110,49 @@ export class GpusharePanel extends Widget {
     }
   }
 
+  // A side bar is narrow: each job is a group of two rows, its fields in four columns and
+  // then, across the width, why it waits and what can be done with it.
   private _renderJobs(): void {
-    const body = this._table.tBodies[0];
     const now = Date.now() / 1000;
-    body.replaceChildren();
+    while (this._table.tBodies.length) {
+      this._table.tBodies[0].remove();
+    }
     if (this.model.jobs.length === 0) {
-      const cell = body.insertRow().insertCell();
+      const cell = this._table.createTBody().insertRow().insertCell();
       cell.colSpan = COLUMNS.length;
       cell.textContent = this.model.quota ? 'No train jobs yet: right-click a .py file, "Run as train job…".' : '';
     }
     for (const job of this.model.jobs) {
       const row = jobRow(job, now);
-      const tr = body.insertRow();
-      tr.dataset.job = job.id;
-      tr.dataset.state = job.state;
-      tr.classList.toggle('jp-mod-selected', job.id === this._shown);
-      for (const text of [row.name, row.state, row.gpus, row.position, row.reason, row.elapsed, row.attempt]) {
-        tr.insertCell().textContent = text;
+      const group = this._table.createTBody();
+      group.dataset.job = job.id;
+      group.dataset.state = job.state;
+      group.classList.toggle('jp-mod-selected', job.id === this._shown);
+      const fields = group.insertRow();
+      fields.insertCell().append(el('div', 'jp-GpusharePanel-name', row.name));
+      const state = fields.insertCell();
+      state.append(el('div', 'jp-GpusharePanel-state', row.state));
+      if (row.position) {
+        state.append(el('div', 'jp-GpusharePanel-position', `${row.position} in queue`));
       }
-      const actions = tr.insertCell();
-      const logs = el('button', 'jp-mod-styled jp-GpusharePanel-logs', 'Logs');
+      state.append(el('div', 'jp-GpusharePanel-attempt', `attempt ${row.attempt}`));
+      fields.insertCell().append(el('span', 'jp-GpusharePanel-gpus', row.gpus));
+      fields.insertCell().append(el('span', 'jp-GpusharePanel-elapsed', row.elapsed));
+      const detail = group.insertRow().insertCell();
+      detail.colSpan = COLUMNS.length;
+      if (row.reason) {
+        detail.append(el('div', 'jp-GpusharePanel-reason', row.reason));
+      }
+      const logs = el('button', 'jp-GpusharePanel-button jp-GpusharePanel-logs', 'Logs');
       logs.disabled = !row.followable;
       logs.title = row.followable ? 'Show the output (followed while it runs)' : 'No output until it starts';
       logs.onclick = () => void this.showLogs(job);
-      actions.append(logs);
+      detail.append(logs);
       if (row.cancellable) {
-        const cancel = el('button', 'jp-mod-styled jp-mod-warn jp-GpusharePanel-cancel', 'Cancel');
+        const cancel = el('button', 'jp-GpusharePanel-button jp-GpusharePanel-cancel', 'Cancel');
+        cancel.title = job.state === 'running' ? 'Stop the job (it gets the grace period)' : 'Take it out of the queue';
         cancel.onclick = () => void this._cancel(job, cancel);
-        actions.append(cancel);
+        detail.append(cancel);
       }
     }
   }

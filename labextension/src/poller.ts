@@ -6,8 +6,8 @@
 import { Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
 
-import { GpushareAPI } from './api';
-import { BuildSlice, Job, Quota, sortJobs } from './model';
+import { GpushareAPI, GpushareError } from './api';
+import { BuildSlice, Job, Quota, sentence, sortJobs } from './model';
 
 export class GpushareModel {
   constructor(readonly api: GpushareAPI) {
@@ -54,7 +54,8 @@ export class GpushareModel {
       this.error = null;
       this.updated = Date.now() / 1000;
     } catch (error) {
-      this.error = (error as Error).message;
+      const unreachable = error instanceof GpushareError && error.unreachable;
+      this.error = sentence((error as Error).message) + (unreachable ? ' Retrying.' : '');
       this.slice = await slice;
       this._changed.emit();
       throw error; // the poll backs off

@@ -27,6 +27,6 @@ export class GpushareStatus extends Widget {
     const { slice, quota, error } = this.model;
     this.node.textContent = statusText(slice, quota, error);
     this.node.title = statusTitle(slice, quota, error);
-    this.toggleClass('jp-mod-error', error !== null);
+    this.toggleClass('jp-mod-error', error !== null || (slice?.over ?? false));
   }
 }

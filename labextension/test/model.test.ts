@@ -8,6 +8,7 @@ import {
   Project,
   Quota,
   barScale,
+  buildSlice,
   duration,
   elapsed,
   errorMessage,
@@ -15,6 +16,7 @@ import {
   gpuAmount,
   jobRow,
   quotaBar,
+  sentence,
   sortJobs,
   statusText,
   trainSpec
@@ -165,7 +167,7 @@ describe('quota bars', () => {
 describe('status bar text', () => {
   test('slice, projects in use, queued', () => {
     const q = quota([project('vision', 2, 4), project('nlp', 1, 0)], { pending: 1, running: 0 });
-    assert.equal(statusText({ gpus: 0.25 }, q, null), 'GPU ¼ · vision 4/2 · 1 queued');
+    assert.equal(statusText({ gpus: 0.25, over: false, message: '' }, q, null), 'GPU ¼ · vision 4/2 · 1 queued');
   });
 
   test('the only project shows even when idle; running jobs counted', () => {
@@ -174,11 +176,26 @@ describe('status bar text', () => {
 
   test('at most two projects, the rest counted', () => {
     const q = quota([project('a', 1, 1), project('b', 1, 1), project('c', 1, 1)]);
-    assert.equal(statusText({ gpus: 0.5 }, q, null), 'GPU ½ · a 1/1 · b 1/1 · +1 projects');
+    assert.equal(statusText({ gpus: 0.5, over: false, message: '' }, q, null), 'GPU ½ · a 1/1 · b 1/1 · +1 projects');
+  });
+
+  test('a slice over its memory is flagged', () => {
+    const q = quota([project('vision', 2, 0)]);
+    assert.equal(statusText({ gpus: 0.25, over: true, message: 'm' }, q, null), 'GPU ¼ ⚠ · vision 0/2');
+  });
+
+  test("the slice route's answer", () => {
+    assert.equal(buildSlice({ slice: null, watchdog: null }), null);
+    assert.equal(buildSlice(null), null);
+    assert.deepEqual(buildSlice({ slice: { gpus: 0.25, uuid: 'GPU-1' }, watchdog: null }), { gpus: 0.25, over: false, message: '' });
+    assert.deepEqual(
+      buildSlice({ slice: { gpus: 0.5 }, watchdog: { over: true, message: 'uses 30 GiB of 20' } }),
+      { gpus: 0.5, over: true, message: 'uses 30 GiB of 20' }
+    );
   });
 
   test('an unreachable pool says so', () => {
-    assert.equal(statusText({ gpus: 0.25 }, quota([]), 'x'), 'GPU ¼ · pool unreachable');
+    assert.equal(statusText({ gpus: 0.25, over: false, message: '' }, quota([]), 'x'), 'GPU ¼ · pool unreachable');
     assert.equal(statusText(null, null, null), 'GPU – · pool …');
   });
 });
@@ -237,6 +254,13 @@ describe('Run as train job: checking the form', () => {
 describe('error sentences', () => {
   test("the pool's own sentence is kept", () => {
     assert.equal(errorMessage(409, '{"error": "job x has already ended (succeeded)"}'), 'job x has already ended (succeeded)');
+  });
+
+  test('sentences start with a capital and end with a stop', () => {
+    assert.equal(sentence('the pool service at http://x/ cannot be reached; is JupyterHub running?'),
+      'The pool service at http://x/ cannot be reached; is JupyterHub running?');
+    assert.equal(sentence('job x is not yours'), 'Job x is not yours.');
+    assert.equal(sentence(''), '');
   });
 
   test('gateways and missing routes get a sentence of their own', () => {

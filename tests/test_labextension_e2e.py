@@ -1,0 +1,273 @@
+"""The JupyterLab extension end to end, in real headless Chromium (Debian's, driven by
+Playwright): a real JupyterLab server with the extension and the gpushare server extension,
+pointed at the real pool service behind a real JupyterHub (as a single-user server is, with
+GPUSHARE_URL and its JUPYTERHUB_API_TOKEN). The status bar and the panel show the pool, a job
+submitted from "Run as train job…" appears and finishes with its log followed, a job is
+cancelled from the table, and a pool that goes away is said in one line. Screenshots are kept
+in tests/artifacts/labextension/."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from urllib.error import URLError
+from urllib.request import urlopen
+
+import pytest
+
+from hubtest import Hub, free_port, need_proxy, system_users
+
+ARTIFACTS = Path(__file__).parent / "artifacts" / "labextension"
+EXTENSION = Path(sys.prefix) / "share" / "jupyter" / "labextensions" / "jupyter-gpushare"
+
+POOL_CONFIG = """
+c = get_config()
+c.PoolService.projects = {"vision": {"quota": 2, "limit": 4, "groups": ["vision"]}}
+c.PoolService.cycle_interval = 0.2
+c.PoolService.grace_period = 2
+c.LocalBackend.simulated_nodes = 1
+c.LocalBackend.simulated_gpus_per_node = 4
+c.LocalBackend.env_keep = ["LANG", "LC_ALL"]
+"""
+
+TRAIN = """import os, time
+print('devices', os.environ['CUDA_VISIBLE_DEVICES'], flush=True)
+for step in range(3):
+    print('step', step, flush=True)
+    time.sleep(0.5)
+print('done', flush=True)
+"""
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+def chromium() -> str:
+    """Debian's chromium, installed with apt-get where it is missing and we are root."""
+    path = Path("/usr/bin/chromium")
+    if not path.exists() and os.geteuid() == 0 and shutil.which("apt-get"):
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "chromium"]
+        if subprocess.run(install, env=env, capture_output=True).returncode != 0:
+            subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True)
+            subprocess.run(install, env=env, capture_output=True)
+    if not path.exists():
+        pytest.skip("SKIPPED LOUDLY: the JupyterLab end-to-end test needs Debian's chromium at "
+                    "/usr/bin/chromium; install it with `apt-get install -y chromium` (as root)")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    need_proxy()
+    if os.geteuid() == 0:
+        system_users(["alice", "admin"])
+    directory = tmp_path_factory.mktemp("hub")
+    directory.chmod(0o755)
+    hub = Hub(directory, {"vision": ["alice"]}, POOL_CONFIG).start()
+    yield hub
+    hub.stop()
+
+
+@pytest.fixture(scope="module")
+def lab(hub, tmp_path_factory):
+    """A JupyterLab server as alice's single-user server would be, with a build slice of ¼."""
+    if not (EXTENSION / "package.json").exists():
+        pytest.fail(f"the labextension is not installed at {EXTENSION}; `pip install -e .` "
+                    f"builds and installs it (it needs Node.js and npm)")
+    home = tmp_path_factory.mktemp("lab")
+    # Jobs run as alice under a root pool: her script's folder and Python must be hers to
+    # use, so the folder is world-readable and the kernel's Python is the system's.
+    root = Path(tempfile.mkdtemp(prefix="gpushare-lab-"))
+    root.chmod(0o755)
+    (root / "train.py").write_text(TRAIN)
+    (root / "train.py").chmod(0o644)
+    python = "/usr/bin/python3" if os.geteuid() == 0 else sys.executable
+    kernel = home / "data" / "kernels" / "python3"
+    kernel.mkdir(parents=True)
+    (kernel / "kernel.json").write_text(json.dumps({
+        "argv": [python, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python 3", "language": "python"}))
+    port, token = free_port(), secrets.token_hex(16)
+    env = {**os.environ, "GPUSHARE_URL": hub.pool_url,
+           "JUPYTERHUB_API_TOKEN": hub.token("alice"), "GPUSHARE_SLICE_GPUS": "0.25",
+           "JUPYTER_PATH": str(home / "data"), "JUPYTER_CONFIG_DIR": str(home / "config"),
+           "JUPYTERLAB_SETTINGS_DIR": str(home / "settings"),
+           "JUPYTERLAB_WORKSPACES_DIR": str(home / "workspaces")}
+    # Lab's question about news would cover the panel in the screenshots.
+    (home / "config" / "labconfig").mkdir(parents=True)
+    (home / "config" / "labconfig" / "page_config.json").write_text(json.dumps(
+        {"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}}))
+    log = open(home / "lab.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+         f"--ServerApp.token={token}", f"--ServerApp.root_dir={root}", "--allow-root",
+         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
+        env=env, stdout=log, stderr=log, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urlopen(f"{url}/api/status?token={token}", timeout=2):
+                break
+        except (URLError, ConnectionError, OSError):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"JupyterLab did not start; see {home / 'lab.log'}")
+            time.sleep(0.3)
+    yield {"url": url, "token": token, "root": root, "python": python, "log": home / "lab.log"}
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def page(lab):
+    executable = chromium()
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="SKIPPED LOUDLY: the JupyterLab end-to-end test needs "
+        "the playwright Python package (pip install playwright; its own browsers are not used)")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, headless=True,
+                                    args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1500, "height": 900})
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(f"{lab['url']}/lab?token={lab['token']}")
+        page.wait_for_selector(".jp-DirListing-item[title*='train.py']", timeout=60_000)
+        page.errors = errors
+        yield page
+        browser.close()
+
+
+def shot(page, name: str) -> None:
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
+
+
+def text_of(page, selector: str) -> str:
+    return page.locator(selector).first.inner_text()
+
+
+def test_status_bar_and_panel_show_the_slice_and_the_quota(page):
+    status = page.locator(".jp-GpushareStatus")
+    status.wait_for(timeout=30_000)
+    page.wait_for_function(
+        "document.querySelector('.jp-GpushareStatus').textContent.includes('vision')",
+        timeout=30_000)
+    assert status.inner_text() == "GPU ¼ · vision 0/2"
+    status.click()
+    panel = page.locator("#jupyter-gpushare-panel")
+    panel.wait_for(state="visible", timeout=10_000)
+    quota = panel.locator(".jp-GpusharePanel-quota[data-project='vision']")
+    quota.wait_for(timeout=10_000)
+    assert quota.locator(".jp-GpusharePanel-label").inner_text() == "0 of 2 guaranteed in use"
+    assert re.match(r"alice: this server holds 0\.25 of a build GPU; updated ",
+                    text_of(page, ".jp-GpusharePanel-line"))
+    shot(page, "1-panel")
+
+
+def test_a_job_submitted_from_the_dialog_appears_and_finishes(page, hub, lab):
+    page.locator(".jp-DirListing-item[title*='train.py']").click(button="right")
+    page.locator(".lm-Menu-item:has-text('Run as train job')").click()
+    dialog = page.locator(".jp-Dialog")
+    dialog.wait_for(timeout=10_000)
+    assert f"Runs {lab['python']} train.py in its folder." in dialog.inner_text()
+    submit = dialog.locator("button.jp-mod-accept")
+    gpus = dialog.locator("input[name='gpus']")
+    gpus.fill("0")
+    assert dialog.locator(".jp-GpushareDialog-error").inner_text() == \
+        'GPUs must be a whole number of GPUs, 1 or more, not "0".'
+    assert submit.is_disabled()
+    gpus.fill("9")
+    assert "The train pool has 4 GPUs; ask for 4 or fewer." in dialog.inner_text()
+    shot(page, "2-dialog-refuses")
+    gpus.fill("2")
+    dialog.locator("input[name='name']").fill("e2e-train")
+    assert submit.is_enabled()
+    submit.click()
+    dialog.wait_for(state="detached", timeout=10_000)
+
+    row = page.locator("#jupyter-gpushare-panel tbody:has-text('e2e-train')")
+    row.wait_for(timeout=15_000)
+    job_id = row.get_attribute("data-job")
+    # The panel refreshes by itself until the job has succeeded.
+    page.wait_for_selector(f"tbody[data-job='{job_id}'][data-state='succeeded']", timeout=60_000)
+    fields = [row.locator(f".jp-GpusharePanel-{f}").inner_text()
+              for f in ("name", "state", "gpus", "attempt")]
+    assert fields == ["e2e-train", "succeeded", "2", "attempt 1"], fields
+    assert re.fullmatch(r"\d+s", row.locator(".jp-GpusharePanel-elapsed").inner_text())
+    log = page.locator(".jp-GpusharePanel-log")
+    page.wait_for_function(
+        "document.querySelector('.jp-GpusharePanel-log').textContent.includes('done')",
+        timeout=15_000)
+    text = log.inner_text()
+    assert "step 2" in text
+    assert len(text.split("devices ")[1].split()[0].split(",")) == 2
+    shot(page, "3-job-succeeded")
+
+    status, job = hub.api("GET", f"api/jobs/{job_id}", "alice")
+    assert status == 200 and job["state"] == "succeeded"
+    assert job["command"] == [lab["python"], "train.py"] and job["gpus"] == 2
+    assert job["workdir"] == str(lab["root"]) and job["project"] == "vision"
+
+
+LONG = "import time\nprint('up', flush=True)\ntime.sleep(120)\nprint('late', flush=True)\n"
+
+
+def test_the_queue_shows_and_jobs_are_cancelled_and_followed_from_the_table(page, hub):
+    big = hub.api("POST", "api/jobs", "alice", {"gpus": 4, "name": "e2e-big", "source": LONG})[1]
+    page.wait_for_selector(f"tbody[data-job='{big['id']}'][data-state='running']", timeout=30_000)
+    small = hub.api("POST", "api/jobs", "alice", {"gpus": 1, "name": "e2e-small", "source": LONG})[1]
+    row = page.locator(f"tbody[data-job='{small['id']}'][data-state='pending']")
+    row.wait_for(timeout=15_000)
+    assert row.locator(".jp-GpusharePanel-position").inner_text() == "#1 in queue"
+    assert row.locator(".jp-GpusharePanel-reason").inner_text().strip()
+    page.wait_for_function(
+        "document.querySelector('.jp-GpushareStatus').textContent.includes('queued')",
+        timeout=15_000)
+    assert text_of(page, ".jp-GpushareStatus") == "GPU ¼ · vision 4/2 · 1 running · 1 queued"
+    label = text_of(page, ".jp-GpusharePanel-quota[data-project='vision'] .jp-GpusharePanel-label")
+    assert label == "4 of 2 guaranteed in use · 2 borrowed · 1 queued"
+    shot(page, "4-queue")
+
+    page.locator(f"tbody[data-job='{big['id']}'] button.jp-GpusharePanel-cancel").click()
+    page.wait_for_selector(f"tbody[data-job='{big['id']}'][data-state='cancelled']", timeout=30_000)
+    running = page.locator(f"tbody[data-job='{small['id']}'][data-state='running']")
+    running.wait_for(timeout=30_000)
+    running.locator("button.jp-GpusharePanel-logs").click()
+    page.wait_for_function(
+        "document.querySelector('.jp-GpusharePanel-log').textContent.includes('up')",
+        timeout=15_000)
+    assert text_of(page, ".jp-GpusharePanel-logTitle") == "Logs: e2e-small"
+    page.locator(f"tbody[data-job='{small['id']}'] button.jp-GpusharePanel-cancel").click()
+    page.wait_for_selector(f"tbody[data-job='{small['id']}'][data-state='cancelled']",
+                           timeout=30_000)
+    page.wait_for_function(
+        "document.querySelector('.jp-GpusharePanel-logTitle').textContent.endsWith('(ended)')",
+        timeout=15_000)
+    assert "late" not in text_of(page, ".jp-GpusharePanel-log")
+    for job in (big, small):
+        assert hub.api("GET", f"api/jobs/{job['id']}", "alice")[1]["state"] == "cancelled"
+    shot(page, "5-cancelled")
+
+
+def test_a_pool_that_cannot_be_reached_is_said_in_one_line(page, hub):
+    hub.stop()
+    page.wait_for_selector("#jupyter-gpushare-panel.jp-mod-error", timeout=30_000)
+    line = text_of(page, ".jp-GpusharePanel-line")
+    assert "\n" not in line and re.search(r"cannot be reached|could not reach|connect", line,
+                                          re.I), line
+    assert text_of(page, ".jp-GpushareStatus") == "GPU ¼ · pool unreachable"
+    shot(page, "6-pool-unreachable")
+    assert page.errors == []
