@@ -65,7 +65,18 @@ def chromium() -> str:
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
+def browser_path():
+    """What the test needs beyond the hub, checked before anything starts."""
+    pytest.importorskip("jupyterlab", reason="SKIPPED LOUDLY: the JupyterLab end-to-end test "
+                        "needs JupyterLab (pip install 'jupyterlab>=4.6,<5')")
+    pytest.importorskip("playwright.sync_api", reason="SKIPPED LOUDLY: the JupyterLab "
+                        "end-to-end test needs the playwright Python package (pip install "
+                        "playwright; it drives Debian's chromium, not browsers of its own)")
+    return chromium()
+
+
+@pytest.fixture(scope="module")
+def hub(browser_path, tmp_path_factory):
     need_proxy()
     if os.geteuid() == 0:
         system_users(["alice", "admin"])
@@ -132,14 +143,12 @@ def lab(hub, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def page(lab):
-    executable = chromium()
-    sync_api = pytest.importorskip(
-        "playwright.sync_api", reason="SKIPPED LOUDLY: the JupyterLab end-to-end test needs "
-        "the playwright Python package (pip install playwright; its own browsers are not used)")
+def page(lab, browser_path):
+    from playwright.sync_api import sync_playwright
+
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=executable, headless=True,
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=browser_path, headless=True,
                                     args=["--no-sandbox", "--disable-gpu"])
         page = browser.new_page(viewport={"width": 1500, "height": 900})
         errors: list[str] = []
