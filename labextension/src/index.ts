@@ -5,7 +5,7 @@
 import { ILabShell, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { ICommandPalette } from '@jupyterlab/apputils';
 import { PageConfig } from '@jupyterlab/coreutils';
-import { IDefaultFileBrowser, IFileBrowserFactory } from '@jupyterlab/filebrowser';
+import { FileBrowser, IDefaultFileBrowser, IFileBrowserFactory } from '@jupyterlab/filebrowser';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
 
@@ -46,7 +46,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     labShell: ILabShell | null,
     statusBar: IStatusBar | null,
     palette: ICommandPalette | null,
-    defaultBrowser: FileBrowserOrNull
+    defaultBrowser: FileBrowser | null
   ) => {
     const api = new GpushareAPI(app.serviceManager.serverSettings);
     const model = new GpushareModel(api);
@@ -103,9 +103,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
   }
 };
 
-type FileBrowserOrNull = { selectedItems(): IterableIterator<{ path: string }> } | null;
-
-function selectedPath(factory: IFileBrowserFactory, fallback: FileBrowserOrNull): string | undefined {
+function selectedPath(factory: IFileBrowserFactory, fallback: FileBrowser | null): string | undefined {
   const browser = factory.tracker.currentWidget ?? fallback;
   const first = browser?.selectedItems().next();
   return first && !first.done ? first.value.path : undefined;

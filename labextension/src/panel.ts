@@ -210,6 +210,10 @@ export class GpusharePanel extends Widget {
     const log = this._log;
     const atEnd = log.scrollHeight - log.scrollTop - log.clientHeight < 20;
     log.append(text);
+    if (log.childNodes.length > 2000) {
+      // A long run's output: keep the last 256 KiB in one text node, as a terminal would.
+      log.textContent = (log.textContent ?? '').slice(-262144);
+    }
     if (atEnd) {
       log.scrollTop = log.scrollHeight;
     }
