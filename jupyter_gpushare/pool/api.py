@@ -269,11 +269,11 @@ class LogsHandler(PoolHandler):
             if not 1 <= attempt <= row.attempt:
                 self.fail(400, f"job {job_id} has attempts 1 to {row.attempt}")
         follow = self.get_argument("follow", "0") not in ("0", "", "false")
-        backend, offset = self.pool.backend, 0
+        backend, offset, pause = self.pool.backend, 0, 0.02
         while True:
             chunk = await backend.read_log(row.id, attempt, offset)
             if chunk:
-                offset += len(chunk)
+                offset, pause = offset + len(chunk), 0.02  # output flows: look again soon
                 self.write(chunk)
                 try:
                     await self.flush()
@@ -286,7 +286,8 @@ class LogsHandler(PoolHandler):
                                   or row.attempt < attempt):
                 break
             if not chunk:
-                await asyncio.sleep(0.2)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 0.2)
         self.finish()
 
 

@@ -43,17 +43,35 @@ class Scheduler:
         """Run a cycle soon (a job was submitted or cancelled)."""
         self._wake.set()
 
-    async def run(self, interval_s: float) -> None:
+    async def run(self, interval_s: float, exit_poll_s: float = 0.1) -> None:
+        """A cycle every ``interval_s``, or at once when woken. Between cycles the backend is
+        asked every ``exit_poll_s`` whether attempts ended (cheap), so a finished job is
+        recorded, and its GPUs given out, without waiting for the next cycle."""
+        loop = asyncio.get_running_loop()
         while True:
             try:
                 await self.tick()
             except Exception:  # keep scheduling; the store is the truth
                 self.log.exception("scheduling cycle failed; trying again")
-            try:
-                await asyncio.wait_for(self._wake.wait(), interval_s)
-            except asyncio.TimeoutError:
-                pass
+            deadline = loop.time() + interval_s
+            while (left := deadline - loop.time()) > 0:
+                try:
+                    await asyncio.wait_for(self._wake.wait(), min(exit_poll_s, left))
+                    break
+                except asyncio.TimeoutError:
+                    pass
+                try:
+                    if await self._exits_seen():
+                        break
+                except Exception:
+                    self.log.exception("asking the backend for ended jobs failed")
             self._wake.clear()
+
+    async def _exits_seen(self) -> bool:
+        async with self._lock:
+            exits = await self.backend.poll()
+            self._apply_exits(exits, time.time())
+        return bool(exits)
 
     async def reconcile(self) -> None:
         """After a restart: adopt what still runs, requeue what died (attempt + 1)."""
