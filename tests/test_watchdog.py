@@ -47,25 +47,43 @@ def test_process_tree_has_the_root_and_every_descendant(kernel):
 @pytest.mark.parametrize("env, expected", [
     ({}, None),
     ({"GPUSHARE_SLICE_GPUS": " "}, None),
+    ({"GPUSHARE_SLICE_GPUS": "0", "GPUSHARE_SLICE_MODE": "cpu"}, None),
     ({"GPUSHARE_SLICE_GPUS": "0.25"}, BuildSlice(0.25)),
-    ({"GPUSHARE_SLICE_GPUS": "1", "GPUSHARE_SLICE_UUID": "GPU-x", "GPUSHARE_SLICE_ID": "s-1"},
-     BuildSlice(1.0, "GPU-x", "s-1")),
+    ({"GPUSHARE_SLICE_GPUS": "0.5", "GPUSHARE_SLICE_UUID": "GPU-x",
+      "GPUSHARE_SLICE_MODE": "pinned"}, BuildSlice(0.5, "GPU-x", "pinned")),
+    ({"GPUSHARE_SLICE_GPUS": "2", "GPUSHARE_SLICE_UUID": "GPU-x,GPU-y",
+      "GPUSHARE_SLICE_MODE": "exclusive"}, BuildSlice(2.0, "GPU-x,GPU-y", "exclusive")),
 ])
 def test_the_slice_comes_from_the_spawners_environment(env, expected):
     assert BuildSlice.from_environment(env) == expected
 
 
-@pytest.mark.parametrize("value", ["abc", "0", "-0.5", "1.5", "nan"])
-def test_a_slice_that_is_not_a_fraction_is_one_sentence(value):
+def test_the_spawners_own_variables_read_back():
+    modes = pytest.importorskip("jupyter_gpushare.spawner.modes")
+    assert BuildSlice.from_environment(modes.slice_env("pinned", 250, "GPU-a")) == \
+        BuildSlice(0.25, "GPU-a", "pinned")
+    assert BuildSlice.from_environment(modes.slice_env("timeslice", 500)) == \
+        BuildSlice(0.5, None, "timeslice")
+    assert BuildSlice.from_environment(modes.cpu_only().env) is None
+
+
+@pytest.mark.parametrize("value", ["abc", "-0.5", "inf", "nan"])
+def test_a_slice_that_is_not_a_number_of_gpus_is_one_sentence(value):
     with pytest.raises(ValueError) as raised:
         BuildSlice.from_environment({"GPUSHARE_SLICE_GPUS": value})
-    assert str(raised.value) == (f"GPUSHARE_SLICE_GPUS must be a fraction of one GPU like 0.25, "
-                                 f"not {value!r}; the spawner sets it")
+    assert str(raised.value) == (f"GPUSHARE_SLICE_GPUS must be a number of GPUs like 0.25, not "
+                                 f"{value!r}; the spawner sets it")
 
 
-def test_slice_labels():
-    assert [BuildSlice(f).label for f in (0.25, 0.5, 1.0, 0.3)] == \
-        ["¼ GPU", "½ GPU", "1 GPU", "0.3 GPU"]
+def test_slice_labels_and_what_the_watchdog_leaves_alone():
+    assert [BuildSlice(f).label for f in (0.25, 0.5, 1.0, 0.3, 2.0)] == \
+        ["¼ GPU", "½ GPU", "1 GPU", "0.3 GPU", "2 GPUs"]
+    assert BuildSlice(0.25, mode="timeslice").unwatched() is None
+    assert BuildSlice(0.25, mode="pinned").unwatched() is None
+    assert "hardware" in BuildSlice(0.25, mode="mig").unwatched()
+    assert "HAMi" in BuildSlice(0.25, mode="hami").unwatched()
+    assert BuildSlice(2.0, mode="exclusive").unwatched() == \
+        "This server holds 2 GPUs whole, so there is no slice to overrun."
 
 
 def test_watchdog_warns_once_when_the_tree_crosses_the_slice_and_says_when_back(kernel, caplog):
@@ -79,7 +97,7 @@ def test_watchdog_warns_once_when_the_tree_crosses_the_slice_and_says_when_back(
     with caplog.at_level(logging.INFO, logger="test.watchdog"):
         report = watchdog.check()
         assert report == {
-            "at": 1000.0, "slice": {"gpus": 0.25, "uuid": gpu, "id": None, "label": "¼ GPU"},
+            "at": 1000.0, "slice": {"gpus": 0.25, "uuid": gpu, "mode": None, "label": "¼ GPU"},
             "device": {"uuid": gpu, "name": "simulated GPU (no device)",
                        "memory_total": 16 * GiB, "mig": False},
             "limit": 4 * GiB, "used": GiB, "others": 12 * GiB, "unattributed": 0,

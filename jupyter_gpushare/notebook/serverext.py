@@ -96,7 +96,8 @@ class GPUShareExtension(LoggingConfigurable):
         self.client = PoolClient(self.pool_url or None, self.pool_token or None,
                                  timeout=self.request_timeout)
         self.executor = ThreadPoolExecutor(8, thread_name_prefix="gpushare-pool")
-        self.followers = threading.BoundedSemaphore(self.max_log_followers)
+        self.following = 0  # streams of followed logs now
+        self._following_lock = threading.Lock()
         self.slice: BuildSlice | None = None
         self.watchdog: SliceWatchdog | None = None
         self.watchdog_off: str | None = None
@@ -108,6 +109,8 @@ class GPUShareExtension(LoggingConfigurable):
             self.log.warning("gpushare: %s", e)
         if self.slice is None:
             self.watchdog_off = self.watchdog_off or NO_SLICE
+        elif self.slice.unwatched():
+            self.watchdog_off = self.slice.unwatched()
         elif not self.watchdog_interval:
             self.watchdog_off = "The slice watchdog is turned off " \
                                 "(c.GPUShareExtension.watchdog_interval = 0)."
@@ -137,6 +140,17 @@ class GPUShareExtension(LoggingConfigurable):
     async def _check(self) -> dict:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, self.watchdog.check)
+
+    def take_follower(self) -> bool:
+        with self._following_lock:
+            if self.following >= self.max_log_followers:
+                return False
+            self.following += 1
+            return True
+
+    def give_follower(self) -> None:
+        with self._following_lock:
+            self.following -= 1
 
     def slice_json(self) -> dict:
         watchdog = self.watchdog.latest if self.watchdog else None
@@ -254,7 +268,7 @@ class LogsHandler(GPUShareHandler):
         gets its own thread, not one of the pool-call threads; it ends with the attempt, or at
         its next output once the browser has gone."""
         ext = self.gpushare
-        if not ext.followers.acquire(blocking=False):
+        if not ext.take_follower():
             raise Failed(503, f"this server already follows {ext.max_log_followers} logs; close "
                               f"some, or read the log without follow")
         loop = asyncio.get_running_loop()
@@ -277,7 +291,7 @@ class LogsHandler(GPUShareHandler):
             except ClientError as e:
                 put(e)
             finally:
-                ext.followers.release()
+                ext.give_follower()
 
         threading.Thread(target=pump, name=f"gpushare-logs-{job_id}", daemon=True).start()
         started = False

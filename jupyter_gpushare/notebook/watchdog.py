@@ -1,10 +1,10 @@
 """The build slice of this notebook server, and a watchdog that says when it is overrun.
 
 The spawner tells the server its slice through the environment (``GPUSHARE_SLICE_GPUS``, the
-fraction of one GPU; ``GPUSHARE_SLICE_UUID``, the GPU or MIG instance; ``GPUSHARE_SLICE_ID``,
-the pool's reservation). Except with MIG, nothing in the GPU stops a process from using more
-memory than its slice: the framework caps are per process and per framework, and a kernel can
-ignore them. So the watchdog samples the GPU memory of this server's own processes (the server
+fraction of one GPU; ``GPUSHARE_SLICE_UUID``, the GPU where the spawner knows it;
+``GPUSHARE_SLICE_MODE``, the slicing mode). With time-slicing and the local spawner's pinned
+mode nothing in the GPU stops a process from using more memory than its slice: the framework
+caps are per process and per framework, and a kernel can ignore them. So the watchdog samples the GPU memory of this server's own processes (the server
 and its descendants: the kernels and what they start) and says so, once, when they use more
 than ``fraction × GPU memory`` — it warns, it does not kill.
 
@@ -15,6 +15,7 @@ watchdog cannot tell whose memory it sees; its report says so instead of guessin
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -24,46 +25,62 @@ from ..gpus import Device, Inventory, InventoryError, find_device
 
 SLICE_GPUS = "GPUSHARE_SLICE_GPUS"
 SLICE_UUID = "GPUSHARE_SLICE_UUID"
-SLICE_ID = "GPUSHARE_SLICE_ID"
+SLICE_MODE = "GPUSHARE_SLICE_MODE"
 
-_FRACTIONS = {0.125: "⅛", 0.25: "¼", 0.5: "½", 0.75: "¾", 1.0: "1"}
+_FRACTIONS = {0.125: "⅛", 0.25: "¼", 0.5: "½", 0.75: "¾"}
 
 
 @dataclass(frozen=True)
 class BuildSlice:
-    """A fraction (``gpus``, more than 0 and at most 1) of one GPU; ``uuid`` names the GPU or
-    MIG instance where the spawner knows it."""
+    """``gpus`` of GPU held by this server: a fraction of one, or whole GPUs (the exclusive
+    mode). ``uuid`` names the GPU (or several, comma-separated) where the spawner knows it;
+    ``mode`` is the slicing mode (``spawner/modes.py``)."""
 
     gpus: float
     uuid: str | None = None
-    id: str | None = None
+    mode: str | None = None
 
     @classmethod
     def from_environment(cls, env=None) -> "BuildSlice | None":
-        """The slice the spawner gave this server; None without one (a CPU-only server, or one
-        not started by our spawners). A value that is not a fraction raises ``ValueError``
-        with one sentence."""
+        """The slice the spawner gave this server (``spawner/modes.py:slice_env``); None
+        without one (a CPU-only profile, or a server not started by our spawners). A value
+        that is not a number of GPUs raises ``ValueError`` with one sentence."""
         env = os.environ if env is None else env
         text = (env.get(SLICE_GPUS) or "").strip()
-        if not text:
+        mode = (env.get(SLICE_MODE) or "").strip() or None
+        if not text or mode == "cpu":
             return None
         try:
             gpus = float(text)
         except ValueError:
-            gpus = -1.0
-        if not 0 < gpus <= 1:
-            raise ValueError(f"{SLICE_GPUS} must be a fraction of one GPU like 0.25, not "
-                             f"{text!r}; the spawner sets it")
-        return cls(gpus, (env.get(SLICE_UUID) or "").strip() or None,
-                   (env.get(SLICE_ID) or "").strip() or None)
+            gpus = math.nan
+        if not 0 <= gpus < math.inf:
+            raise ValueError(f"{SLICE_GPUS} must be a number of GPUs like 0.25, not {text!r}; "
+                             f"the spawner sets it")
+        if gpus == 0:
+            return None
+        return cls(gpus, (env.get(SLICE_UUID) or "").strip() or None, mode)
 
     @property
     def label(self) -> str:
-        """``¼ GPU``, ``0.3 GPU``."""
+        """``¼ GPU``, ``0.3 GPU``, ``1 GPU``, ``2 GPUs``."""
+        if self.gpus > 1:
+            return f"{self.gpus:g} GPUs"
         return f"{_FRACTIONS.get(self.gpus, f'{self.gpus:g}')} GPU"
 
+    def unwatched(self) -> str | None:
+        """Why the watchdog has nothing to do for this slice, or None."""
+        if self.gpus >= 1:
+            return f"This server holds {self.label} whole, so there is no slice to overrun."
+        if self.mode == "mig":
+            return "MIG enforces this slice's memory in hardware, so the watchdog is not needed."
+        if self.mode == "hami":
+            return "HAMi enforces this slice's memory and shows it as the whole GPU, so the " \
+                   "watchdog is not needed."
+        return None
+
     def json(self) -> dict:
-        return {"gpus": self.gpus, "uuid": self.uuid, "id": self.id, "label": self.label}
+        return {"gpus": self.gpus, "uuid": self.uuid, "mode": self.mode, "label": self.label}
 
 
 def process_tree(root: int) -> dict[int, str]:

@@ -53,8 +53,8 @@ def extension_config(hub):
 def server_environment(hub, extension_config, monkeypatch):
     """What the hub gives a server: its token in the environment (not in the configuration,
     which jupyter_server logs at debug level)."""
-    monkeypatch.delenv("GPUSHARE_URL", raising=False)
-    monkeypatch.delenv("GPUSHARE_SLICE_GPUS", raising=False)
+    for name in ("GPUSHARE_URL", "GPUSHARE_SLICE_GPUS", "GPUSHARE_SLICE_UUID", "GPUSHARE_SLICE_MODE"):
+        monkeypatch.delenv(name, raising=False)
     if "pool_token" in extension_config:
         monkeypatch.delenv("JUPYTERHUB_API_TOKEN", raising=False)
     else:
@@ -306,6 +306,7 @@ def sliced(monkeypatch, gpu_inventory, extension_config, slice_uuid, server_envi
     """The environment the spawner sets, before the server starts."""
     monkeypatch.setenv("GPUSHARE_SLICE_GPUS", "0.25")
     monkeypatch.setenv("GPUSHARE_SLICE_UUID", slice_uuid)
+    monkeypatch.setenv("GPUSHARE_SLICE_MODE", "pinned")
     extension_config.update(watchdog_interval=0.1, inventory=gpu_inventory)
 
 
@@ -331,7 +332,7 @@ async def test_the_watchdog_reports_the_servers_memory_over_its_slice(sliced, jp
     # this test process is the server: its memory counts
     gpu_inventory.set_process_memory(uuid, os.getpid(), 1 * GiB)
     answer = await report(False)
-    assert answer["slice"] == {"gpus": 0.25, "uuid": uuid, "id": None, "label": "¼ GPU"}
+    assert answer["slice"] == {"gpus": 0.25, "uuid": uuid, "mode": "pinned", "label": "¼ GPU"}
     assert answer["watchdog"]["limit"] == 4 * GiB and answer["watchdog_off"] is None
     gpu_inventory.set_process_memory(uuid, os.getpid(), 5 * GiB)
     answer = await report(True)
@@ -356,3 +357,50 @@ async def test_the_watchdog_turns_off_when_it_cannot_sample(sliced, jp_serverapp
     assert answer["watchdog_off"] == ("The slice watchdog cannot check this server's GPU memory: "
                                       "the slice's GPU GPU-not-here is not among the 2 GPUs NVML "
                                       "lists here.")
+
+
+@pytest.fixture
+def whole_gpus(monkeypatch, server_environment):
+    monkeypatch.setenv("GPUSHARE_SLICE_GPUS", "2")
+    monkeypatch.setenv("GPUSHARE_SLICE_UUID", "GPU-a,GPU-b")
+    monkeypatch.setenv("GPUSHARE_SLICE_MODE", "exclusive")
+
+
+async def test_a_server_with_whole_gpus_has_nothing_to_watch(whole_gpus, call):
+    status, answer = await call("GET", "api/slice")
+    assert answer["slice"] == {"gpus": 2.0, "uuid": "GPU-a,GPU-b", "mode": "exclusive",
+                               "label": "2 GPUs"}
+    assert answer["watchdog"] is None and answer["watchdog_off"] == \
+        "This server holds 2 GPUs whole, so there is no slice to overrun."
+
+
+# -- followed logs hold a thread each: bounded ----------------------------------------------------
+
+@pytest.fixture
+def one_follower(extension_config):
+    extension_config["max_log_followers"] = 1
+
+
+async def test_followed_logs_are_bounded_and_freed_when_the_attempt_ends(
+        one_follower, hub, call, jp_fetch, jp_serverapp):
+    job = submit(hub, "alice", gpus=1, source="import time; print('up', flush=True); "
+                                              "time.sleep(60)")
+    first = asyncio.ensure_future(jp_fetch("gpushare", "api", "jobs", job["id"], "logs",
+                                           params={"follow": "1"}, request_timeout=60))
+    deadline = time.monotonic() + 10
+    ext = jp_serverapp.web_app.settings["gpushare"]
+    while ext.following == 0:  # until the first stream holds the only place
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    status, refused = await call("GET", f"api/jobs/{job['id']}/logs", params={"follow": "1"})
+    assert (status, refused["error"]) == (503, "this server already follows 1 logs; close some, "
+                                               "or read the log without follow")
+    while "up" not in hub.api("GET", f"api/jobs/{job['id']}/logs", "alice")[1]:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.1)
+    hub.api("DELETE", f"api/jobs/{job['id']}", "alice")
+    response = await first
+    assert response.code == 200 and response.body.startswith(b"up\n")
+    while ext.following:  # the thread gives its place back
+        assert time.monotonic() < deadline + 10
+        await asyncio.sleep(0.05)
