@@ -64,7 +64,10 @@ def need_proxy():
 
 
 class Hub:
-    def __init__(self, directory: Path, groups: dict[str, list[str]], pool_config: str):
+    def __init__(self, directory: Path, groups: dict[str, list[str]], pool_config: str,
+                 extra_config: str = ""):
+        """``extra_config``: Python appended to the hub's jupyterhub_config.py (``{dir}`` in
+        it is this hub's directory), e.g. a spawner and more services or roles."""
         self.dir = directory
         self.port = free_port()
         self.tester_token = secrets.token_hex(16)
@@ -74,7 +77,8 @@ class Hub:
             port=self.port, hub_port=free_port(), proxy_api_port=free_port(), chp=str(CHP),
             dir=directory, secret=secrets.token_hex(32), users=users,
             groups={g: {"users": m} for g, m in groups.items()},
-            service_port=free_port(), tester_token=self.tester_token))
+            service_port=free_port(), tester_token=self.tester_token)
+            + extra_config.replace("{dir}", str(directory)))
         self.url = f"http://127.0.0.1:{self.port}"
         self.pool_url = f"{self.url}/services/gpushare/"
         self.proc = None

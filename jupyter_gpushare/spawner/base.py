@@ -28,6 +28,16 @@ HUB_MISCONFIGURED = ("The hub could not reserve a build slice because of its con
                      "please tell an administrator.")
 
 
+def refusal(message: str, reason: str, log_message: str = "") -> SpawnException:
+    """A refused start: ``message`` (one sentence) is what the user sees, ``reason`` the
+    metrics label, ``log_message`` what the hub's log says instead of the message."""
+    exc = SpawnException(message, reason=reason, log_message=log_message)
+    # The spawn page and the progress stream show str(exception), with its status code and
+    # reason, unless the exception carries the message to show.
+    exc.jupyterhub_message = message
+    return exc
+
+
 class GPUShareSpawnerBase(Spawner):
     """The build-slice lifecycle shared by ``LocalGPUShareSpawner`` and
     ``GPUShareKubeSpawner``; options set on this class apply to both."""
@@ -202,7 +212,7 @@ class GPUShareSpawnerBase(Spawner):
         try:
             return build_profiles.choose(self.profiles, slug, self.user_groups())
         except ValueError as exc:
-            raise SpawnException(str(exc), reason="build_profile") from None
+            raise refusal(str(exc), reason="build_profile") from None
 
     # -- what subclasses give ------------------------------------------------------------
 
@@ -301,7 +311,7 @@ class GPUShareSpawnerBase(Spawner):
     def _client(self) -> SliceClient:
         token = self.pool_api_token
         if not token:
-            raise SpawnException(HUB_MISCONFIGURED, reason="build_slice_config", log_message=(
+            raise refusal(HUB_MISCONFIGURED, reason="build_slice_config", log_message=(
                 f"No token to reserve build slices with: register the JupyterHub service "
                 f"{self.spawner_service!r} with an api_token, or set "
                 f"{type(self).__name__}.pool_api_token"))
@@ -315,12 +325,12 @@ class GPUShareSpawnerBase(Spawner):
             held = await reserve(client, self.user.name, self.name, profile.milli,
                                  wait_s=self.slice_wait_timeout, say=self._say)
         except Refused as exc:
-            raise SpawnException(sentence(str(exc)), reason="build_slice") from None
+            raise refusal(sentence(str(exc)), reason="build_slice") from None
         except PoolUnreachable as exc:
-            raise SpawnException(POOL_DOWN, reason="build_pool_down",
+            raise refusal(POOL_DOWN, reason="build_pool_down",
                                  log_message=f"Reserving a build slice: {exc}") from None
         except (PoolError, ClientError) as exc:
-            raise SpawnException(HUB_MISCONFIGURED, reason="build_slice_config",
+            raise refusal(HUB_MISCONFIGURED, reason="build_slice_config",
                                  log_message=f"The pool refused a build slice: {exc}") from None
         where = ", ".join(f"GPU {h.gpu} of {h.node}" for h in held)
         self._say(f"Reserved {profile.display_name}: {where}.")
@@ -330,7 +340,7 @@ class GPUShareSpawnerBase(Spawner):
         try:
             return self.slice_fragment(profile, list(self._slices))
         except ValueError as exc:
-            raise SpawnException(HUB_MISCONFIGURED, reason="build_slice_config",
+            raise refusal(HUB_MISCONFIGURED, reason="build_slice_config",
                                  log_message=str(exc)) from None
 
     async def _release(self) -> None:
