@@ -1,5 +1,9 @@
 """The demo's pool service configuration (``python -m jupyter_gpushare.pool --help-all``)."""
 
+import socket
+
+from jupyter_gpushare.gpus import NVMLInventory
+
 c = get_config()  # noqa: F821
 
 # Two projects with a guaranteed 2 GPUs each on the 8-GPU demo pool; either may borrow the rest.
@@ -12,3 +16,12 @@ c.LocalBackend.simulated_nodes = 2
 c.LocalBackend.simulated_gpus_per_node = 4
 # Jobs run as their users: pass them the locale, not the service's own PATH or virtualenv.
 c.LocalBackend.env_keep = ["LANG", "LC_ALL"]
+
+# The build pool, cut into notebook slices (at most ½ GPU per user, all servers together).
+# Without a GPU: one labelled simulated build GPU beside the simulated train pool. With GPUs:
+# this host's GPU 0, which in this one-machine demo the train pool uses as well.
+if NVMLInventory().problem() is None:
+    c.PoolService.build_nodes = {socket.gethostname(): 1}
+else:
+    c.PoolService.build_nodes = {"sim-build-0": 1}
+c.PoolService.build_allowance = 0.5

@@ -3,7 +3,9 @@
 A complete JupyterHub on http://127.0.0.1:8000 with the real configurable-http-proxy, demo
 users alice (project vision), bob (project nlp) and admin (password: see DEMO_PASSWORD), and
 the gpushare pool service on the local backend: the GPUs NVML finds, or a labelled simulated
-train pool of 2 nodes x 4 GPUs where there are none.
+train pool of 2 nodes x 4 GPUs where there are none. Every notebook server gets a build slice
+(¼ GPU by default, ½ GPU for the vision group, or CPU only) from the build pool of
+gpushare_config.py, through the gpushare-local spawner.
 
 Run as root (as a real JupyterHub is), the demo users are system accounts (created here when
 missing) and every notebook server and train job runs as its user. Run as anyone else, it is
@@ -11,6 +13,7 @@ a one-person demo: every server and job runs as you (the service says so in its 
 """
 
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -56,12 +59,30 @@ c.JupyterHub.load_roles = [
     {"name": "gpushare-admin", "users": ["admin"], "scopes": ["custom:gpushare:admin"]},
     {"name": "gpushare-service", "services": ["gpushare"],
      "scopes": ["read:users", "read:groups"]},
+    # the spawner reserves build slices at the pool as a service of its own
+    {"name": "gpushare-spawner", "services": ["gpushare-spawner"],
+     "scopes": ["access:services!service=gpushare"]},
 ]
 c.Spawner.server_token_scopes = ["users:activity!user", "access:servers!user",
                                  "access:services!service=gpushare"]
-c.Spawner.environment = {"GPUSHARE_URL": f"{HUB_URL}/services/gpushare/"}
+c.Spawner.environment = {}  # GPUSHARE_URL comes from the spawner (gpushare_url below)
 c.Spawner.default_url = "/lab"
 c.Spawner.http_timeout = 120  # JupyterLab can take a while to come up on a small machine
+
+# Build slices: every server gets its profile's slice of a build-pool GPU (pinned by UUID in
+# CUDA_VISIBLE_DEVICES, with PyTorch/TensorFlow/JAX/CuPy memory caps), or CPU only.
+c.JupyterHub.spawner_class = "gpushare-local"
+c.LocalGPUShareSpawner.build_profiles = [
+    {"gpus": 0.25, "default": True},
+    {"gpus": 0.5, "groups": ["vision"]},
+    {"gpus": 0},
+]
+c.LocalGPUShareSpawner.gpushare_url = f"{HUB_URL}/services/gpushare/"
+token_file = STATE / "gpushare-spawner-token"
+if not token_file.exists():
+    token_file.touch(mode=0o600)
+    token_file.write_text(secrets.token_hex(32))
+c.LocalGPUShareSpawner.pool_api_token = token_file.read_text().strip()
 
 
 
@@ -83,17 +104,14 @@ if AS_ROOT:
             subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", user], check=True)
     python_ok = _usable_by_others(Path(os.path.realpath(sys.executable))) and \
         _usable_by_others(Path(sys.base_prefix) / "lib")
-    if python_ok:
-        c.JupyterHub.spawner_class = "localprocess"
-    else:
+    if not python_ok:
         # Notebook servers then run as the hub's user; train jobs still run as their users.
         print(f"gpushare demo: {sys.base_prefix} cannot be used by other accounts, so notebook "
-              f"servers run as the hub's user (JupyterHub's simple spawner); train jobs still "
-              f"run as their submitting users.", file=sys.stderr)
-        c.JupyterHub.spawner_class = "simple"
-        c.Spawner.args = ["--allow-root"]
+              f"servers run as the hub's user, in /tmp/<user>; train jobs still run as their "
+              f"submitting users.", file=sys.stderr)
+    c.LocalGPUShareSpawner.run_as_hub_user = not python_ok
 else:
-    c.JupyterHub.spawner_class = "simple"  # every server as you, in /tmp/<user>
+    c.LocalGPUShareSpawner.run_as_hub_user = True  # every server as you, in /tmp/<user>
 
 pool_config = HERE / "gpushare_config.py"
 c.JupyterHub.services = [{
@@ -105,4 +123,8 @@ c.JupyterHub.services = [{
                + ([] if AS_ROOT else ["--LocalBackend.run_as_service_user=True"]),
     "cwd": str(STATE),
     "display": True,
+}, {
+    "name": "gpushare-spawner",  # no process: the identity the spawner reserves slices with
+    "api_token": c.LocalGPUShareSpawner.pool_api_token,
+    "display": False,
 }]
