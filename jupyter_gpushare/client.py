@@ -323,6 +323,13 @@ class PoolClient:
     def projects(self) -> list[dict]:
         return self._json("GET", "api/projects")["projects"]
 
+    def slice(self) -> dict:
+        """A notebook server's build slice and its slice watchdog's latest report
+        (``slice``, ``watchdog``, ``watchdog_off``). Only the server extension answers it: give
+        this client the server's address, ``{server}/gpushare/``, where the extension serves
+        the pool's paths as well (``notebook/serverext.py``)."""
+        return self._json("GET", "api/slice")
+
     def update_project(self, name: str, **fields) -> dict:
         """Change a project (admins): ``quota``, ``over_quota_weight``, ``limit``, ``priority``,
         ``groups``. Quotas are in GPUs; ``limit=None`` removes the limit."""

@@ -455,3 +455,10 @@ def test_jobs_table_of_one_user_has_no_user_column_and_full_reasons_without_widt
     mine = [{**job, "user": "ann"} for job in JOBS]
     text = format_jobs(mine, now=1000.0 + 172800, width=None)
     assert "USER" not in text and JOBS[1]["reason"] in text
+
+
+def test_slice_asks_the_server_extensions_path(service):
+    answer = {"slice": {"gpus": 0.25}, "watchdog": None, "watchdog_off": "off"}
+    service.routes[("GET", "api/slice")] = (200, answer)
+    assert PoolClient(service.url, TOKEN).slice() == answer
+    assert [(r["method"], r["path"]) for r in service.requests] == [("GET", "api/slice")]

@@ -1,7 +1,7 @@
 """The jupyter_server extension in a real jupyter_server (pytest-jupyter), forwarding to the
 real pool service behind a real JupyterHub and proxy: every route, the pool's refusals passed
 through, a pool that is down, authentication on every handler, XSRF with cookie login, and the
-slice watchdog's report."""
+slice watchdog's report, as the %gpushare panel shows it."""
 
 import asyncio
 import json
@@ -16,8 +16,10 @@ from jupyter_server.serverapp import JupyterServerAuthWarning
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
 from hubtest import Hub, free_port, need_proxy, system_users
+from jupyter_gpushare.client import PoolClient
 from jupyter_gpushare.gpus import SimulatedInventory
 from jupyter_gpushare.notebook import serverext
+from jupyter_gpushare.notebook.panel import Panel
 
 POOL_CONFIG = """
 c = get_config()
@@ -310,7 +312,8 @@ def sliced(monkeypatch, gpu_inventory, extension_config, slice_uuid, server_envi
     extension_config.update(watchdog_interval=0.1, inventory=gpu_inventory)
 
 
-async def test_the_watchdog_reports_the_servers_memory_over_its_slice(sliced, jp_serverapp, call):
+async def test_the_watchdog_reports_the_servers_memory_over_its_slice(
+        sliced, hub, jp_serverapp, call, http_server_port, jp_base_url):
     gpu_inventory = jp_serverapp.web_app.settings["gpushare"].inventory  # config is copied
     warnings_seen = []
     handler = logging.Handler()
@@ -339,6 +342,16 @@ async def test_the_watchdog_reports_the_servers_memory_over_its_slice(sliced, jp
     assert answer["watchdog"]["message"].startswith("This server's processes use 5.0 GiB of "
                                                     "GPU memory, more than the slice's 4.0 GiB")
     await asyncio.sleep(0.4)  # several more samples, still over: warned once
+    # the panel asks the extension (PoolClient.slice) and shows the warning
+    server = PoolClient(f"http://127.0.0.1:{http_server_port[-1]}{jp_base_url}gpushare/",
+                        jp_serverapp.identity_provider.token)
+    panel = Panel(client=PoolClient(hub.pool_url, hub.token("alice")), server=server)
+    assert await asyncio.to_thread(panel.refresh)
+    assert panel.slice_line.value.startswith(
+        f'<div style="color:#c62828">Build slice: ¼ GPU of {uuid}. This server&#x27;s processes '
+        f'use 5.0 GiB of GPU memory, more than the slice&#x27;s 4.0 GiB')
+    assert 'width:100.0%;height:100%;background:#c62828' in panel.slice_line.value
+    panel.close()
     gpu_inventory.set_process_memory(uuid, os.getpid(), GiB)
     await report(False)
     assert warnings_seen == [answer["watchdog"]["message"]]

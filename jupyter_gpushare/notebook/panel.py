@@ -1,0 +1,371 @@
+"""The quota-and-queue panel (``%gpushare``): an ipywidgets box that keeps itself up to date.
+
+What it shows comes from pure functions of the pool's JSON (:func:`slice_view`,
+:func:`project_bars`, :func:`job_rows`), tested without widgets; :class:`Panel` only puts
+them into widgets. Once shown it refreshes every ``interval`` seconds in a background thread
+(the pool calls block, the kernel must not), until it is closed: ``.close()``, or the front
+end closing its comm. A pool that cannot be reached is one line at the top, and the panel
+keeps trying.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import threading
+import time
+import urllib.parse
+
+import ipywidgets as widgets
+
+from ..client import ClientError, PoolClient
+from .watchdog import BuildSlice
+
+LOG_TAIL = 64 * 1024  # characters of a job's log shown in the panel
+ACTIVE = ("pending", "running")
+_STATE_COLOURS = {"pending": "#b26a00", "running": "#1565c0", "succeeded": "#2e7d32",
+                  "failed": "#c62828", "cancelled": "#616161"}
+COLUMNS = (("name", "Job", "14em"), ("state", "State", "6em"), ("gpus", "GPUs", "3.5em"),
+           ("position", "Queue", "3.5em"), ("elapsed", "Elapsed", "5em"),
+           ("attempt", "Attempt", "4em"), ("reason", "Reason", "22em"))
+
+
+# -- what to show: pure functions of the pool's answers ----------------------------------------
+
+def clock(seconds: float) -> str:
+    """``0:07``, ``12:30``, ``1:02:03``."""
+    seconds = max(0, int(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def gpus_text(value) -> str:
+    return f"{value:g}" if isinstance(value, (int, float)) else "?"
+
+
+def elapsed(job: dict, now: float) -> str:
+    """Waiting time while pending, run time while running, how long it ran once ended."""
+    state, started, finished = job.get("state"), job.get("started"), job.get("finished")
+    if state == "pending":
+        submitted = job.get("submitted")
+        return clock(now - submitted) if submitted is not None else "–"
+    if state == "running":
+        return clock(now - started) if started is not None else "–"
+    return clock(finished - started) if started is not None and finished is not None else "–"
+
+
+def job_rows(jobs: list[dict], now: float) -> list[dict]:
+    """One row per job, as the table shows it; ``active`` says whether it can be cancelled."""
+    rows = []
+    for job in jobs:
+        position = job.get("queue_position")
+        rows.append({"id": job["id"], "name": job.get("name") or job["id"],
+                     "state": job.get("state", "?"), "gpus": gpus_text(job.get("gpus")),
+                     "position": "" if position is None else str(position),
+                     "reason": job.get("reason") or "", "elapsed": elapsed(job, now),
+                     "attempt": str(job.get("attempt") or 1),
+                     "active": job.get("state") in ACTIVE})
+    return rows
+
+
+def project_bars(quota: dict, capacity: float | None = None) -> list[dict]:
+    """One bar per project of ``GET api/quota``: guaranteed GPUs, GPUs in use, the part of
+    them borrowed beyond the quota, and the scale to draw them on (the train pool's
+    ``capacity`` when known)."""
+    bars = []
+    for p in quota.get("projects", []):
+        guaranteed, in_use = p.get("quota", 0), p.get("in_use", 0)
+        borrowed = p.get("borrowed", max(0, in_use - guaranteed))
+        scale = max(capacity or 0, guaranteed, in_use, p.get("limit") or 0, 1)
+        text = f"{p['name']}: {in_use:g} of {guaranteed:g} guaranteed GPUs in use"
+        if borrowed:
+            text += f", {borrowed:g} borrowed beyond the quota"
+        if p.get("pending"):
+            text += f", {p['pending']} waiting"
+        if p.get("limit") is not None:
+            text += f" (at most {p['limit']:g})"
+        bars.append({"name": p["name"], "quota": guaranteed, "in_use": in_use,
+                     "borrowed": borrowed, "scale": scale, "text": text})
+    return bars
+
+
+def slice_view(build_slice: BuildSlice | None, answer: dict | None,
+               problem: str | None = None) -> dict:
+    """The build-slice line: from the environment the spawner set (``build_slice``, or the
+    ``problem`` reading it) and the server extension's ``api/slice`` (``answer``, None when
+    it could not be asked). ``fraction`` is the slice's memory in use, when the watchdog
+    measured it."""
+    if problem:
+        return {"text": problem, "fraction": None, "over": False}
+    if build_slice is None:
+        return {"text": "No build slice: this server has no GPU of its own.", "fraction": None,
+                "over": False}
+    where = f" of {build_slice.uuid}" if build_slice.uuid and "," not in build_slice.uuid else ""
+    text = f"Build slice: {build_slice.label}{where}."
+    report = (answer or {}).get("watchdog")
+    if report and not report.get("problem") and report.get("limit"):
+        return {"text": f"{text} {report['message']}", "over": bool(report["over"]),
+                "fraction": min(1.0, report["used"] / report["limit"])}
+    off = (answer or {}).get("watchdog_off") or (report or {}).get("message")
+    return {"text": f"{text} {off}" if off else text, "fraction": None, "over": False}
+
+
+def bar_html(bar: dict) -> str:
+    """A project's bar: in use within the quota, borrowed beyond it, and a mark at the quota."""
+    scale = bar["scale"]
+    within = 100 * min(bar["in_use"], bar["quota"]) / scale
+    borrowed = 100 * bar["borrowed"] / scale
+    mark = 100 * bar["quota"] / scale
+    return (f'<div title="{html.escape(bar["text"])}">{html.escape(bar["text"])}</div>'
+            f'<div style="position:relative;height:10px;background:#e0e0e0;border-radius:2px">'
+            f'<div style="position:absolute;left:0;width:{within:.1f}%;height:100%;'
+            f'background:#43a047"></div>'
+            f'<div style="position:absolute;left:{within:.1f}%;width:{borrowed:.1f}%;'
+            f'height:100%;background:#fb8c00"></div>'
+            f'<div style="position:absolute;left:{mark:.1f}%;width:2px;height:100%;'
+            f'background:#212121" title="guaranteed"></div></div>')
+
+
+def slice_html(view: dict) -> str:
+    colour = "#c62828" if view["over"] else "#43a047"
+    bar = "" if view["fraction"] is None else (
+        f'<div style="height:10px;background:#e0e0e0;border-radius:2px">'
+        f'<div style="width:{100 * view["fraction"]:.1f}%;height:100%;background:{colour}">'
+        f'</div></div>')
+    style = ' style="color:#c62828"' if view["over"] else ""
+    return f"<div{style}>{html.escape(view['text'])}</div>{bar}"
+
+
+def status_html(sentence: str, interval: float) -> str:
+    """The one line for a pool that cannot be reached (or refuses): its sentence, and that the
+    panel keeps trying."""
+    sentence = sentence[:1].upper() + sentence[1:]
+    if not sentence.endswith((".", "?", "!")):
+        sentence += "."
+    return (f'<span style="color:#c62828">{html.escape(sentence)} Trying again every '
+            f'{interval:g} s.</span>')
+
+
+def server_url(env=None) -> str | None:
+    """This notebook server's own address (its extension serves ``api/slice``), from what
+    JupyterHub tells it; None outside JupyterHub."""
+    env = os.environ if env is None else env
+    url = env.get("JUPYTERHUB_SERVICE_URL")
+    if not url:
+        return None
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    if host in ("", "0.0.0.0", "::"):  # it listens everywhere: ask it on this machine
+        host = "127.0.0.1"
+    netloc = f"[{host}]" if ":" in host else host
+    if parts.port:
+        netloc += f":{parts.port}"
+    path = parts.path if parts.path.endswith("/") else parts.path + "/"
+    return urllib.parse.urlunsplit((parts.scheme, netloc, path + "gpushare/", "", ""))
+
+
+# -- the widget ---------------------------------------------------------------------------------
+
+class _JobRow:
+    """The widgets of one table row, kept across refreshes so that only values change."""
+
+    def __init__(self, panel: "Panel", job_id: str):
+        self.cells = {key: widgets.HTML(layout=widgets.Layout(width=width))
+                      for key, _, width in COLUMNS}
+        self.cancel = widgets.Button(description="Cancel", tooltip=f"cancel job {job_id}",
+                                     layout=widgets.Layout(width="5.5em"))
+        self.logs = widgets.Button(description="Logs", tooltip=f"show the logs of job {job_id}",
+                                   layout=widgets.Layout(width="5em"))
+        self.cancel.on_click(lambda _: panel.cancel(job_id))
+        self.logs.on_click(lambda _: panel.show_logs(job_id))
+        self.box = widgets.HBox([*self.cells.values(), self.cancel, self.logs])
+
+    def update(self, row: dict) -> None:
+        for key, _, _ in COLUMNS:
+            text = html.escape(row[key])
+            if key == "state":
+                text = f'<span style="color:{_STATE_COLOURS.get(row[key], "#000")}">{text}</span>'
+            self.cells[key].value = text
+        self.cells["reason"].tooltip = row["reason"]
+        self.cancel.disabled = not row["active"]
+
+    def close(self) -> None:
+        self.box.close()
+        for widget in (*self.cells.values(), self.cancel, self.logs):
+            widget.close()
+
+
+class Panel(widgets.VBox):
+    """Your build slice, your projects' quota bars and your jobs, with cancel and logs buttons.
+
+    ``client`` talks to the pool (default: ``PoolClient`` from the environment, with a 10 s
+    timeout); ``server`` to this notebook server's extension for the slice watchdog's report
+    (default: from ``JUPYTERHUB_SERVICE_URL``; None to leave it out). Refreshes every
+    ``interval`` seconds once displayed (or after :meth:`start`) until :meth:`close`.
+    """
+
+    def __init__(self, client: PoolClient | None = None, interval: float = 5.0, *,
+                 server: PoolClient | None | bool = True, max_jobs: int = 20, **kwargs):
+        if not interval > 0:
+            raise ValueError(f"interval must be a number of seconds above 0, not {interval!r}")
+        self.client = client or PoolClient(timeout=10.0)
+        if server is True:
+            url = server_url()
+            server = PoolClient(url, timeout=5.0) if url else None
+        self.server = server or None
+        self.interval = interval
+        self.max_jobs = max_jobs
+        self.status = widgets.HTML("Asking the pool…")
+        self.slice_line = widgets.HTML()
+        self.quota_box = widgets.VBox()
+        header = [widgets.HTML(f"<b>{title}</b>", layout=widgets.Layout(width=width))
+                  for _, title, width in COLUMNS]
+        self.header = widgets.HBox(header)
+        self.jobs_box = widgets.VBox([self.header])
+        self.logs = widgets.Output(layout=widgets.Layout(max_height="20em", overflow="auto"))
+        self._no_projects = widgets.HTML("You are in no project.")
+        self._no_jobs = widgets.HTML("No jobs yet: %%train in a cell sends one.")
+        self._parts = [self.status, self.slice_line, self.quota_box, *header, self.header,
+                       self.jobs_box, self.logs, self._no_projects, self._no_jobs]
+        self._rows: dict[str, _JobRow] = {}
+        self._bars: list[widgets.HTML] = []
+        self._capacity: tuple[float, float | None] = (0.0, None)  # (when asked, GPUs)
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.refreshes = 0  # successful ones, for people and tests
+        super().__init__([widgets.HTML("<b>GPU share</b>"), self.status, self.slice_line,
+                          self.quota_box, self.jobs_box, self.logs], **kwargs)
+        self._parts.append(self.children[0])
+
+    # -- life cycle --
+
+    def start(self) -> None:
+        """Refresh now and then every ``interval`` seconds, in a background thread."""
+        with self._lock:
+            if self._thread is None and not self._stop.is_set():
+                self._thread = threading.Thread(target=self._run, name="gpushare-panel",
+                                                daemon=True)
+                self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def close(self) -> None:
+        """Stop refreshing and close the widgets."""
+        self._stop.set()
+        with self._lock:
+            for row in self._rows.values():
+                row.close()
+            self._rows.clear()
+            for widget in self._parts + self._bars:
+                widget.close()
+        super().close()
+
+    def _repr_mimebundle_(self, **kwargs):
+        self.start()  # shown: keep it current
+        return super()._repr_mimebundle_(**kwargs)
+
+    def _comm_closed(self, msg) -> None:
+        # The front end closed the widget (its output was cleared, the notebook closed).
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.refresh()
+            self._stop.wait(self.interval)
+
+    def open(self):
+        super().open()
+        if self.comm is not None:
+            self.comm.on_close(self._comm_closed)
+
+    # -- reading the pool --
+
+    def refresh(self) -> bool:
+        """Ask the pool and redraw; False (and the reason in the status line) when it could
+        not be asked."""
+        with self._lock:
+            if self._stop.is_set():
+                return False
+            self._show_slice()
+            try:
+                quota = self.client.quota()
+                jobs = self.client.jobs(limit=self.max_jobs)
+                capacity = self._pool_capacity()
+            except ClientError as e:
+                self.status.value = status_html(str(e), self.interval)
+                return False
+            self._show_bars(project_bars(quota, capacity))
+            self._show_jobs(job_rows(jobs, time.time()))
+            self.status.value = f"Updated {time.strftime('%H:%M:%S')}."
+            self.refreshes += 1
+            return True
+
+    def _pool_capacity(self) -> float | None:
+        # The pool's size changes rarely: asked once a minute.
+        asked, capacity = self._capacity
+        if time.monotonic() - asked > 60 or capacity is None:
+            capacity = self.client.pool().get("capacity")
+            self._capacity = (time.monotonic(), capacity)
+        return capacity
+
+    def _show_slice(self) -> None:
+        try:
+            build_slice, problem = BuildSlice.from_environment(), None
+        except ValueError as e:
+            build_slice, problem = None, str(e)
+        answer = None
+        if build_slice is not None and self.server is not None:
+            try:
+                answer = self.server.slice()
+            except ClientError:
+                answer = None  # the line still says what the slice is
+        self.slice_line.value = slice_html(slice_view(build_slice, answer, problem))
+
+    def _show_bars(self, bars: list[dict]) -> None:
+        while len(self._bars) < len(bars):
+            self._bars.append(widgets.HTML())
+        for widget, bar in zip(self._bars, bars):
+            widget.value = bar_html(bar)
+        shown = tuple(self._bars[:len(bars)]) or (self._no_projects,)
+        if len(shown) != len(self.quota_box.children) or any(
+                a is not b for a, b in zip(shown, self.quota_box.children)):
+            self.quota_box.children = shown
+
+    def _show_jobs(self, rows: list[dict]) -> None:
+        for gone in set(self._rows) - {r["id"] for r in rows}:
+            self._rows.pop(gone).close()
+        for row in rows:
+            if row["id"] not in self._rows:
+                self._rows[row["id"]] = _JobRow(self, row["id"])
+            self._rows[row["id"]].update(row)
+        children = (self.header, *(self._rows[r["id"]].box for r in rows)) if rows else \
+            (self._no_jobs,)
+        if tuple(map(id, children)) != tuple(map(id, self.jobs_box.children)):
+            self.jobs_box.children = children
+
+    # -- the buttons --
+
+    def cancel(self, job_id: str) -> None:
+        try:
+            self.client.cancel(job_id)
+        except ClientError as e:
+            self.status.value = status_html(str(e), self.interval)
+            return
+        self.refresh()
+
+    def show_logs(self, job_id: str) -> None:
+        """The end of the job's log (its current attempt) in the panel's output area."""
+        try:
+            text = "".join(self.client.logs(job_id))
+        except ClientError as e:
+            text = f"{str(e)[:1].upper()}{str(e)[1:]}\n"
+        else:
+            cut = len(text) > LOG_TAIL
+            text = (f"[… the first {len(text) - LOG_TAIL} characters left out]\n" if cut
+                    else "") + text[-LOG_TAIL:]
+        self.logs.outputs = ({"output_type": "stream", "name": "stdout",
+                              "text": f"── logs of job {job_id} ──\n{text or '(no output yet)'}"},)

@@ -1,0 +1,295 @@
+"""The %gpushare panel: what it shows, as pure functions of the pool's JSON; the real widget
+against the real pool behind a real JupyterHub (its values, refreshing by itself, the cancel
+and logs buttons, an unreachable pool); and the widget in a real kernel, stopping when the
+front end closes it."""
+
+import json
+import queue
+import re
+import textwrap
+import time
+
+import pytest
+
+from hubtest import Hub, free_port, need_proxy, system_users
+from jupyter_gpushare.client import PoolClient
+from jupyter_gpushare.notebook.panel import (Panel, bar_html, clock, elapsed, job_rows,
+                                             project_bars, server_url, slice_view, status_html)
+from jupyter_gpushare.notebook.watchdog import BuildSlice
+
+POOL_CONFIG = """
+c = get_config()
+c.PoolService.projects = {"vision": {"quota": 2, "groups": ["vision"]},
+                          "nlp": {"quota": 1, "groups": ["nlp"], "limit": 3}}
+c.PoolService.cycle_interval = 0.2
+c.PoolService.grace_period = 2
+c.LocalBackend.simulated_nodes = 1
+c.LocalBackend.simulated_gpus_per_node = 4
+c.LocalBackend.env_keep = ["LANG", "LC_ALL"]
+"""
+
+
+# -- pure: what the panel shows ----------------------------------------------------------------
+
+def test_clock_and_elapsed():
+    assert [clock(s) for s in (0, 7.9, 750, 3723, -5)] == ["0:00", "0:07", "12:30", "1:02:03",
+                                                           "0:00"]
+    now = 1000.0
+    assert elapsed({"state": "pending", "submitted": 940}, now) == "1:00"
+    assert elapsed({"state": "running", "submitted": 0, "started": 995}, now) == "0:05"
+    assert elapsed({"state": "succeeded", "started": 10, "finished": 70}, now) == "1:00"
+    assert elapsed({"state": "cancelled", "started": None, "finished": 70}, now) == "–"
+
+
+def test_job_rows():
+    jobs = [{"id": "j-2", "name": "", "state": "pending", "gpus": 4.0, "queue_position": 1,
+             "reason": "waiting for 4 GPUs on one node", "attempt": 2, "submitted": 990},
+            {"id": "j-1", "name": "resnet", "state": "failed", "gpus": 1.0,
+             "queue_position": None, "reason": "exit code 1", "attempt": 1, "started": 0,
+             "finished": 3600}]
+    assert job_rows(jobs, 1000.0) == [
+        {"id": "j-2", "name": "j-2", "state": "pending", "gpus": "4", "position": "1",
+         "reason": "waiting for 4 GPUs on one node", "elapsed": "0:10", "attempt": "2",
+         "active": True},
+        {"id": "j-1", "name": "resnet", "state": "failed", "gpus": "1", "position": "",
+         "reason": "exit code 1", "elapsed": "1:00:00", "attempt": "1", "active": False}]
+
+
+def test_project_bars_say_guaranteed_in_use_and_borrowed():
+    quota = {"projects": [
+        {"name": "vision", "quota": 2.0, "in_use": 3.0, "borrowed": 1.0, "pending": 2,
+         "limit": None},
+        {"name": "nlp", "quota": 1.0, "in_use": 0.0, "borrowed": 0.0, "pending": 0, "limit": 3.0},
+    ]}
+    vision, nlp = project_bars(quota, capacity=4)
+    assert vision == {"name": "vision", "quota": 2.0, "in_use": 3.0, "borrowed": 1.0,
+                      "scale": 4, "text": "vision: 3 of 2 guaranteed GPUs in use, 1 borrowed "
+                                          "beyond the quota, 2 waiting"}
+    assert nlp["text"] == "nlp: 0 of 1 guaranteed GPUs in use (at most 3)"
+    drawn = bar_html(vision)
+    # within the quota 2/4, borrowed 1/4 after it, the quota's mark at 2/4
+    assert "width:50.0%;height:100%;background:#43a047" in drawn
+    assert "left:50.0%;width:25.0%" in drawn and "left:50.0%;width:2px" in drawn
+    assert project_bars({"projects": [dict(quota["projects"][0])]})[0]["scale"] == 3.0
+
+
+def test_slice_view():
+    quarter = BuildSlice(0.25, "GPU-a", "pinned")
+    report = {"over": True, "used": 5 * 2**30, "limit": 4 * 2**30, "problem": None,
+              "message": "This server's processes use 5.0 GiB of GPU memory, more than …"}
+    assert slice_view(quarter, {"watchdog": report}) == {
+        "text": "Build slice: ¼ GPU of GPU-a. This server's processes use 5.0 GiB of GPU "
+                "memory, more than …", "over": True, "fraction": 1.0}
+    assert slice_view(quarter, None) == {"text": "Build slice: ¼ GPU of GPU-a.",
+                                         "fraction": None, "over": False}
+    assert slice_view(BuildSlice(0.5), {"watchdog": None, "watchdog_off": "Watchdog off."}) == \
+        {"text": "Build slice: ½ GPU. Watchdog off.", "fraction": None, "over": False}
+    assert slice_view(None, None)["text"] == "No build slice: this server has no GPU of its own."
+    assert slice_view(None, None, "GPUSHARE_SLICE_GPUS must be …")["text"] == \
+        "GPUSHARE_SLICE_GPUS must be …"
+
+
+def test_status_line_and_server_address():
+    assert status_html("the pool service at http://h/ cannot be reached (connection refused); "
+                       "is JupyterHub running?", 5) == (
+        '<span style="color:#c62828">The pool service at http://h/ cannot be reached '
+        '(connection refused); is JupyterHub running? Trying again every 5 s.</span>')
+    assert server_url({}) is None
+    assert server_url({"JUPYTERHUB_SERVICE_URL": "http://:8888/user/alice/"}) == \
+        "http://127.0.0.1:8888/user/alice/gpushare/"
+    assert server_url({"JUPYTERHUB_SERVICE_URL": "https://10.0.0.5:8888/user/a%40b"}) == \
+        "https://10.0.0.5:8888/user/a%40b/gpushare/"
+
+
+# -- the widget against a real pool -------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    need_proxy()
+    system_users(["alice", "bob", "admin"])
+    directory = tmp_path_factory.mktemp("hub")
+    directory.chmod(0o755)
+    hub = Hub(directory, {"vision": ["alice"], "nlp": ["bob"]}, POOL_CONFIG).start()
+    yield hub
+    hub.stop()
+
+
+@pytest.fixture
+def alice(hub):
+    return PoolClient(hub.pool_url, hub.token("alice"))
+
+
+@pytest.fixture
+def panel(alice, monkeypatch):
+    monkeypatch.delenv("GPUSHARE_SLICE_GPUS", raising=False)
+    panel = Panel(client=alice, interval=0.2, server=None)
+    yield panel
+    panel.close()
+
+
+def submit(hub, user, **spec):
+    status, job = hub.api("POST", "api/jobs", user, spec)
+    assert status == 201, job
+    return job
+
+
+def wait_for(condition, timeout=15, what="the condition"):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} did not happen in {timeout} s"
+        time.sleep(0.05)
+
+
+def table(panel):
+    """The job table as text: one tuple of cell values per row."""
+    return [tuple(cell.value for cell in row.children[:7])
+            for row in panel.jobs_box.children[1:]]
+
+
+def test_the_panel_shows_quota_and_jobs_and_its_buttons_act_in_the_pool(hub, panel):
+    job = submit(hub, "alice", gpus=1, name="shown", source="import time\nprint('hello from "
+                 "the job', flush=True)\ntime.sleep(60)")
+    hub.wait_job("alice", job["id"], ("running",))
+    assert panel.refresh()
+    [bar] = panel.quota_box.children
+    assert "vision: 1 of 2 guaranteed GPUs in use" in bar.value
+    assert panel.slice_line.value == "<div>No build slice: this server has no GPU of its own.</div>"
+    [row] = [r for r in panel.jobs_box.children[1:] if "shown" in r.children[0].value]
+    name, state, gpus, position, spent, attempt, reason, cancel, logs = row.children
+    assert (name.value, gpus.value, position.value, attempt.value) == ("shown", "1", "", "1")
+    assert "running" in state.value and re.match(r"0:\d\d", spent.value)
+    assert not cancel.disabled
+    # logs: the job's output in the panel's output area
+    wait_for(lambda: "hello" in hub.api("GET", f"api/jobs/{job['id']}/logs", "alice")[1])
+    logs.click()
+    [out] = panel.logs.outputs
+    assert out["text"] == f"── logs of job {job['id']} ──\nhello from the job\n"
+    # cancel: the pool cancels it, and the row says so
+    cancel.click()
+    hub.wait_job("alice", job["id"], ("cancelled",))
+    wait_for(lambda: panel.refresh() and "cancelled" in row.children[1].value)
+    assert row.children[7].disabled
+
+
+def test_the_panel_refreshes_by_itself_until_closed(hub, alice):
+    panel = Panel(client=alice, interval=0.2, server=None)
+    panel.start()
+    wait_for(lambda: panel.refreshes >= 1)
+    job = submit(hub, "alice", gpus=1, name="arrives-later", source="print(1)")
+    wait_for(lambda: any("arrives-later" in r[0] for r in table(panel)), what="a new job shown")
+    hub.wait_job("alice", job["id"], ("succeeded",))
+    wait_for(lambda: any("succeeded" in r[1] for r in table(panel) if "arrives-later" in r[0]))
+    panel.close()
+    wait_for(lambda: not panel.running, timeout=5, what="the thread's end")
+    count = panel.refreshes
+    submit(hub, "alice", gpus=1, name="after-close", source="print(1)")
+    time.sleep(0.6)
+    assert panel.refreshes == count
+
+
+def test_the_front_end_closing_the_widget_stops_it(alice):
+    panel = Panel(client=alice, interval=0.2, server=None)
+    panel.start()
+    wait_for(lambda: panel.refreshes >= 1)
+    panel.comm.handle_close({"content": {"comm_id": panel.model_id, "data": {}}})
+    wait_for(lambda: not panel.running, timeout=5, what="the thread's end")
+    panel.close()
+
+
+def test_an_unreachable_pool_is_one_line_and_the_panel_keeps_trying(hub, alice):
+    down = PoolClient(f"http://127.0.0.1:{free_port()}/services/gpushare/", "t0ken")
+    panel = Panel(client=down, interval=0.1, server=None)
+    try:
+        assert panel.refresh() is False
+        assert panel.status.value == (
+            f'<span style="color:#c62828">The pool service at {down.url} cannot be reached '
+            f'(connection refused); is JupyterHub running and the URL right? Trying again '
+            f'every 0.1 s.</span>')
+        panel.start()
+        time.sleep(0.3)
+        assert panel.running and panel.refreshes == 0
+        panel.client = alice  # the pool is back
+        wait_for(lambda: panel.refreshes >= 1, what="recovery")
+        assert panel.status.value.startswith("Updated ")
+    finally:
+        panel.close()
+
+
+def test_a_refused_cancel_is_said_in_the_status_line(hub, panel):
+    job = submit(hub, "alice", gpus=1, source="print(1)")
+    hub.wait_job("alice", job["id"], ("succeeded",))
+    panel.cancel(job["id"])
+    assert f"Job {job['id']} has already ended (succeeded). Trying again" in panel.status.value
+
+
+# -- in a real kernel ------------------------------------------------------------------------------
+
+def test_in_a_kernel_it_updates_the_front_end_and_stops_when_the_front_end_closes_it(hub):
+    from jupyter_client.manager import start_new_kernel
+
+    km, kc = start_new_kernel(kernel_name="python3")
+    try:
+        code = textwrap.dedent(f"""
+            from IPython.display import display
+            from jupyter_gpushare.client import PoolClient
+            from jupyter_gpushare.notebook.panel import Panel
+            p = Panel(client=PoolClient({hub.pool_url!r}, {hub.token('alice')!r}),
+                      interval=0.2, server=None)
+            display(p)
+            print(p.model_id)
+        """)
+        reply = kc.execute_interactive(code, timeout=60, output_hook=lambda m: None)
+        assert reply["content"]["status"] == "ok"
+        kc.execute("print(p.model_id)")
+        panel_id = _stdout(kc).strip()
+        # the refresh thread sends updates: a job submitted now reaches the front end
+        submit(hub, "alice", gpus=1, name="seen-in-kernel", source="print(1)")
+        _wait_for_update(kc, "seen-in-kernel")
+        # the front end closes the panel's comm: the kernel stops refreshing
+        msg = kc.session.msg("comm_close", {"comm_id": panel_id, "data": {}})
+        kc.shell_channel.send(msg)
+        kc.execute("import time; time.sleep(0.6); print(p.running)")
+        assert _stdout(kc).strip() == "False"
+        _drain(kc)
+        time.sleep(0.6)
+        assert [m for m in _drain(kc) if m["msg_type"] == "comm_msg"] == []
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def _stdout(kc, timeout=30):
+    text, deadline = "", time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            msg = kc.get_iopub_msg(timeout=1)
+        except queue.Empty:
+            continue
+        if msg["msg_type"] == "stream":
+            text += msg["content"]["text"]
+        if msg["msg_type"] == "error":
+            raise AssertionError("\n".join(msg["content"]["traceback"]))
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle" and text:
+            return text
+    raise TimeoutError("no output from the kernel")
+
+
+def _wait_for_update(kc, text, timeout=20):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            msg = kc.get_iopub_msg(timeout=1)
+        except queue.Empty:
+            continue
+        if msg["msg_type"] == "comm_msg" and text in json.dumps(msg["content"]["data"]):
+            return
+    raise TimeoutError(f"the front end never got {text!r}")
+
+
+def _drain(kc):
+    msgs = []
+    while True:
+        try:
+            msgs.append(kc.get_iopub_msg(timeout=0.2))
+        except queue.Empty:
+            return msgs
