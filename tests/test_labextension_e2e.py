@@ -13,6 +13,7 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -84,7 +85,21 @@ def hub(browser_path, tmp_path_factory):
     directory.chmod(0o755)
     hub = Hub(directory, {"vision": ["alice"]}, POOL_CONFIG).start()
     yield hub
+    stop(hub)
+
+
+def stop(hub: Hub) -> None:
+    """Stop the hub, and the service and proxy it would have stopped had it had the time:
+    both run in sessions of their own, so a hub killed before its clean-up leaves them
+    running (and the service answering, its tokens cached)."""
     hub.stop()
+    proxy = subprocess.run(["pgrep", "-f", f"configurable-http-proxy --ip 127.0.0.1 --port "
+                                           f"{hub.port} "], capture_output=True, text=True)
+    for pid in hub.service_pids() + [int(p) for p in proxy.stdout.split()]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 @pytest.fixture(scope="module")
@@ -274,7 +289,7 @@ def test_the_queue_shows_and_jobs_are_cancelled_and_followed_from_the_table(page
 
 
 def test_a_pool_that_cannot_be_reached_is_said_in_one_line(page, hub, lab):
-    hub.stop()
+    stop(hub)
     try:
         page.wait_for_selector("#jupyter-gpushare-panel.jp-mod-error", timeout=60_000)
     except Exception:
