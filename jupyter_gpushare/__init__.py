@@ -18,3 +18,8 @@ def load_ipython_extension(ipython):
 def _jupyter_server_extension_points():
     """The server extension (REST handlers under ``/gpushare/api/``), enabled on install."""
     return [{"module": "jupyter_gpushare.notebook.serverext"}]
+
+
+def _jupyter_labextension_paths():
+    """The prebuilt JupyterLab extension (``jupyter labextension develop`` uses this)."""
+    return [{"src": "labextension", "dest": "jupyter-gpushare"}]

@@ -109,11 +109,20 @@ class Hub:
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
+            # The proxy and the services run in sessions of their own: note them before the
+            # hub goes, and kill what a hub that did not clean up leaves behind.
+            children = _descendants(self.proc.pid)
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
                 self.proc.wait(20)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+            for pid in children:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     def token(self, user: str) -> str:
         if user not in self._tokens:
@@ -158,6 +167,23 @@ class Hub:
                 return job
             time.sleep(0.2)
         raise TimeoutError(f"job {job_id} did not reach {states}: {job}")
+
+
+def _descendants(pid: int) -> list[int]:
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    found, frontier = [], [pid]
+    while frontier:
+        kids = [p for p, parent in parents.items() if parent in frontier]
+        found += kids
+        frontier = kids
+    return found
 
 
 def system_users(names):
