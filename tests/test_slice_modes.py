@@ -185,6 +185,8 @@ def test_kube_profile_list_and_the_local_form_show_what_the_user_may_pick():
     assert form.count('type="radio"') == 2 and "half-gpu" not in form
     assert 'value="cpu" checked' in form and 'value="quarter-gpu">' in form
     assert "Half &lt;b&gt;" in profiles.options_form(mine)  # names are escaped
+    odd = parse([{"gpus": 0.25, "description": "{{ not a template }}"}, {"gpus": 0}])
+    assert "&#123;&#123; not a template &#125;&#125;" in profiles.options_form(odd)
     assert profiles.options_from_form({"profile": ["cpu"]}) == {"profile": "cpu"}
     assert profiles.options_from_form({}) == {"profile": ""}
 
@@ -494,3 +496,25 @@ def test_on_a_gpu_a_quarter_slice_refuses_more_than_a_quarter():
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "0.35 refused"
+
+
+# -- refusals before anything starts ------------------------------------------------------------
+
+@pytest.mark.parametrize("options, message, reason", [
+    ({"pool_url": "http://127.0.0.1:9/services/gpushare/", "pool_api_token": "t0ken"},
+     "The GPU pool service is not answering, so no build slice can be reserved; try again in "
+     "a minute, or choose CPU only.", "build_pool_down"),
+    ({"pool_url": "http://127.0.0.1:9/services/gpushare/"},
+     "The hub could not reserve a build slice because of its configuration; please tell an "
+     "administrator.", "build_slice_config"),
+])
+def test_a_pool_that_cannot_be_asked_is_one_sentence_for_the_user(options, message, reason,
+                                                                   monkeypatch):
+    from jupyterhub.spawner import SpawnException
+    monkeypatch.delenv("GPUSHARE_SPAWNER_TOKEN", raising=False)
+    spawner = LocalGPUShareSpawner(user=Member("alice"), **options)
+    with pytest.raises(SpawnException) as e:
+        asyncio.run(spawner.start())
+    assert (e.value.message, e.value.reason, e.value.jupyterhub_message) == \
+        (message, reason, message)
+    assert "t0ken" not in e.value.log_message

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 from dataclasses import asdict
+from urllib.parse import urlsplit
 
 from jupyterhub.spawner import Spawner, SpawnException
 from jupyterhub.utils import url_path_join
@@ -153,7 +154,6 @@ class GPUShareSpawnerBase(Spawner):
         if public:
             origin = f"{public.scheme}://{public.netloc}"
         else:
-            from urllib.parse import urlsplit
             proxy = urlsplit(getattr(settings.get("proxy"), "public_url", "") or
                              "http://127.0.0.1:8000/")
             host = proxy.hostname or "127.0.0.1"
@@ -249,6 +249,8 @@ class GPUShareSpawnerBase(Spawner):
             try:
                 if profile.milli:
                     self._slices = await self._reserve(profile)
+                else:
+                    await self._release_stale_quietly()
                 self._fragment = self._fragment_for(profile)
             except BaseException:
                 await self._release()
@@ -335,6 +337,17 @@ class GPUShareSpawnerBase(Spawner):
         where = ", ".join(f"GPU {h.gpu} of {h.node}" for h in held)
         self._say(f"Reserved {profile.display_name}: {where}.")
         return held
+
+    async def _release_stale_quietly(self) -> None:
+        # A CPU-only start needs no pool: a slice left from an earlier GPU run of this server
+        # is released if the pool answers, and otherwise at the next GPU start.
+        if not self.pool_api_token:
+            return
+        try:
+            await release_stale(self._client(), self.user.name, self.name, self.log)
+        except ClientError as exc:
+            self.log.warning("%s: could not look for leftover build slices: %s",
+                             self._log_name, exc)
 
     def _fragment_for(self, profile) -> Fragment:
         try:

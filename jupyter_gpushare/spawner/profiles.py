@@ -188,10 +188,15 @@ def options_form(profiles: list[BuildProfile], selected: str | None = None) -> s
     rows = [
         f'<div class="radio"><label><input type="radio" name="profile" '
         f'value="{html.escape(p.slug)}"{" checked" if p.slug == selected else ""}> '
-        f'<strong>{html.escape(p.display_name)}</strong> &mdash; '
-        f'{html.escape(p.description)}</label></div>'
+        f'<strong>{_text(p.display_name)}</strong> &mdash; '
+        f'{_text(p.description)}</label></div>'
         for p in profiles]
     return '<div class="form-group"><p>Build slice</p>\n' + "\n".join(rows) + "\n</div>"
+
+
+def _text(value: str) -> str:
+    # Escaped for HTML, and braces too: JupyterHub renders the form as a Jinja template.
+    return html.escape(value).replace("{", "&#123;").replace("}", "&#125;")
 
 
 def options_from_form(formdata: dict) -> dict:
