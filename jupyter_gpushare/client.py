@@ -323,6 +323,16 @@ class PoolClient:
     def projects(self) -> list[dict]:
         return self._json("GET", "api/projects")["projects"]
 
+    # build slices: only the hub's spawner (a service) or an admin reserves and releases
+    def reserve_slice(self, user: str, gpus: float, server: str) -> dict:
+        return self._json("POST", "api/slices", body={"user": user, "gpus": gpus, "server": server})
+
+    def release_slice(self, slice_id: str) -> dict:
+        return self._json("DELETE", f"api/slices/{_segment(slice_id)}")
+
+    def slices(self) -> list[dict]:
+        return self._json("GET", "api/slices")["slices"]
+
     def slice(self) -> dict:
         """A notebook server's build slice and its slice watchdog's latest report
         (``slice``, ``watchdog``, ``watchdog_off``). Only the server extension answers it: give

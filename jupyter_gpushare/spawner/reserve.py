@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from ..client import ClientError, PoolClient, PoolError, _segment
+from ..client import ClientError, PoolClient, PoolError
 from ..policy.model import GPU
 
 
@@ -22,14 +22,10 @@ class SliceClient(PoolClient):
     """The pool client with the calls only the hub's spawner makes (``api/slices``)."""
 
     def reserve(self, user: str, milli: int, server: str) -> dict:
-        return self._json("POST", "api/slices",
-                          body={"user": user, "gpus": milli / GPU, "server": server})
+        return self.reserve_slice(user, milli / GPU, server)
 
     def release(self, slice_id: str) -> dict:
-        return self._json("DELETE", f"api/slices/{_segment(slice_id)}")
-
-    def slices(self) -> list[dict]:
-        return self._json("GET", "api/slices")["slices"]
+        return self.release_slice(slice_id)
 
 
 @dataclass(frozen=True)
