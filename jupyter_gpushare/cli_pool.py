@@ -17,8 +17,8 @@ import time
 
 from .cli import CommandError, UsageError
 from .client import (ACTIVE_STATES, FINAL_STATES, InvalidInput, NoCredentials, PoolClient,
-                     PoolError, PoolUnreachable, check_gpus, check_name, check_priority, job_spec,
-                     parse_env)
+                     PoolError, PoolUnreachable, argument_type, check_gpus, check_name,
+                     check_priority, job_spec, parse_env)
 
 # The option that gives each job-spec field, for sentences about a bad value.
 _OPTION = {"gpus": "--gpus", "priority": "--priority", "name": "--name", "env": "--env",
@@ -48,14 +48,15 @@ def add_pool_commands(sub) -> None:
                        "status is 0 if the job succeeded, 1 if it failed or was cancelled. With "
                        "--wait --json, the output goes to stderr and the finished job, as JSON, "
                        "to stdout.")
-    p.add_argument("--gpus", type=_checked(check_gpus), default=1, metavar="N",
+    p.add_argument("--gpus", type=argument_type(check_gpus), default=1, metavar="N",
                    help="whole GPUs, started all at once (default 1)")
     p.add_argument("--project", metavar="P", help="the project whose quota it uses (default: "
                    "your only project)")
-    p.add_argument("--name", type=_checked(check_name), metavar="NAME", help="a name to find it by")
-    p.add_argument("--priority", type=_checked(check_priority), metavar="P",
+    p.add_argument("--name", type=argument_type(check_name), metavar="NAME",
+                   help="a name to find it by")
+    p.add_argument("--priority", type=argument_type(check_priority), metavar="P",
                    help="-100 to 100 within your project (default 0)")
-    p.add_argument("--env", type=_checked(lambda text: parse_env([text])), action="append",
+    p.add_argument("--env", type=argument_type(lambda text: parse_env([text])), action="append",
                    default=[], metavar="K=V", help="an environment variable for the job; repeat "
                    "for more")
     p.add_argument("--wait", action="store_true", help="follow the job's output until it ends")
@@ -70,7 +71,7 @@ def add_pool_commands(sub) -> None:
     p.add_argument("--all", action="store_true", help="every job (admins)")
     p.add_argument("--state", choices=STATES, metavar="S", help="only jobs in this state: "
                    + ", ".join(STATES))
-    p.add_argument("--limit", type=_checked(_limit), metavar="N",
+    p.add_argument("--limit", type=argument_type(_limit), metavar="N",
                    help="the newest N jobs, 1 to 1000 (default 100)")
     p.set_defaults(func=cmd_jobs)
 
@@ -80,7 +81,7 @@ def add_pool_commands(sub) -> None:
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job "
                    "ends, through its next attempts if it is preempted (state changes go to "
                    "stderr)")
-    p.add_argument("--attempt", type=_checked(_attempt), metavar="N",
+    p.add_argument("--attempt", type=argument_type(_attempt), metavar="N",
                    help="the output of this attempt only (default: the latest)")
     p.set_defaults(func=cmd_logs)
 
@@ -96,16 +97,6 @@ def add_pool_commands(sub) -> None:
     p = sub.add_parser("pool", parents=[connection, as_json], help="the train pool's GPUs",
                        description="The train pool: its nodes, GPUs and their use.")
     p.set_defaults(func=cmd_pool)
-
-
-def _checked(check):
-    """An argparse type from a client check: its sentence, without the field's name."""
-    def convert(text):
-        try:
-            return check(text)
-        except InvalidInput as e:
-            raise argparse.ArgumentTypeError(e.problem) from None
-    return convert
 
 
 def _attempt(text):

@@ -10,6 +10,7 @@ do. The token is sent in a header and never appears in a sentence, a ``repr`` or
 
 from __future__ import annotations
 
+import argparse
 import codecs
 import http.client
 import json
@@ -173,6 +174,17 @@ def check_workdir(value) -> str:
         raise InvalidInput("workdir", f"must be an absolute path like /home/you/project, not "
                            f"{value!r}")
     return value
+
+
+def argument_type(check):
+    """An argparse ``type`` from one of the checks above (for the CLI and the magics): its
+    sentence, without the field's name, which argparse adds."""
+    def convert(text):
+        try:
+            return check(text)
+        except InvalidInput as e:
+            raise argparse.ArgumentTypeError(e.problem) from None
+    return convert
 
 
 def job_spec(command=None, *, source: str | None = None, gpus=1, project: str | None = None,

@@ -3,6 +3,7 @@ tests. Tokens for users are made through the hub's REST API by a test service.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -167,6 +168,20 @@ class Hub:
                 return job
             time.sleep(0.2)
         raise TimeoutError(f"job {job_id} did not reach {states}: {job}")
+
+
+@contextlib.contextmanager
+def running_hub(directory: Path, groups: dict[str, list[str]], pool_config: str,
+                extra_config: str = "", users=("alice", "bob", "admin")):
+    """A started hub in ``directory`` (readable by the users' jobs), stopped afterwards."""
+    need_proxy()
+    system_users(users)
+    directory.chmod(0o755)
+    hub = Hub(directory, groups, pool_config, extra_config).start()
+    try:
+        yield hub
+    finally:
+        hub.stop()
 
 
 def _descendants(pid: int) -> list[int]:

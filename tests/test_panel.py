@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from hubtest import Hub, free_port, need_proxy, system_users
+from hubtest import free_port, running_hub
 from jupyter_gpushare.client import PoolClient
 from jupyter_gpushare.notebook.panel import (Panel, bar_html, clock, elapsed, job_rows,
                                              project_bars, server_url, slice_view, status_html)
@@ -105,13 +105,9 @@ def test_status_line_and_server_address():
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    need_proxy()
-    system_users(["alice", "bob", "admin"])
-    directory = tmp_path_factory.mktemp("hub")
-    directory.chmod(0o755)
-    hub = Hub(directory, {"vision": ["alice"], "nlp": ["bob"]}, POOL_CONFIG).start()
-    yield hub
-    hub.stop()
+    with running_hub(tmp_path_factory.mktemp("hub"), {"vision": ["alice"], "nlp": ["bob"]},
+                     POOL_CONFIG) as hub:
+        yield hub
 
 
 @pytest.fixture

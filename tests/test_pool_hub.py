@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hubtest import Hub, need_proxy, system_users
+from hubtest import running_hub
 
 POOL_CONFIG = """
 c = get_config()
@@ -41,13 +41,9 @@ LONG = ("import os, signal, sys, time\n"
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    need_proxy()
-    system_users(["alice", "bob", "carol", "admin"])
-    directory = tmp_path_factory.mktemp("hub")
-    directory.chmod(0o755)
-    hub = Hub(directory, GROUPS, POOL_CONFIG).start()
-    yield hub
-    hub.stop()
+    with running_hub(tmp_path_factory.mktemp("hub"), GROUPS, POOL_CONFIG,
+                     users=["alice", "bob", "carol", "admin"]) as hub:
+        yield hub
 
 
 def submit(hub, user, **spec):

@@ -20,7 +20,7 @@ from tornado.httpclient import HTTPRequest
 from tornado.ioloop import IOLoop
 from tornado.websocket import websocket_connect
 
-from hubtest import Hub, need_proxy, system_users
+from hubtest import running_hub
 from jupyter_gpushare.spawner import LocalGPUShareSpawner
 
 POOL_CONFIG = """
@@ -75,15 +75,11 @@ ALICE_GPU = "GPU-SIMULATED-sim-build-0-0"
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    need_proxy()
-    system_users(["alice", "bob", "carol", "admin"])
-    directory = tmp_path_factory.mktemp("spawnerhub")
-    directory.chmod(0o755)
-    hub = Hub(directory, GROUPS, POOL_CONFIG, HUB_EXTRA).start()
-    yield hub
-    for user in ("alice", "carol"):
-        hub.request("DELETE", f"{hub.url}/hub/api/users/{user}/server", hub.token(user))
-    hub.stop()
+    with running_hub(tmp_path_factory.mktemp("spawnerhub"), GROUPS, POOL_CONFIG, HUB_EXTRA,
+                     users=["alice", "bob", "carol", "admin"]) as hub:
+        yield hub
+        for user in ("alice", "carol"):
+            hub.request("DELETE", f"{hub.url}/hub/api/users/{user}/server", hub.token(user))
 
 
 # -- helpers ------------------------------------------------------------------------------------

@@ -17,8 +17,8 @@ import sys
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.display import display
 
-from ..client import ClientError, InvalidInput, NoCredentials, PoolClient, check_gpus, \
-    check_name, check_priority, parse_env
+from ..client import ClientError, InvalidInput, NoCredentials, PoolClient, argument_type, \
+    check_gpus, check_name, check_priority, parse_env
 from .job import Job, JobError, describe, submit
 
 USAGE = ("%%train [--gpus N] [--project P] [--name NAME] [--priority P] [--env K=V ...] "
@@ -70,16 +70,6 @@ def _sentence(message: str, parser: argparse.ArgumentParser) -> str:
     return message
 
 
-def _checked(check):
-    """An argparse type from a client check: its sentence, without the field's name."""
-    def convert(text):
-        try:
-            return check(text)
-        except InvalidInput as e:
-            raise argparse.ArgumentTypeError(e.problem) from None
-    return convert
-
-
 def _var_names(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     bad = [n for n in names if not n.isidentifier()]
@@ -95,15 +85,15 @@ def build_parser(script: bool) -> _Parser:
                      description="Run the script as a train job." if script else
                      "Run the cell as a train job, in a fresh Python process in this "
                      "notebook's working directory and Python environment.")
-    parser.add_argument("--gpus", type=_checked(check_gpus), default=1, metavar="N",
+    parser.add_argument("--gpus", type=argument_type(check_gpus), default=1, metavar="N",
                         help="whole GPUs, started all at once (default 1)")
     parser.add_argument("--project", metavar="P", help="the project whose quota it uses "
                         "(default: your only project)")
-    parser.add_argument("--name", type=_checked(check_name), metavar="NAME",
+    parser.add_argument("--name", type=argument_type(check_name), metavar="NAME",
                         help="a name to find the job by")
-    parser.add_argument("--priority", type=_checked(check_priority), metavar="P",
+    parser.add_argument("--priority", type=argument_type(check_priority), metavar="P",
                         help="-100 to 100 within your project (default 0)")
-    parser.add_argument("--env", type=_checked(lambda text: parse_env([text])),
+    parser.add_argument("--env", type=argument_type(lambda text: parse_env([text])),
                         action="append", default=[], metavar="K=V",
                         help="an environment variable for the job; repeat for more")
     if not script:

@@ -15,7 +15,7 @@ import pytest
 from jupyter_server.serverapp import JupyterServerAuthWarning
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
-from hubtest import Hub, free_port, need_proxy, system_users
+from hubtest import free_port, running_hub
 from jupyter_gpushare.client import PoolClient
 from jupyter_gpushare.gpus import SimulatedInventory
 from jupyter_gpushare.notebook import serverext
@@ -37,13 +37,9 @@ GiB = 2**30
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    need_proxy()
-    system_users(["alice", "bob", "admin"])
-    directory = tmp_path_factory.mktemp("hub")
-    directory.chmod(0o755)
-    hub = Hub(directory, {"vision": ["alice"], "nlp": ["bob"]}, POOL_CONFIG).start()
-    yield hub
-    hub.stop()
+    with running_hub(tmp_path_factory.mktemp("hub"), {"vision": ["alice"], "nlp": ["bob"]},
+                     POOL_CONFIG) as hub:
+        yield hub
 
 
 @pytest.fixture
