@@ -1,0 +1,130 @@
+"""The Kubernetes API as the backend uses it: kubernetes_asyncio (the client KubeSpawner
+uses) for configuration and requests, plain JSON dicts in and out (no model classes), and
+every call retried while the failure may pass (connection errors, 429, 5xx), within a time
+budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import random
+import time
+
+import aiohttp
+from kubernetes_asyncio import client, config
+
+RETRIED = {429, 500, 502, 503, 504}
+REFUSED = {401, 403}
+REFUSED_RETRY_S = 3.0
+"""An API server that has just started may refuse (401, 403) until its caches of tokens and
+RBAC rules are filled: refusals are tried again this long before they count."""
+NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+class KubeError(Exception):
+    """An error answer of the API server (``status`` 0: no answer at all)."""
+
+    def __init__(self, status: int, reason: str = "", message: str = ""):
+        self.status, self.reason, self.message = status, reason, message
+        super().__init__(f"{status} {reason}: {message}" if status else message)
+
+
+async def raise_for_status(response, what: str) -> None:
+    """Raise ``KubeError`` for an error answer (its Status object's reason and message)."""
+    if 200 <= response.status < 300:
+        return
+    text = (await response.read()).decode(errors="replace")
+    try:
+        status = json.loads(text)
+        reason, message = status.get("reason", ""), status.get("message", text)
+    except ValueError:
+        reason, message = response.reason or "", text.strip()[:300]
+    error = KubeError(response.status, reason, f"{what}: {message}")
+    error.retry_after = response.headers.get("Retry-After")
+    raise error
+
+
+async def make_client(kubeconfig: str, context: str = "") -> client.ApiClient:
+    """An API client from ``kubeconfig`` (a path), or from the pod's service account inside
+    a cluster, or from the default kubeconfig (``$KUBECONFIG``, ``~/.kube/config``)."""
+    configuration = client.Configuration()
+    if kubeconfig:
+        await config.load_kube_config(config_file=kubeconfig, context=context or None,
+                                      client_configuration=configuration)
+    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config(client_configuration=configuration)
+    else:
+        await config.load_kube_config(context=context or None, client_configuration=configuration)
+    configuration.connection_pool_maxsize = 64  # watches hold connections for minutes
+    return client.ApiClient(configuration)
+
+
+def default_namespace() -> str:
+    """The namespace the service runs in (its service account says), else ``default``."""
+    try:
+        with open(NAMESPACE_FILE) as f:
+            return f.read().strip() or "default"
+    except OSError:
+        return "default"
+
+
+class KubeAPI:
+    """``await api.json("create pod x", api.core.create_namespaced_pod, ns, body)``."""
+
+    def __init__(self, api_client: client.ApiClient, retry_s: float,
+                 log: logging.Logger | None = None, timeout_s: float = 30):
+        self.client = api_client
+        self.core = client.CoreV1Api(api_client)
+        self.retry_s = retry_s
+        self.timeout_s = timeout_s
+        self.log = log or logging.getLogger("gpushare.kube")
+        self.retries = 0  # how many requests were sent again, for tests and the log
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def raw(self, what: str, method, *args, retry_s: float | None = None,
+                  **kwargs) -> bytes:
+        """The answer's body, after retries for ``retry_s`` seconds at most (default: the
+        API's ``retry_s``); ``KubeError`` when it stays an error."""
+        started = time.monotonic()
+        deadline = started + (self.retry_s if retry_s is None else retry_s)
+        kwargs.setdefault("_request_timeout", self.timeout_s)
+        delay = 0.1
+        while True:
+            try:
+                response = await method(*args, _preload_content=False, **kwargs)
+                try:
+                    await raise_for_status(response, what)
+                    return await response.read()
+                finally:
+                    response.release()
+            except KubeError as e:
+                refused_late = e.status in REFUSED and \
+                    time.monotonic() + delay > started + REFUSED_RETRY_S
+                if e.status not in RETRIED | REFUSED or refused_late:
+                    raise
+                error, wait = e, _retry_after(e, delay)
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+                error, wait = KubeError(0, "", f"{what}: the Kubernetes API did not answer "
+                                        f"({type(e).__name__}: {e})"), delay
+            if time.monotonic() + wait > deadline:
+                raise error
+            self.retries += 1
+            self.log.debug("%s failed (%s); again in %.2f s", what, error, wait)
+            await asyncio.sleep(wait)
+            delay = min(delay * 2, 2.0)
+
+    async def json(self, what: str, method, *args, retry_s: float | None = None, **kwargs):
+        body = await self.raw(what, method, *args, retry_s=retry_s, **kwargs)
+        return json.loads(body) if body else None
+
+
+def _retry_after(error: KubeError, delay: float) -> float:
+    try:
+        return min(max(float(getattr(error, "retry_after", None) or 0), delay), 10.0)
+    except ValueError:
+        return delay * (1 + random.random())

@@ -1,0 +1,711 @@
+"""The Kubernetes backend: manifests compared whole and validated against Kubernetes' schemas
+without a cluster, then the Backend contract against the real control plane (tests/kube),
+under exactly the RBAC that hub_config/kubernetes-rbac.yaml grants the hub's service account:
+gangs of pods, logs, exits, stops with grace, Events as reasons, adoption after a restart, and
+faults (the API server restarting, dropped and expired watches, pods and nodes vanishing,
+transient and permanent API errors)."""
+
+import asyncio
+import base64
+import copy
+import json
+import sys
+import time
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+from kubernetes_asyncio.client import ApiClient
+from kubespawner.objects import make_pod
+
+from jupyter_gpushare.backends import BackendError, Launch
+from jupyter_gpushare.backends.kube import KubernetesBackend
+from jupyter_gpushare.backends.kube import objects as k8s
+from jupyter_gpushare.policy.model import GPU, Node
+from kube.rest import KubeError, KubeREST
+from kube_faults import FaultProxy
+
+PY = sys.executable
+TRAIN = {"gpushare.jupyter.org/pool": "train"}
+HUB_CONFIG = Path(__file__).resolve().parents[1] / "hub_config"
+SCHEMA_VERSION = "1.25.0"  # the oldest kubernetes-validate knows; the cluster itself is 1.20
+kube = pytest.mark.kube
+
+
+def validate(obj):
+    kubernetes_validate.validate(obj, SCHEMA_VERSION, strict=True)
+
+
+def notebook_pod(user="alice", server=""):
+    """A notebook pod as KubeSpawner makes it (its own make_pod), as the API's JSON: home
+    volume, hub token and slice settings in the environment, the kernel start-up volume."""
+    pod = make_pod(
+        name=f"jupyter-{user}", cmd=["jupyterhub-singleuser"], port=8888,
+        image="quay.io/jupyter/pytorch-notebook:2025-01-01", image_pull_policy="IfNotPresent",
+        image_pull_secrets=["registry"], uid=1000, gid=100, fs_gid=100,
+        env={"JUPYTERHUB_API_TOKEN": "secret-token", "JPY_API_TOKEN": "secret-token",
+             "JUPYTERHUB_USER": user, "GPUSHARE_URL": "http://proxy-public/services/gpushare/",
+             "DATA_DIR": "/home/jovyan/data", "GPUSHARE_SLICE_GPUS": "0.25",
+             "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.25", "PYTHONSTARTUP": "/etc/gpushare/s.py",
+             "DB_PASSWORD": {"name": "DB_PASSWORD", "valueFrom": {"secretKeyRef": {
+                 "name": "db", "key": "password"}}}},
+        working_dir="/home/jovyan",
+        volumes=[{"name": "home", "persistentVolumeClaim": {"claimName": f"claim-{user}"}},
+                 {"name": "gpushare-startup", "downwardAPI": {"items": []}},
+                 {"name": "creds", "secret": {"secretName": "user-creds"}}],
+        volume_mounts=[{"name": "home", "mountPath": "/home/jovyan"},
+                       {"name": "gpushare-startup", "mountPath": "/etc/gpushare"},
+                       {"name": "creds", "mountPath": "/etc/creds"}],
+        labels={"component": "singleuser-server", "hub.jupyter.org/username": user},
+        annotations={"hub.jupyter.org/username": user,
+                     **({"hub.jupyter.org/servername": server} if server else {})},
+        extra_resource_limits={"nvidia.com/gpu.shared": "1"})
+    # The client's serializer, without a client (which would open a connection pool).
+    return ApiClient.__new__(ApiClient).sanitize_for_serialization(pod)
+
+
+def gang_launch(**kw):
+    fields = dict(job_id="j-0a1b2c3d", attempt=2, user="alice", project="vision",
+                  command=("python3", "train.py"), env={"EPOCHS": "3", "HF_TOKEN": "x"},
+                  placement={"gpu-b": 4 * GPU, "gpu-a": 2 * GPU},
+                  checkpoint_dir="/home/jovyan/.gpushare/checkpoints/j-0a1b2c3d")
+    fields.update(kw)
+    return Launch(**fields)
+
+
+# -- without a cluster --------------------------------------------------------------------
+
+def test_a_gang_is_one_pod_per_node_in_the_notebooks_image_home_and_environment():
+    template = k8s.notebook_template(notebook_pod())
+    settings = k8s.PodSettings(namespace="jhub", grace_s=30, cpu_per_gpu=4,
+                               memory_per_gpu_gib=60, tolerations=({"key": "nvidia.com/gpu",
+                                                                    "operator": "Exists",
+                                                                    "effect": "NoSchedule"},),
+                               annotations={"team": "ml"})
+    pods = k8s.job_pods(gang_launch(), template, settings)
+    assert [p["metadata"]["name"] for p in pods] == ["gpushare-j-0a1b2c3d-2-0",
+                                                     "gpushare-j-0a1b2c3d-2-1"]
+    assert pods[0] == {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": "gpushare-j-0a1b2c3d-2-0", "namespace": "jhub",
+            "labels": {"app.kubernetes.io/managed-by": "jupyter-gpushare",
+                       "app.kubernetes.io/component": "train-job",
+                       "gpushare.jupyter.org/job": "j-0a1b2c3d",
+                       "gpushare.jupyter.org/attempt": "2", "gpushare.jupyter.org/rank": "0",
+                       "gpushare.jupyter.org/user": "alice",
+                       "gpushare.jupyter.org/project": "vision"},
+            "annotations": {"team": "ml", "gpushare.jupyter.org/user": "alice",
+                            "gpushare.jupyter.org/project": "vision"}},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 30,
+            "automountServiceAccountToken": False,
+            "enableServiceLinks": False,
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchFields": [
+                    {"key": "metadata.name", "operator": "In", "values": ["gpu-a"]}]}]}}},
+            "containers": [{
+                "name": "job",
+                "image": "quay.io/jupyter/pytorch-notebook:2025-01-01",
+                "command": ["/bin/sh", "-c", 'mkdir -p "$GPUSHARE_CHECKPOINT_DIR" && exec "$@"',
+                            "gpushare-job", "python3", "train.py"],
+                "workingDir": "/home/jovyan",
+                "env": [
+                    {"name": "DATA_DIR", "value": "/home/jovyan/data"},
+                    {"name": "GPUSHARE_URL", "value": "http://proxy-public/services/gpushare/"},
+                    {"name": "EPOCHS", "value": "3"},
+                    {"name": "PYTHONUNBUFFERED", "value": "1"},
+                    {"name": "GPUSHARE_JOB_ID", "value": "j-0a1b2c3d"},
+                    {"name": "GPUSHARE_ATTEMPT", "value": "2"},
+                    {"name": "GPUSHARE_CHECKPOINT_DIR",
+                     "value": "/home/jovyan/.gpushare/checkpoints/j-0a1b2c3d"},
+                    {"name": "GPUSHARE_RANK", "value": "0"},
+                    {"name": "GPUSHARE_NUM_NODES", "value": "2"}],
+                "resources": {"limits": {"nvidia.com/gpu": "2", "memory": "122880Mi"},
+                              "requests": {"cpu": "8000m", "memory": "122880Mi"}},
+                "imagePullPolicy": "IfNotPresent",
+                "volumeMounts": [{"name": "home", "mountPath": "/home/jovyan"}],
+                "securityContext": {"runAsUser": 1000, "runAsGroup": 100,
+                                    "allowPrivilegeEscalation": False},
+            }],
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists",
+                             "effect": "NoSchedule"}],
+            "volumes": [{"name": "home", "persistentVolumeClaim": {"claimName": "claim-alice"}}],
+            "securityContext": {"fsGroup": 100},
+            "imagePullSecrets": [{"name": "registry"}],
+        }}
+    second = pods[1]["spec"]
+    assert second["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"][0]["matchFields"][0]["values"] == ["gpu-b"]
+    assert second["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    assert {"name": "GPUSHARE_RANK", "value": "1"} in second["containers"][0]["env"]
+    for pod in pods:
+        validate(pod)
+        text = json.dumps(pod)
+        # Nothing secret, nothing of the build slice, no CUDA_VISIBLE_DEVICES of ours.
+        for leaked in ("secret-token", "HF_TOKEN", "DB_PASSWORD", "user-creds", "SLICE",
+                       "XLA_", "PYTHONSTARTUP", "gpu.shared", "CUDA_VISIBLE_DEVICES"):
+            assert leaked not in text
+
+
+def test_without_a_notebook_pod_the_configured_template_is_used():
+    backend = KubernetesBackend(
+        image="registry.example/train:1", home_dir="/home/jovyan",
+        volumes=[{"name": "home", "persistentVolumeClaim": {"claimName": "claim-{username}"}}],
+        volume_mounts=[{"name": "home", "mountPath": "/home/jovyan", "subPath": "{username}"}])
+    template = backend._template("Ann.Lee@example.org")
+    assert template.source == "configuration" and template.image == "registry.example/train:1"
+    claim = template.volumes[0]["persistentVolumeClaim"]["claimName"]
+    assert claim.startswith("claim-ann-lee-example-org") and claim == claim.lower()
+    assert template.volume_mounts[0]["subPath"] == claim[len("claim-"):]
+    assert template.security_context["runAsNonRoot"] is True
+    assert backend.user_home("Ann.Lee@example.org") == "/home/jovyan"
+    pod = k8s.job_pods(gang_launch(user="Ann.Lee@example.org", placement={"n": GPU}),
+                       template, k8s.PodSettings(namespace="ns", grace_s=5))[0]
+    validate(pod)
+    assert pod["metadata"]["annotations"]["gpushare.jupyter.org/user"] == "Ann.Lee@example.org"
+    assert k8s.label_value("Ann.Lee@example.org") == pod["metadata"]["labels"][
+        "gpushare.jupyter.org/user"]
+
+
+@pytest.mark.parametrize("status, expected", [
+    ({"phase": "Pending"}, k8s.PodState("pending")),
+    ({"phase": "Running"}, k8s.PodState("running")),
+    ({"phase": "Succeeded"}, k8s.PodState("succeeded", 0)),
+    ({"phase": "Failed", "containerStatuses": [{"state": {"terminated": {
+        "exitCode": 3, "reason": "Error"}}}]}, k8s.PodState("failed", 3, "exited with code 3")),
+    ({"phase": "Failed", "containerStatuses": [{"state": {"terminated": {
+        "exitCode": 137, "reason": "OOMKilled"}}}]},
+     k8s.PodState("failed", 137, "exited with code 137 (OOMKilled)")),
+    ({"phase": "Failed", "reason": "Evicted", "message": "The node was low on memory."},
+     k8s.PodState("failed", None, "failed: The node was low on memory.")),
+])
+def test_pod_states(status, expected):
+    assert k8s.pod_state({"status": status}) == expected
+
+
+def test_waiting_reasons_say_what_kubernetes_says():
+    unscheduled = {"status": {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False",
+         "message": "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."}]}}
+    assert k8s.waiting_reason(unscheduled, None) == \
+        "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."
+    event = {"message": "Back-off pulling image \"x\"", "type": "Warning"}
+    assert k8s.waiting_reason(unscheduled, event) == "Back-off pulling image \"x\""
+    pulling = {"spec": {"nodeName": "n"}, "status": {"phase": "Pending", "containerStatuses": [
+        {"state": {"waiting": {"reason": "ErrImagePull", "message": "not found"}}}]}}
+    assert k8s.waiting_reason(pulling, None) == "ErrImagePull: not found"
+    assert k8s.waiting_reason({"status": {"phase": "Running"}}, event) == ""
+    newest = k8s.newest_event([{"lastTimestamp": "2026-01-01T00:00:01Z", "message": "old"},
+                               {"lastTimestamp": "2026-01-01T00:00:02Z", "message": "new"}])
+    assert newest["message"] == "new"
+
+
+def test_the_train_pool_from_node_objects():
+    def node(name, gpus, ready=True, cordoned=False):
+        return {"metadata": {"name": name, "labels": {"nvidia.com/gpu.product": "H100",
+                                                      "other": "x"}},
+                "spec": {"unschedulable": True} if cordoned else {},
+                "status": {"allocatable": {"nvidia.com/gpu": str(gpus)},
+                           "conditions": [{"type": "Ready", "status": str(ready)}]}}
+    nodes = [node("b", 8), node("a", 4), node("c", 8, cordoned=True), node("d", 8, ready=False),
+             {"metadata": {"name": "e"}, "status": {}}]
+    assert k8s.train_nodes(nodes, "nvidia.com/gpu", {"c": 3 * GPU}) == [
+        Node("a", 4, labels={"nvidia.com/gpu.product": "H100"}),
+        Node("b", 8, labels={"nvidia.com/gpu.product": "H100"}),
+        Node("c", 3, labels={"nvidia.com/gpu.product": "H100"}),  # keeps what its jobs hold
+        Node("d", 0, labels={"nvidia.com/gpu.product": "H100"}),
+        Node("e", 0)]
+
+
+def test_deployment_objects_are_valid():
+    for name in ("kubernetes-rbac.yaml", "kubernetes-netpol.yaml"):
+        docs = list(yaml.safe_load_all((HUB_CONFIG / name).read_text()))
+        assert docs
+        for doc in docs:
+            validate(doc)
+
+
+# -- against the real control plane ---------------------------------------------------------
+
+class Account:
+    """The hub's service account in its own namespace, with hub_config/kubernetes-rbac.yaml
+    applied (its namespace and cluster-wide names made this module's own)."""
+
+    def __init__(self, cluster):
+        self.cluster = cluster
+        self.namespace = cluster.namespace("gpushare")
+        self.suffix = self.namespace
+        admin = cluster.api
+        admin.post(f"/api/v1/namespaces/{self.namespace}/serviceaccounts",
+                   {"metadata": {"name": "hub"}})
+        self.cluster_objects = []
+        for doc in yaml.safe_load_all((HUB_CONFIG / "kubernetes-rbac.yaml").read_text()):
+            doc = copy.deepcopy(doc)
+            for subject in doc.get("subjects", []):
+                subject["namespace"] = self.namespace
+            kind = doc["kind"]
+            if kind.startswith("Cluster"):
+                doc["metadata"]["name"] += f"-{self.suffix}"
+                if kind == "ClusterRoleBinding":
+                    doc["roleRef"]["name"] += f"-{self.suffix}"
+                path = f"/apis/rbac.authorization.k8s.io/v1/{kind.lower()}s"
+                self.cluster_objects.append(f"{path}/{doc['metadata']['name']}")
+            else:
+                path = (f"/apis/rbac.authorization.k8s.io/v1/namespaces/{self.namespace}/"
+                        f"{kind.lower()}s")
+            admin.post(path, doc)
+        self.token = self._token()
+        self.api = KubeREST(cluster.url, self.token)
+        self.kubeconfig = cluster.control_plane.workdir / f"kubeconfig-sa-{self.namespace}"
+        self.kubeconfig.write_text(
+            "apiVersion: v1\nkind: Config\n"
+            f"clusters:\n- name: sim\n  cluster:\n    server: {cluster.url}\n"
+            "    insecure-skip-tls-verify: true\n"
+            f"users:\n- name: hub\n  user:\n    token: {self.token}\n"
+            "contexts:\n- name: sim\n  context:\n    cluster: sim\n    user: hub\n"
+            "current-context: sim\n")
+
+    def _token(self) -> str:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            sa = self.cluster.api.get(f"/api/v1/namespaces/{self.namespace}/serviceaccounts/hub")
+            for ref in sa.get("secrets") or []:
+                secret = self.cluster.api.get(
+                    f"/api/v1/namespaces/{self.namespace}/secrets/{ref['name']}")
+                if secret.get("data", {}).get("token"):
+                    return base64.b64decode(secret["data"]["token"]).decode()
+            time.sleep(0.1)
+        raise TimeoutError("the hub service account got no token")
+
+    def clear_pods(self):
+        admin = self.cluster.api
+        pods = admin.get(f"/api/v1/namespaces/{self.namespace}/pods")["items"]
+        for pod in pods:
+            try:
+                admin.delete(f"/api/v1/namespaces/{self.namespace}/pods/"
+                             f"{pod['metadata']['name']}", {"gracePeriodSeconds": 0})
+            except KubeError:
+                pass
+
+    def close(self):
+        for path in self.cluster_objects:
+            self.cluster.api.delete(path)
+        self.cluster.api.delete(f"/api/v1/namespaces/{self.namespace}")
+
+
+@pytest.fixture(scope="module")
+def account(kube_cluster):
+    acc = Account(kube_cluster)
+    yield acc
+    acc.close()
+
+
+@pytest.fixture
+def make_backend(kube, account, tmp_path):
+    """Backends of this test's train pool, as the hub's service account sees it."""
+    made = []
+    home = tmp_path / "home"
+    home.mkdir()
+
+    def make(**kw):
+        kw.setdefault("kubeconfig", str(account.kubeconfig))
+        kw.setdefault("namespace", account.namespace)
+        kw.setdefault("train_node_selector", {**kube.node_selector, **TRAIN})
+        kw.setdefault("state_dir", str(tmp_path / "state"))
+        kw.setdefault("home_dir", str(home))
+        kw.setdefault("grace_period", 5)
+        kw.setdefault("api_retry_timeout", 15)
+        made.append(KubernetesBackend(**kw))
+        return made[-1]
+
+    yield make
+    account.clear_pods()
+
+
+async def stop_all(*backends):
+    for b in backends:
+        await b.shutdown()
+
+
+def launch(job_id, script, placement, *, attempt=1, **kw):
+    return Launch(job_id, attempt, kw.pop("user", "alice"), "vision", (PY, "-c", script),
+                  kw.pop("env", {}), placement, kw.pop("checkpoint_dir", f"/tmp/ckpt-{job_id}"),
+                  **kw)
+
+
+async def ended(backend, count=1, timeout=20.0):
+    exits, deadline = [], time.monotonic() + timeout
+    while len(exits) < count:
+        assert time.monotonic() < deadline, f"{len(exits)} of {count} attempts ended: {exits}"
+        exits += await backend.poll()
+        await asyncio.sleep(0.05)
+    assert await backend.poll() == []
+    return sorted(exits, key=lambda e: (e.job_id, e.attempt))
+
+
+async def until(check, timeout=20.0, what="the condition"):
+    deadline = time.monotonic() + timeout
+    while not (result := check()):
+        assert time.monotonic() < deadline, f"{what} did not come true in {timeout} s"
+        await asyncio.sleep(0.05)
+    return result
+
+
+async def log_of(backend, job_id, text, attempt=1, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        log = (await backend.read_log(job_id, attempt)).decode()
+        if text in log:
+            return log
+        assert time.monotonic() < deadline, f"{text!r} not in the log of {job_id}: {log!r}"
+        await asyncio.sleep(0.1)
+
+
+def pods_of(account, job_id):
+    return account.cluster.api.get(f"/api/v1/namespaces/{account.namespace}/pods",
+                                   labelSelector=f"gpushare.jupyter.org/job={job_id}")["items"]
+
+
+SHOW = ("import os, sys\n"
+        "print('rank', os.environ['GPUSHARE_RANK'], 'of', os.environ['GPUSHARE_NUM_NODES'],"
+        " 'in', os.getcwd(), 'data', os.environ.get('DATA_DIR'), flush=True)\n"
+        "print('token', any('TOKEN' in k for k in os.environ), flush=True)\n"
+        "print('ckpt', os.path.isdir(os.environ['GPUSHARE_CHECKPOINT_DIR']), flush=True)\n"
+        "sys.exit(int(os.environ.get('CODE', '0')))\n")
+
+
+@kube
+@pytest.mark.asyncio
+async def test_a_gang_runs_as_pods_in_the_users_notebook_environment(kube, account,
+                                                                     make_backend, tmp_path):
+    kube.add_node("bk-gang-a", gpus=4, labels=TRAIN)
+    kube.add_node("bk-gang-b", gpus=4, labels=TRAIN)
+    kube.add_node("bk-gang-build", shared_gpus=4, labels={"pool": "build"})
+    backend = make_backend()
+    # alice's notebook, as KubeSpawner would have created it, runs on the build node
+    nb = notebook_pod("alice")
+    nb["metadata"]["annotations"]["sim.gpushare.jupyter.org/run-locally"] = "false"
+    nb["spec"]["nodeSelector"] = {"pool": "build"}
+    nb["spec"]["containers"][0]["workingDir"] = str(tmp_path / "home")
+    nb["spec"]["volumes"] = [v for v in nb["spec"]["volumes"] if v["name"] == "gpushare-startup"]
+    nb["spec"]["containers"][0]["volumeMounts"] = []
+    nb["spec"]["imagePullSecrets"] = []
+    kube.cluster.api.post(f"/api/v1/namespaces/{account.namespace}/pods", nb)
+    try:
+        assert await backend.adopt([]) == []
+        assert [(n.name, n.gpus) for n in backend.nodes()] == [("bk-gang-a", 4),
+                                                                 ("bk-gang-b", 4)]
+        await until(lambda: backend._template("alice").source == "notebook pod jupyter-alice",
+                    what="the notebook pod in the cache")
+        assert backend.user_home("alice") == str(tmp_path / "home")
+        ckpt = str(tmp_path / "home" / ".gpushare" / "j-gang")
+        handle = await backend.start(launch("j-gang", SHOW, {"bk-gang-a": 3 * GPU,
+                                                            "bk-gang-b": 4 * GPU},
+                                            checkpoint_dir=ckpt))
+        assert handle.data["pods"] == ["gpushare-j-gang-1-0", "gpushare-j-gang-1-1"]
+        pods = {p["metadata"]["name"]: p for p in pods_of(account, "j-gang")}
+        assert len(pods) == 2
+        rank0 = pods["gpushare-j-gang-1-0"]
+        assert rank0["spec"]["containers"][0]["image"] == nb["spec"]["containers"][0]["image"]
+        assert rank0["spec"]["automountServiceAccountToken"] is False
+        assert not any("serviceaccount" in json.dumps(v) for v in rank0["spec"].get("volumes", []))
+        # the real scheduler put each rank where the policy placed it (pods stay until polled)
+        bound = await until(lambda: [p["spec"].get("nodeName") for p in pods_of(account, "j-gang")
+                                     if p["spec"].get("nodeName")], what="both ranks bound")
+        assert sorted(bound) == ["bk-gang-a", "bk-gang-b"]
+        (exit,) = await ended(backend)
+        assert (exit.job_id, exit.attempt, exit.state, exit.exit_code) == ("j-gang", 1,
+                                                                           "succeeded", 0)
+        # rank 0's output, in the notebook's working directory, with its DATA_DIR, no token
+        log = (await backend.read_log("j-gang", 1)).decode()
+        assert log == (f"rank 0 of 2 in {tmp_path / 'home'} data /home/jovyan/data\n"
+                       "token False\nckpt True\n")
+        assert (await backend.read_log("j-gang", 1, offset=7)).decode() == log[7:]
+        await until(lambda: not pods_of(account, "j-gang"), what="the ended pods deleted")
+        assert (await backend.read_log("j-gang", 1)).decode() == log  # kept after the pods
+
+        await backend.start(launch("j-fail", SHOW, {"bk-gang-a": GPU}, env={"CODE": "3"}))
+        (exit,) = await ended(backend)
+        assert (exit.state, exit.exit_code, exit.reason) == ("failed", 3, "exited with code 3")
+    finally:
+        await stop_all(backend)
+
+
+@kube
+@pytest.mark.asyncio
+async def test_events_are_the_reason_and_a_stop_keeps_the_log(kube, make_backend):
+    kube.add_node("bk-small", gpus=2, labels=TRAIN)
+    backend = make_backend()
+    polite = ("import signal, sys, time\n"
+              "signal.signal(signal.SIGTERM, lambda *a: (print('got SIGTERM', flush=True),"
+              " sys.exit(143)))\n"
+              "print('up', flush=True); time.sleep(60)")
+    try:
+        await backend.adopt([])
+        # The policy thinks 4 GPUs fit; Kubernetes knows better and says so.
+        await backend.start(launch("j-big", "print('never')", {"bk-small": 4 * GPU}))
+        reason = await until(lambda: backend.reasons().get("j-big", "").count("Insufficient"),
+                             what="the scheduler's event") and backend.reasons()["j-big"]
+        assert reason.startswith("starting on Kubernetes: 0/")
+        assert "Insufficient nvidia.com/gpu" in reason
+        await backend.stop("j-big", 1, 5)
+        (exit,) = await ended(backend)
+        assert (exit.state, exit.reason) == ("failed", "stopped")
+
+        await backend.start(launch("j-polite", polite, {"bk-small": 2 * GPU}))
+        await log_of(backend, "j-polite", "up")
+        assert backend.reasons() == {}
+        t0 = time.monotonic()
+        await backend.stop("j-polite", 1, 30)
+        await backend.stop("j-polite", 1, 30)  # asked twice: still one exit
+        (exit,) = await ended(backend)
+        assert time.monotonic() - t0 < 10      # it exited on SIGTERM, long before 30 s
+        assert (exit.state, exit.exit_code, exit.reason) == ("failed", 143, "stopped")
+        assert (await backend.read_log("j-polite", 1)).decode() == "up\ngot SIGTERM\n"
+        await backend.stop("j-polite", 1, 30)  # stopping an ended attempt does nothing
+        assert await backend.poll() == []
+    finally:
+        await stop_all(backend)
+
+
+@kube
+@pytest.mark.asyncio
+async def test_a_restarted_service_adopts_its_pods_and_deletes_the_rest(kube, account,
+                                                                       make_backend, tmp_path):
+    kube.add_node("bk-adopt", gpus=8, labels=TRAIN)
+    first = make_backend()
+    go = tmp_path / "go"
+    wait = f"import os, time\nprint('up', flush=True)\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)\nprint('done')"
+    try:
+        await first.adopt([])
+        keep = await first.start(launch("j-keep", wait, {"bk-adopt": 2 * GPU}))
+        quick = await first.start(launch("j-quick", "print('quick')", {"bk-adopt": GPU}))
+        await first.start(launch("j-orphan", wait, {"bk-adopt": GPU}))
+        await log_of(first, "j-keep", "up")
+        await log_of(first, "j-orphan", "up")
+    finally:
+        await first.shutdown()  # the service stops; its pods keep running
+    await until(lambda: pods_of(account, "j-quick")[0]["status"]["phase"] == "Succeeded",
+                what="j-quick to end while no service runs")
+    second = make_backend()
+    try:
+        vanished = keep.__class__("j-vanished", 1, {"namespace": account.namespace,
+                                                    "pods": ["gpushare-j-vanished-1-0"]})
+        exits = await second.adopt([keep, quick, vanished])
+        assert [(e.job_id, e.state) for e in exits] == [("j-vanished", "lost")]
+        await until(lambda: not pods_of(account, "j-orphan"), what="the orphan pod deleted")
+        (exit,) = await ended(second)  # j-quick ended while the service was away
+        assert (exit.job_id, exit.state) == ("j-quick", "succeeded")
+        assert (await second.read_log("j-quick", 1)).decode() == "quick\n"
+        assert "up" in (await second.read_log("j-keep", 1)).decode()
+        go.touch()
+        (exit,) = await ended(second)
+        assert (exit.job_id, exit.state) == ("j-keep", "succeeded")
+        assert (await second.read_log("j-keep", 1)).decode() == "up\ndone\n"
+    finally:
+        await second.shutdown()
+    # A third start finds the exits recorded in files, not in Kubernetes any more.
+    third = make_backend()
+    try:
+        exits = await third.adopt([keep])
+        assert [(e.job_id, e.state, e.exit_code) for e in exits] == [("j-keep", "succeeded", 0)]
+    finally:
+        await third.shutdown()
+
+
+@kube
+@pytest.mark.asyncio
+async def test_pods_deleted_by_someone_else_and_nodes_that_leave_lose_their_jobs(kube, account,
+                                                                                make_backend):
+    kube.add_node("bk-lose-a", gpus=4, labels=TRAIN)
+    kube.add_node("bk-lose-b", gpus=4, labels=TRAIN)
+    backend = make_backend()
+    sleep = "import time; print('up', flush=True); time.sleep(60)"
+    try:
+        await backend.adopt([])
+        await backend.start(launch("j-del", sleep, {"bk-lose-a": GPU}))
+        await backend.start(launch("j-node", sleep, {"bk-lose-b": 2 * GPU}))
+        await backend.start(launch("j-gone", sleep, {"bk-lose-a": GPU, "bk-lose-b": GPU}))
+        for job in ("j-del", "j-node", "j-gone"):
+            await log_of(backend, job, "up")
+        kube.api.delete(f"/api/v1/namespaces/{account.namespace}/pods/gpushare-j-del-1-0",
+                        {"gracePeriodSeconds": 0})
+        (exit,) = await ended(backend)
+        assert (exit.job_id, exit.state) == ("j-del", "lost")
+        assert "deleted outside the pool service" in exit.reason
+        # The node dies and nothing deletes its pods (no pod GC yet): the backend notices.
+        kube.kubelet.remove_node("bk-lose-b", delete_pods=False)
+        exits = await ended(backend, 2)
+        assert [(e.job_id, e.state) for e in exits] == [("j-gone", "lost"), ("j-node", "lost")]
+        assert all(e.reason == "its node bk-lose-b left the train pool" for e in exits)
+        assert [n.name for n in backend.nodes()] == ["bk-lose-a"]
+        # ... and deletes what is left of them, the rank on the live node included.
+        await until(lambda: not any(pods_of(account, j) for j in
+                                    ("j-node", "j-gone")), what="the lost jobs' pods deleted")
+    finally:
+        await stop_all(backend)
+
+
+
+# -- faults ---------------------------------------------------------------------------------
+
+@kube
+@pytest.mark.asyncio
+async def test_the_api_server_restarting_mid_run(kube, make_backend):
+    kube.add_node("bk-restart", gpus=4, labels=TRAIN)
+    backend = make_backend(api_retry_timeout=40)
+    try:
+        await backend.adopt([])
+        await backend.start(launch("j-before", "import time; print('up', flush=True); "
+                                   "time.sleep(2); print('done')", {"bk-restart": GPU}))
+        await log_of(backend, "j-before", "up")
+        errors = backend.pods.failures
+        restart = asyncio.create_task(asyncio.to_thread(
+            kube.cluster.control_plane.restart_apiserver, 1.0))
+        await until(lambda: backend.pods.failures > errors, what="the watch to break")
+        # Started while the API server is away: tried again until it is back.
+        await backend.start(launch("j-during", "print('during')", {"bk-restart": GPU}))
+        assert backend.api.retries > 0
+        assert await restart < 30
+        exits = await ended(backend, 2, timeout=40)
+        assert [(e.job_id, e.state) for e in exits] == [("j-before", "succeeded"),
+                                                        ("j-during", "succeeded")]
+        assert (await backend.read_log("j-before", 1)).decode() == "up\ndone\n"
+        assert (await backend.read_log("j-during", 1)).decode() == "during\n"
+        assert backend.pods.failures == 0  # the watch is back
+    finally:
+        await stop_all(backend)
+
+
+@pytest.fixture
+def proxy(kube_cluster):
+    with FaultProxy(kube_cluster.url) as p:
+        yield p
+
+
+@kube
+@pytest.mark.asyncio
+async def test_dropped_and_expired_watches(kube, account, make_backend, proxy, tmp_path):
+    kube.add_node("bk-watch", gpus=4, labels=TRAIN)
+    backend = make_backend(kubeconfig=str(proxy.kubeconfig(account.token, tmp_path / "kc")))
+    go = tmp_path / "go"
+    wait = (f"import os, time\nprint('up', flush=True)\n"
+            f"while not os.path.exists({str(go)!r}): time.sleep(0.05)\nprint('done')")
+    try:
+        await backend.adopt([])
+        await backend.start(launch("j-watched", wait, {"bk-watch": GPU}))
+        await backend.start(launch("j-unseen", wait, {"bk-watch": GPU}))
+        await log_of(backend, "j-watched", "up")
+        await log_of(backend, "j-unseen", "up")
+        # A dropped connection: each reflector watches again from where it was.
+        await until(lambda: proxy.open_streams() == 4, what="4 watches")  # pods, nodes, ...
+        watches = backend.pods.watches
+        assert proxy.drop_streams() == 4
+        await until(lambda: backend.pods.watches > watches and proxy.open_streams() == 4,
+                    what="the watches back")
+        assert backend.pods.relists == 0
+        # Cut off while a pod is deleted: its DELETED event is never seen. The next watch is
+        # told its version is too old (410): the reflector lists again and finds it gone.
+        proxy.paused = True
+        assert proxy.drop_streams() == 4
+        kube.api.delete(f"/api/v1/namespaces/{account.namespace}/pods/gpushare-j-unseen-1-0",
+                        {"gracePeriodSeconds": 0})
+        proxy.expire_watches(4)
+        await asyncio.sleep(0.5)
+        assert await backend.poll() == []  # while blind, nothing is judged gone
+        proxy.paused = False
+        (exit,) = await ended(backend)
+        assert (exit.job_id, exit.state) == ("j-unseen", "lost")
+        assert backend.pods.relists == 1
+        go.touch()  # and events flow on the new watch
+        (exit,) = await ended(backend)
+        assert (exit.job_id, exit.state) == ("j-watched", "succeeded")
+    finally:
+        await stop_all(backend)
+
+
+@kube
+@pytest.mark.asyncio
+async def test_api_errors_are_retried_and_refusals_said_in_one_sentence(kube, account,
+                                                                       make_backend, proxy,
+                                                                       tmp_path):
+    kube.add_node("bk-err-a", gpus=2, labels=TRAIN)
+    kube.add_node("bk-err-b", gpus=2, labels=TRAIN)
+    backend = make_backend(kubeconfig=str(proxy.kubeconfig(account.token, tmp_path / "kc")))
+    try:
+        await backend.adopt([])
+        proxy.fail(500, times=2, method="POST", path_contains="/pods")
+        proxy.fail(429, times=2, method="POST", path_contains="/pods")
+        await backend.start(launch("j-retried", "print('ok')", {"bk-err-a": GPU}))
+        assert backend.api.retries == 4
+        (exit,) = await ended(backend)
+        assert exit.state == "succeeded"
+
+        # A gang is all or none: the second rank is refused for good, the first is deleted.
+        proxy.fail(422, method="POST", body_contains='"gpushare-j-half-1-1"')
+        with pytest.raises(BackendError) as refused:
+            await backend.start(launch("j-half", "print('x')", {"bk-err-a": GPU,
+                                                                "bk-err-b": GPU}))
+        assert str(refused.value) == ("Kubernetes refused the job's pod: injected by the "
+                                      "test's fault proxy.")
+        await until(lambda: not pods_of(account, "j-half"), what="the first rank deleted")
+
+        # A failure that does not pass: given up after api_retry_timeout.
+        backend.api.retry_s = 1.0
+        proxy.fail(503, times=1000, method="POST")
+        with pytest.raises(BackendError, match=r"^The Kubernetes API did not accept the job's "
+                                                 r"pods within 15 s \(injected"):
+            await backend.start(launch("j-late", "print('x')", {"bk-err-a": GPU}))
+        proxy.rules.clear()
+
+        # Real refusals of the real API server: an invalid pod (422) ...
+        bad = make_backend(extra_annotations={"not a key!": "x"})
+        await bad.adopt([])
+        with pytest.raises(BackendError, match=r"^Kubernetes refused the job's pod: Pod "
+                                                 r"\"gpushare-j-bad-1-0\" is invalid: "
+                                                 r"metadata.annotations: Invalid value"):
+            await bad.start(launch("j-bad", "print('x')", {"bk-err-a": GPU}))
+        # ... and a namespace where the hub's account has no rights (403).
+        elsewhere = make_backend(namespace=kube.namespace)
+        with pytest.raises(BackendError, match=r"^The pool service may not list the job pods "
+                                                 r"in t-\d+-\d+ \(Kubernetes said: .*forbidden"
+                                                 r".*\); an administrator must grant it the "
+                                                 r"rules of hub_config/kubernetes-rbac.yaml.$"):
+            await elsewhere.start(launch("j-nope", "print('x')", {"bk-err-a": GPU}))
+        assert await bad.poll() == [] and await backend.poll() == []
+    finally:
+        await stop_all(*backend_list(locals()))
+
+
+def backend_list(scope):
+    return [v for v in scope.values() if isinstance(v, KubernetesBackend)]
+
+
+@kube
+def test_the_hub_account_may_do_what_the_backend_needs_and_no_more(account):
+    def can(verb, resource, namespace=account.namespace, subresource=""):
+        attributes = {"verb": verb, "resource": resource, "subresource": subresource}
+        if namespace:
+            attributes["namespace"] = namespace
+        review = account.api.post("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", {
+            "apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+            "spec": {"resourceAttributes": attributes}})
+        return review["status"]["allowed"]
+
+    allowed = [(v, "pods") for v in ("get", "list", "watch", "create", "delete")]
+    allowed += [("get", "pods", account.namespace, "log")]
+    allowed += [(v, "events") for v in ("get", "list", "watch")]
+    allowed += [(v, "nodes", None) for v in ("get", "list", "watch")]
+    denied = [("update", "pods"), ("patch", "pods"), ("deletecollection", "pods"),
+              ("create", "pods", "default"), ("list", "pods", "default"),
+              ("create", "pods", account.namespace, "exec"),
+              ("create", "pods", account.namespace, "eviction"),
+              ("get", "secrets"), ("list", "secrets"), ("get", "configmaps"),
+              ("create", "events"), ("create", "serviceaccounts", account.namespace, "token"),
+              ("delete", "nodes", None), ("patch", "nodes", None), ("update", "nodes", None, "status"),
+              ("create", "rolebindings"), ("list", "namespaces", None)]
+    assert [a for a in allowed if not can(*a)] == []
+    assert [d for d in denied if can(*d)] == []
