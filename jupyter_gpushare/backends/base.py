@@ -86,6 +86,18 @@ class Backend(LoggingConfigurable):
         asked for before the restart are not remembered: the service asks again."""
         raise NotImplementedError
 
+    def reasons(self) -> dict[str, str]:
+        """Why started attempts do not run yet, by job id, in the platform's words (on
+        Kubernetes: "starting on Kubernetes: 0/4 nodes are available: 4 Insufficient
+        nvidia.com/gpu."). Read on every cycle, from what the backend already knows (no
+        I/O); jobs that run are left out. The default knows of no such wait."""
+        return {}
+
+    def user_home(self, user: str) -> str | None:
+        """The home directory a job of ``user`` runs in, where the backend decides it (a
+        pod's home volume); None: the user's account on the service's machine."""
+        return None
+
     def log_path(self, job_id: str, attempt: int):
         """The file that holds the attempt's output (stdout and stderr together), or None
         when this backend keeps logs elsewhere (then ``read_log`` is overridden)."""

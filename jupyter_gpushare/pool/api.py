@@ -116,7 +116,9 @@ class PoolHandler(HubAuthenticated, web.RequestHandler):
         if row.state == "running":
             if row.cancel_requested:
                 return "stopping: cancelled by its user"
-            return "stopping: preempted, it will be requeued" if row.preempting else ""
+            if row.preempting:
+                return "stopping: preempted, it will be requeued"
+            return ex.starting.get(row.id, "")  # e.g. Kubernetes has not placed its pod yet
         return row.message or ""
 
     def project_json(self, p: ProjectRow, pending_counts: dict | None = None) -> dict:

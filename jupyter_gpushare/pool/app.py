@@ -31,6 +31,19 @@ from .models import JobRow, ProjectRow
 from .store import Store
 
 
+BACKENDS = {"local": "jupyter_gpushare.backends.local.LocalBackend",
+            "kubernetes": "jupyter_gpushare.backends.kube.KubernetesBackend"}
+
+
+class BackendType(Type):
+    """A Backend class, by class, import name or short name (BACKENDS)."""
+
+    def validate(self, obj, value):
+        if isinstance(value, str):
+            value = BACKENDS.get(value, value)
+        return super().validate(obj, value)
+
+
 class PoolService(Application):
     name = "gpushare-pool"
     version = __version__
@@ -52,8 +65,10 @@ class PoolService(Application):
     db_url = Unicode(help="SQLAlchemy URL of the store. Default: SQLite in state_dir. "
                      "PostgreSQL: postgresql+psycopg://user@host/db").tag(config=True)
 
-    backend_class = Type(LocalBackend, klass=Backend, help="Where train jobs run: the local "
-                         "backend (this machine) or a Kubernetes backend.").tag(config=True)
+    backend_class = BackendType(LocalBackend, klass=Backend, help="Where train jobs run: "
+                                "\"local\" (processes on this machine, the default), "
+                                "\"kubernetes\" (pods on a Kubernetes train pool), or a "
+                                "Backend subclass or its import name.").tag(config=True)
 
     cycle_interval = Float(1.0, help="Seconds between scheduling cycles; a submit or cancel "
                            "also runs one at once.").tag(config=True)
@@ -147,9 +162,13 @@ class PoolService(Application):
                                       os.environ.get("JUPYTERHUB_API_TOKEN", ""))
 
     def _backend_kwargs(self) -> dict:
-        if issubclass(self.backend_class, LocalBackend) and "state_dir" not in \
-                self.config.get("LocalBackend", {}):
-            return {"state_dir": str(Path(self.state_dir) / "local")}
+        # A backend's own files go under the service's state_dir unless configured.
+        cls = self.backend_class
+        if "state_dir" in cls.class_trait_names() and "state_dir" not in \
+                self.config.get(cls.__name__, {}):
+            where = "local" if issubclass(cls, LocalBackend) else \
+                cls.__name__.removesuffix("Backend").lower()
+            return {"state_dir": str(Path(self.state_dir) / where)}
         return {}
 
     def build_pool(self) -> list[Node]:
@@ -216,8 +235,9 @@ class PoolService(Application):
         return self.store.project(name)
 
     def launch_for(self, row: JobRow) -> Launch:
+        home = self.backend.user_home(row.user)
         try:
-            home = pwd.getpwnam(row.user).pw_dir
+            home = home or pwd.getpwnam(row.user).pw_dir
         except KeyError:
             home = str(Path(self.state_dir) / "home" / row.user)
         checkpoint = self.checkpoint_dir_template.format(home=home, user=row.user, job_id=row.id)

@@ -25,6 +25,7 @@ class Explanation:
     deserved: dict[str, int] = field(default_factory=dict)
     usage: dict[str, int] = field(default_factory=dict)
     nodes: list[Node] = field(default_factory=list)
+    starting: dict[str, str] = field(default_factory=dict)  # started jobs not yet running: why
     at: float = 0.0
 
 
@@ -114,7 +115,8 @@ class Scheduler:
             self.explained = Explanation(
                 positions={w.job: w.position for w in waits},
                 reasons={w.job: str(w.reason) for w in waits},
-                deserved=dict(result.deserved), usage=dict(result.usage), nodes=nodes, at=now)
+                deserved=dict(result.deserved), usage=dict(result.usage), nodes=nodes,
+                starting=self.backend.reasons(), at=now)
 
     async def _start(self, row: JobRow, placement: dict, now: float) -> None:
         row = self.store.start(row.id, placement, now)
