@@ -88,6 +88,10 @@ class PoolService(Application):
                             "their notebook servers together.").tag(config=True)
 
     max_body_size = Integer(1024 * 1024, help="Largest request body accepted, in bytes.").tag(config=True)
+    ip = Unicode(help="Address the service listens on. Default: the host of its url in "
+                 "JupyterHub.services ($JUPYTERHUB_SERVICE_URL). Where the proxy reaches the "
+                 "service in another pod by a Service name (zero-to-jupyterhub: http://hub:10101)"
+                 ", 0.0.0.0.").tag(config=True)
     python = Unicode("python3", help="Python that runs jobs given as source code, as found on "
                      "the user's PATH (the notebook issue sends the kernel's own).").tag(config=True)
     checkpoint_dir_template = Unicode("{home}/.gpushare/checkpoints/{job_id}", help="Checkpoint "
@@ -261,7 +265,7 @@ class PoolService(Application):
         url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
         await self.scheduler.reconcile()
         app = self.make_app()
-        app.listen(url.port, url.hostname)
+        app.listen(url.port, self.ip or url.hostname)
         self.log.info("gpushare pool service on %s:%s, train pool of %g GPUs%s", url.hostname,
                       url.port, self.train_capacity() / GPU,
                       " (simulated)" if any(n.labels.get("gpushare.io/simulated")
