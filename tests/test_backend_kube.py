@@ -427,12 +427,15 @@ async def test_a_restarted_service_adopts_its_pods_and_deletes_the_rest(kube, ac
         keep = await first.start(launch("j-keep", wait, {"bk-adopt": 2 * GPU}))
         quick = await first.start(launch("j-quick", "print('quick')", {"bk-adopt": GPU}))
         await first.start(launch("j-orphan", wait, {"bk-adopt": GPU}))
+        # recorded as ended by the service, which stopped before its pod was cleaned up
+        await first.start(launch("j-told", "print('told')", {"bk-adopt": GPU}))
         await log_of(first, "j-keep", "up")
         await log_of(first, "j-orphan", "up")
     finally:
         await first.shutdown()  # the service stops; its pods keep running
-    await until(lambda: pods_of(account, "j-quick")[0]["status"]["phase"] == "Succeeded",
-                what="j-quick to end while no service runs")
+    for job in ("j-quick", "j-told"):
+        await until(lambda: pods_of(account, job)[0]["status"]["phase"] == "Succeeded",
+                    what=f"{job} to end while no service runs")
     second = make_backend()
     try:
         vanished = keep.__class__("j-vanished", 1, {"namespace": account.namespace,
@@ -440,6 +443,8 @@ async def test_a_restarted_service_adopts_its_pods_and_deletes_the_rest(kube, ac
         exits = await second.adopt([keep, quick, vanished])
         assert [(e.job_id, e.state) for e in exits] == [("j-vanished", "lost")]
         await until(lambda: not pods_of(account, "j-orphan"), what="the orphan pod deleted")
+        await until(lambda: not pods_of(account, "j-told"), what="the ended pod cleaned up")
+        assert (await second.read_log("j-told", 1)).decode() == "told\n"  # its log kept
         (exit,) = await ended(second)  # j-quick ended while the service was away
         assert (exit.job_id, exit.state) == ("j-quick", "succeeded")
         assert (await second.read_log("j-quick", 1)).decode() == "quick\n"

@@ -107,8 +107,10 @@ class Scheduler:
             for p in result.preemptions:
                 row = self.store.mark(p.job, now, preempting=True, detail=p.why)
                 await self.backend.stop(p.job, row.attempt, self.grace_s)
-            for s in result.starts:
-                await self._start(by_id[s.job], dict(s.placement), now)
+            # Started together: a backend that waits on a network (Kubernetes) creates the
+            # cycle's pods concurrently instead of one after the other.
+            await asyncio.gather(*(self._start(by_id[s.job], dict(s.placement), now)
+                                   for s in result.starts))
             self.reserved = ({result.reservation.job: result.reservation.reserved}
                              if result.reservation else {})
             waits = result.waits

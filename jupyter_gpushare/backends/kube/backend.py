@@ -190,6 +190,7 @@ class KubernetesBackend(Backend):
         self._doomed: dict[str, tuple[int | None, float]] = {}  # pod -> (grace, last try)
         self._tasks: set[asyncio.Task] = set()
         self._log_cache: dict[str, tuple[float, bytes]] = {}
+        self._winding: dict[tuple[str, int], asyncio.Task] = {}  # ended: log kept, pods deleted
         self._last_nodes: list[Node] = []
         self._ready_lock: asyncio.Lock | None = None
 
@@ -412,7 +413,16 @@ class KubernetesBackend(Backend):
             if exit is not None:
                 ended.append((a, exit))
                 del self._running[a.key]
-        await asyncio.gather(*(self._finish(a, exit) for a, exit in ended))
+        for a, exit in ended:
+            self._write(a.key, "exit", json.dumps({
+                "state": exit.state, "exit_code": exit.exit_code, "reason": exit.reason}).encode())
+            for name in a.pods:
+                self._ended.pop(name, None)
+                self._seen.discard(name)
+                self._watched.discard(name)
+                self._log_cache.pop(name, None)
+            # Reported at once; the log is kept and the pods deleted meanwhile.
+            self._winding[a.key] = self._spawn(self._wind_up(a))
         self._retry_deletions()
         return [exit for _, exit in ended]
 
@@ -460,34 +470,35 @@ class KubernetesBackend(Backend):
         return bool(node) and self.node_cache.synced.is_set() and \
             node not in self.node_cache.objects
 
-    async def _finish(self, a: _Attempt, exit: Exit) -> None:
-        """Keep the log (rank 0's), record the end, delete what is left of the pods."""
-        if a.archiver is not None:  # a stopped job's last words may still be on their way
-            try:
-                await asyncio.wait_for(asyncio.shield(a.archiver), ARCHIVE_WAIT_S)
-            except (asyncio.TimeoutError, Exception):
-                pass
-        first = self.pods.objects.get(a.pods[0])
-        if not a.stopping and first is not None and not os.path.exists(self._path(a.key, "log")):
-            try:
-                data = await self.api.raw(f"read the log of {a.pods[0]}",
-                                          self.api.core.read_namespaced_pod_log, a.pods[0],
-                                          self.namespace, retry_s=5)
-            except KubeError as e:
-                data = f"[gpushare: the log could not be read from Kubernetes: {e}]\n".encode()
-            self._write(a.key, "log", data)
-        self._write(a.key, "exit", json.dumps({"state": exit.state, "exit_code": exit.exit_code,
-                                               "reason": exit.reason}).encode())
-        for name in a.pods:
-            self._ended.pop(name, None)
-            self._seen.discard(name)
-            self._watched.discard(name)
-            self._log_cache.pop(name, None)
-            pod = self.pods.objects.get(name)
-            if pod is not None and name not in self._doomed:
-                # No kubelet is left to wait for: on a gone node, or after the end.
-                ended = k8s.pod_state(pod).phase in ("succeeded", "failed")
-                self._doom(name, 0 if ended or self._node_gone(pod) else None)
+    async def _wind_up(self, a: _Attempt) -> None:
+        """Keep the log (rank 0's), then delete what is left of the pods."""
+        try:
+            if a.archiver is not None:  # a stopped job's last words may be on their way
+                try:
+                    await asyncio.wait_for(asyncio.shield(a.archiver), ARCHIVE_WAIT_S)
+                except (asyncio.TimeoutError, Exception):
+                    pass
+            elif a.pods[0] in self.pods.objects:
+                await self._archive(a.key, a.pods[0])
+            for name in a.pods:
+                pod = self.pods.objects.get(name)
+                if pod is not None and name not in self._doomed:
+                    # No kubelet is left to wait for: on a gone node, or after the end.
+                    ended = k8s.pod_state(pod).phase in ("succeeded", "failed")
+                    self._doom(name, 0 if ended or self._node_gone(pod) else None)
+        finally:
+            self._winding.pop(a.key, None)
+
+    async def _archive(self, key, pod_name: str) -> None:
+        if os.path.exists(self._path(key, "log")):
+            return
+        try:
+            data = await self.api.raw(f"read the log of {pod_name}",
+                                      self.api.core.read_namespaced_pod_log, pod_name,
+                                      self.namespace, retry_s=5)
+        except KubeError as e:
+            data = f"[gpushare: the log could not be read from Kubernetes: {e}]\n".encode()
+        self._write(key, "log", data)
 
     def _retry_deletions(self) -> None:
         now = time.monotonic()
@@ -523,9 +534,18 @@ class KubernetesBackend(Backend):
             labels = pod["metadata"].get("labels") or {}
             key = (labels.get(k8s.JOB), _int(labels.get(k8s.ATTEMPT)))
             if key not in named and key not in self._running and name not in self._doomed:
+                if k8s.pod_state(pod).phase in ("succeeded", "failed"):
+                    # Ended, reported, not yet cleaned up when the service stopped.
+                    self._spawn(self._clean_up(key, name, labels.get(k8s.RANK) == "0"))
+                    continue
                 self.log.warning("Deleting pod %s: no job of the pool service runs in it", name)
                 self._doom(name, None)
         return exits
+
+    async def _clean_up(self, key, name: str, keep_log: bool) -> None:
+        if keep_log and key[0] and key[1] is not None:
+            await self._archive(key, name)
+        self._doom(name, 0)
 
     # --- what the service shows ---
 
@@ -594,6 +614,12 @@ class KubernetesBackend(Backend):
             self.log.info("Following the log of %s stopped: %s", a.pods[0], e)
 
     async def read_log(self, job_id: str, attempt: int, offset: int = 0) -> bytes:
+        winding = self._winding.get((job_id, attempt))
+        if winding is not None:  # just ended: its log is being kept
+            try:
+                await asyncio.wait_for(asyncio.shield(winding), 10)
+            except (asyncio.TimeoutError, Exception):
+                pass
         a = self._running.get((job_id, attempt))
         if a is None or a.stopping:
             try:
