@@ -9,11 +9,9 @@ import asyncio
 import json
 import sys
 import time
-from pathlib import Path
 
 import kubernetes_validate
 import pytest
-import yaml
 from kubernetes_asyncio.client import ApiClient
 from kubespawner.objects import make_pod
 
@@ -26,7 +24,6 @@ from kube_faults import FaultProxy
 
 PY = sys.executable
 TRAIN = {"gpushare.jupyter.org/pool": "train"}
-HUB_CONFIG = Path(__file__).resolve().parents[1] / "hub_config"
 SCHEMA_VERSION = "1.25.0"  # the oldest kubernetes-validate knows; the cluster itself is 1.20
 kube = pytest.mark.kube
 
@@ -227,14 +224,6 @@ def test_the_service_selects_a_backend_by_name():
     assert PoolService(backend_class="local").backend_class is LocalBackend
     with pytest.raises(TraitError):
         PoolService(backend_class="nomad")
-
-
-def test_deployment_objects_are_valid():
-    for name in ("kubernetes-rbac.yaml", "kubernetes-netpol.yaml"):
-        docs = list(yaml.safe_load_all((HUB_CONFIG / name).read_text()))
-        assert docs
-        for doc in docs:
-            validate(doc)
 
 
 # -- against the real control plane ---------------------------------------------------------
