@@ -345,8 +345,9 @@ async def test_a_gang_runs_as_pods_in_the_users_notebook_environment(kube, accou
         assert rank0["spec"]["automountServiceAccountToken"] is False
         assert not any("serviceaccount" in json.dumps(v) for v in rank0["spec"].get("volumes", []))
         # the real scheduler put each rank where the policy placed it (pods stay until polled)
-        bound = await until(lambda: [p["spec"].get("nodeName") for p in pods_of(account, "j-gang")
-                                     if p["spec"].get("nodeName")], what="both ranks bound")
+        bound = await until(lambda: len(nodes := [p["spec"].get("nodeName") for p in pods_of(
+            account, "j-gang") if p["spec"].get("nodeName")]) == 2 and nodes,
+            what="both ranks bound")
         assert sorted(bound) == ["bk-gang-a", "bk-gang-b"]
         (exit,) = await ended(backend)
         assert (exit.job_id, exit.attempt, exit.state, exit.exit_code) == ("j-gang", 1,

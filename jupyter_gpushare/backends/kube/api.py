@@ -18,9 +18,10 @@ from kubernetes_asyncio import client, config
 
 RETRIED = {429, 500, 502, 503, 504}
 REFUSED = {401, 403}
-REFUSED_RETRY_S = 3.0
+REFUSED_RETRY_S = 5.0
 """An API server that has just started may refuse (401, 403) until its caches of tokens and
-RBAC rules are filled: refusals are tried again this long before they count."""
+RBAC rules are filled (seconds on a busy machine): refusals are tried again this long,
+from the first one, before they count."""
 NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
@@ -90,8 +91,8 @@ class KubeAPI:
                   **kwargs) -> bytes:
         """The answer's body, after retries for ``retry_s`` seconds at most (default: the
         API's ``retry_s``); ``KubeError`` when it stays an error."""
-        started = time.monotonic()
-        deadline = started + (self.retry_s if retry_s is None else retry_s)
+        deadline = time.monotonic() + (self.retry_s if retry_s is None else retry_s)
+        refused_since = None
         kwargs.setdefault("_request_timeout", self.timeout_s)
         delay = 0.1
         while True:
@@ -103,9 +104,11 @@ class KubeAPI:
                 finally:
                     response.release()
             except KubeError as e:
-                refused_late = e.status in REFUSED and \
-                    time.monotonic() + delay > started + REFUSED_RETRY_S
-                if e.status not in RETRIED | REFUSED or refused_late:
+                if e.status in REFUSED:
+                    refused_since = refused_since or time.monotonic()
+                refused_long = refused_since is not None and \
+                    time.monotonic() + delay > refused_since + REFUSED_RETRY_S
+                if e.status not in RETRIED | REFUSED or refused_long:
                     raise
                 error, wait = e, _retry_after(e, delay)
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
