@@ -17,8 +17,7 @@ import time
 
 from .cli import CommandError, UsageError
 from .client import (ACTIVE_STATES, FINAL_STATES, InvalidInput, NoCredentials, PoolClient,
-                     PoolError, PoolUnreachable, argument_type, check_gpus, check_name,
-                     check_priority, job_spec, parse_env)
+                     PoolError, PoolUnreachable, add_job_options, argument_type, job_spec)
 
 # The option that gives each job-spec field, for sentences about a bad value.
 _OPTION = {"gpus": "--gpus", "priority": "--priority", "name": "--name", "env": "--env",
@@ -48,17 +47,7 @@ def add_pool_commands(sub) -> None:
                        "status is 0 if the job succeeded, 1 if it failed or was cancelled. With "
                        "--wait --json, the output goes to stderr and the finished job, as JSON, "
                        "to stdout.")
-    p.add_argument("--gpus", type=argument_type(check_gpus), default=1, metavar="N",
-                   help="whole GPUs, started all at once (default 1)")
-    p.add_argument("--project", metavar="P", help="the project whose quota it uses (default: "
-                   "your only project)")
-    p.add_argument("--name", type=argument_type(check_name), metavar="NAME",
-                   help="a name to find it by")
-    p.add_argument("--priority", type=argument_type(check_priority), metavar="P",
-                   help="-100 to 100 within your project (default 0)")
-    p.add_argument("--env", type=argument_type(lambda text: parse_env([text])), action="append",
-                   default=[], metavar="K=V", help="an environment variable for the job; repeat "
-                   "for more")
+    add_job_options(p)
     p.add_argument("--wait", action="store_true", help="follow the job's output until it ends")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...",
                    help="the command to run, after --")

@@ -187,6 +187,21 @@ def argument_type(check):
     return convert
 
 
+def add_job_options(parser) -> None:
+    """The options of a train job that the CLI's ``submit`` and the magics share."""
+    parser.add_argument("--gpus", type=argument_type(check_gpus), default=1, metavar="N",
+                        help="whole GPUs, started all at once (default 1)")
+    parser.add_argument("--project", metavar="P", help="the project whose quota it uses "
+                        "(default: your only project)")
+    parser.add_argument("--name", type=argument_type(check_name), metavar="NAME",
+                        help="a name to find the job by")
+    parser.add_argument("--priority", type=argument_type(check_priority), metavar="P",
+                        help="-100 to 100 within your project (default 0)")
+    parser.add_argument("--env", type=argument_type(lambda text: parse_env([text])),
+                        action="append", default=[], metavar="K=V",
+                        help="an environment variable for the job; repeat for more")
+
+
 def job_spec(command=None, *, source: str | None = None, gpus=1, project: str | None = None,
              name: str | None = None, priority=None, env=None, workdir: str | None = None) -> dict:
     """Build (and check) the JSON body of ``POST api/jobs`` from front-end arguments.

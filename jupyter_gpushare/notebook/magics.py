@@ -17,8 +17,7 @@ import sys
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.display import display
 
-from ..client import ClientError, InvalidInput, NoCredentials, PoolClient, argument_type, \
-    check_gpus, check_name, check_priority, parse_env
+from ..client import ClientError, InvalidInput, NoCredentials, PoolClient, add_job_options
 from .job import Job, JobError, describe, submit
 
 USAGE = ("%%train [--gpus N] [--project P] [--name NAME] [--priority P] [--env K=V ...] "
@@ -85,17 +84,7 @@ def build_parser(script: bool) -> _Parser:
                      description="Run the script as a train job." if script else
                      "Run the cell as a train job, in a fresh Python process in this "
                      "notebook's working directory and Python environment.")
-    parser.add_argument("--gpus", type=argument_type(check_gpus), default=1, metavar="N",
-                        help="whole GPUs, started all at once (default 1)")
-    parser.add_argument("--project", metavar="P", help="the project whose quota it uses "
-                        "(default: your only project)")
-    parser.add_argument("--name", type=argument_type(check_name), metavar="NAME",
-                        help="a name to find the job by")
-    parser.add_argument("--priority", type=argument_type(check_priority), metavar="P",
-                        help="-100 to 100 within your project (default 0)")
-    parser.add_argument("--env", type=argument_type(lambda text: parse_env([text])),
-                        action="append", default=[], metavar="K=V",
-                        help="an environment variable for the job; repeat for more")
+    add_job_options(parser)
     if not script:
         parser.add_argument("--with", dest="with_vars", type=_var_names, action="extend",
                             default=[], metavar="VAR,...", help="notebook variables to send "
