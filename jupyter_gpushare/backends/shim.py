@@ -1,7 +1,13 @@
 """Runs one attempt of a local train job and records how it ended.
 
     python -I shim.py EXITFILE -- ARGV...
-    stdin: {"user", "uid", "gid", "cwd", "checkpoint_dir", "env"}
+    stdin: {"user", "uid", "gid", "cwd", "checkpoint_dir", "env",
+            "ranks": [{"rank", "env", "log"}, ...], "grace_s"}
+
+One shim runs the ranks of one node of the gang: one, or one per GPU. Each rank is ARGV with
+``env`` and the rank's own variables, writing to its ``log`` (None: the shim's stdout). When
+one rank fails the others get SIGTERM, then SIGKILL after ``grace_s`` (``launcher.supervise``,
+loaded by path). EXITFILE gets ``{"returncode", "rank"}`` of the first failure, or 0.
 
 The local backend starts this shim in a new session, so the shim's pid names the job's
 process group, and the job outlives a restart of the service: the end is written to EXITFILE
@@ -18,6 +24,7 @@ Why it looks like this:
   hold GPUs.
 """
 
+import importlib.util
 import json
 import os
 import signal
@@ -68,10 +75,25 @@ def signal_members(pgid, sig, spare=None):
     return found is not None
 
 
-def _run_child(argv, spec):
+def _launcher():
+    """launcher.py beside this file (``-I`` keeps this directory off ``sys.path``)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launcher.py")
+    spec = importlib.util.spec_from_file_location("gpushare_launcher", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run_child(argv, spec, env, log):
     """In the forked child: become the user, enter the directory, exec. Never returns."""
-    step = "reset signals"
+    step = "open its log"
     try:
+        if log is not None:  # the service's file, opened before the switch to the user
+            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            os.close(fd)
+        step = "reset signals"
         for sig in signal.Signals:
             if sig not in (signal.SIGKILL, signal.SIGSTOP):
                 try:
@@ -91,17 +113,17 @@ def _run_child(argv, spec):
         step = f"enter the working directory {spec['cwd']}"
         os.chdir(spec["cwd"])
         step = f"run {argv[0]}"
-        os.execvpe(argv[0], argv, spec["env"])
+        os.execvpe(argv[0], argv, env)
     except BaseException as exc:
         reason = getattr(exc, "strerror", None) or exc
         os.write(2, f"gpushare: cannot {step}: {reason}\n".encode())
         os._exit(127 if isinstance(exc, FileNotFoundError) and step.startswith("run") else 126)
 
 
-def _write_exit(path, returncode):
+def _write_exit(path, returncode, rank=None):
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:
-        json.dump({"returncode": returncode}, f)
+        json.dump({"returncode": returncode, "rank": rank}, f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -123,12 +145,20 @@ def main(args):
     os.dup2(devnull, 0)
     os.close(devnull)
     sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        _run_child(argv, spec)
-    _, status = os.waitpid(pid, 0)  # retried after our no-op signal handlers (PEP 475)
+    ranks = spec.get("ranks") or [{"rank": None, "env": {}, "log": None}]
+    children = {}
+    for rank in ranks:
+        pid = os.fork()
+        if pid == 0:
+            _run_child(argv, spec, {**spec["env"], **rank["env"]}, rank.get("log"))
+        children[pid] = rank["rank"]
+    if len(children) == 1:
+        [(pid, rank)] = children.items()
+        _, status = os.waitpid(pid, 0)  # retried after our no-op signal handlers (PEP 475)
+    else:
+        status, rank = _launcher().supervise(children, float(spec.get("grace_s", 10)))
     signal_members(os.getpgid(0), signal.SIGKILL, spare=os.getpid())
-    _write_exit(exit_path, os.waitstatus_to_exitcode(status))
+    _write_exit(exit_path, os.waitstatus_to_exitcode(status), rank if status else None)
 
 
 if __name__ == "__main__":
