@@ -15,6 +15,7 @@ from jupyterhub.services.auth import HubAuthenticated
 from tornado import web
 from tornado.iostream import StreamClosedError
 
+from ..backends.ranks import world_size
 from ..policy import SliceRefused
 from ..policy.model import GPU
 from .directory import Who
@@ -100,6 +101,8 @@ class PoolHandler(HubAuthenticated, web.RequestHandler):
             "finished": row.finished, "exit_code": row.exit_code,
             "placement": {n: m / GPU for n, m in (row.placement or {}).items()},
             "preempting": bool(row.preempting),
+            "per_gpu": bool(row.per_gpu),
+            "ranks": world_size(row.placement, row.per_gpu) if row.placement else None,
             "queue_position": ex.positions.get(row.id) if row.state == "pending" else None,
             "reason": self.why_text(row, ex),
         }
@@ -270,10 +273,11 @@ class LogsHandler(PoolHandler):
                 self.fail(400, f"attempt must be a whole number, not {attempt!r}")
             if not 1 <= attempt <= row.attempt:
                 self.fail(400, f"job {job_id} has attempts 1 to {row.attempt}")
+        rank = self._rank(row, attempt)
         follow = self.get_argument("follow", "0") not in ("0", "", "false")
         backend, offset, pause = self.pool.backend, 0, 0.02
         while True:
-            chunk = await backend.read_log(row.id, attempt, offset)
+            chunk = await backend.read_log(row.id, attempt, offset, rank=rank)
             if chunk:
                 offset, pause = offset + len(chunk), 0.02  # output flows: look again soon
                 self.write(chunk)
@@ -291,6 +295,29 @@ class LogsHandler(PoolHandler):
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 0.2)
         self.finish()
+
+
+    def _rank(self, row: JobRow, attempt: int) -> int:
+        """``?rank=N`` (default 0), checked against the ranks the attempt has."""
+        text = self.get_argument("rank", "0")
+        if not text.isdigit() or len(text) > 6:
+            self.fail(400, f"rank must be a whole number from 0, not {text!r}")
+        rank = int(text)
+        if rank == 0:
+            return 0
+        if attempt == row.attempt:
+            placement = row.placement if row.state != "pending" else None
+        else:
+            placement = next((a.placement for a in self.pool.store.attempts(row.id)
+                              if a.attempt == attempt), None)
+        if not placement:
+            self.fail(400, f"attempt {attempt} of job {row.id} has not started, so it has "
+                           f"only rank 0 for now; ask again once it runs")
+        count = world_size(placement, row.per_gpu)
+        if rank >= count:
+            self.fail(400, f"attempt {attempt} of job {row.id} has ranks 0 to {count - 1}, "
+                           f"not {rank}")
+        return rank
 
 
 class ProjectsHandler(PoolHandler):

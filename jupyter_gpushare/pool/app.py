@@ -227,7 +227,7 @@ class PoolService(Application):
         row = self.store.add_job(time.time(), user=user, project=project.name, name=spec["name"],
                                  gpus=spec["gpus"], priority=spec["priority"], command=command,
                                  env=spec["env"], workdir=spec.get("workdir"),
-                                 checkpoint_dir="")
+                                 per_gpu=spec.get("per_gpu", False), checkpoint_dir="")
         self.scheduler.wake()
         return row
 
@@ -246,7 +246,8 @@ class PoolService(Application):
             home = str(Path(self.state_dir) / "home" / row.user)
         checkpoint = self.checkpoint_dir_template.format(home=home, user=row.user, job_id=row.id)
         return Launch(row.id, row.attempt, row.user, row.project, tuple(row.command),
-                      dict(row.env), dict(row.placement), checkpoint, row.workdir)
+                      dict(row.env), dict(row.placement), checkpoint, row.workdir,
+                      per_gpu=bool(row.per_gpu))
 
     def metrics(self) -> str:
         from .metrics import render

@@ -46,6 +46,9 @@ SPEC = {
                     "env": {"type": "object", "additionalProperties": {"type": "string"}},
                     "workdir": {"type": "string", "description": "absolute path the job runs "
                                 "in; default: your home directory"},
+                    "per_gpu": {"type": "boolean", "default": False,
+                                "description": "one rank per GPU (each with its LOCAL_RANK) "
+                                "instead of one per node (torchrun-style)"},
                 }},
             "Job": {
                 "type": "object",
@@ -63,6 +66,10 @@ SPEC = {
                     "exit_code": {"type": "integer", "nullable": True},
                     "placement": {"type": "object", "additionalProperties": {"type": "number"}},
                     "preempting": {"type": "boolean"},
+                    "per_gpu": {"type": "boolean"},
+                    "ranks": {"type": "integer", "nullable": True,
+                              "description": "how many ranks (processes with their own log) "
+                              "the current attempt has; null until it is placed"},
                     "command": {"type": "array", "items": {"type": "string"},
                                 "description": "only for the job's owner and admins"},
                     "env": {"type": "object", "description": "only for the owner and admins"},
@@ -146,10 +153,14 @@ SPEC = {
                        "responses": {"200": _ok("Job"), **_errors(403, 404, 409)}},
         },
         "/api/jobs/{job_id}/logs": {
-            "get": {"summary": "The job's output; ?follow=1 streams until it ends",
+            "get": {"summary": "The output of one rank of the job (rank 0 by default); "
+                               "?follow=1 streams until the attempt ends",
                     "parameters": [JOB_ID,
                                    {"name": "follow", "in": "query", "schema": {"type": "string"}},
-                                   {"name": "attempt", "in": "query", "schema": {"type": "integer"}}],
+                                   {"name": "attempt", "in": "query", "schema": {"type": "integer"}},
+                                   {"name": "rank", "in": "query", "description": "0 to the "
+                                    "attempt's ranks - 1 (the job's ranks field)",
+                                    "schema": {"type": "integer", "minimum": 0, "default": 0}}],
                     "responses": {"200": {"description": "text/plain output"},
                                   **_errors(400, 403, 404)}},
         },

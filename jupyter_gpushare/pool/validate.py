@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import re
 
+from ..backends.ranks import RESERVED as RANK_ENV
 from ..policy.model import GPU
 
-JOB_FIELDS = {"project", "gpus", "command", "source", "name", "priority", "env", "workdir"}
+JOB_FIELDS = {"project", "gpus", "command", "source", "name", "priority", "env", "workdir",
+              "per_gpu"}
 PROJECT_FIELDS = {"quota", "over_quota_weight", "limit", "priority", "groups"}
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RESERVED_ENV = ("GPUSHARE_", "JUPYTERHUB_", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
@@ -88,6 +90,8 @@ def job_spec(body) -> dict:
             raise Invalid(f"env name {key!r} is not a valid variable name")
         if key.startswith(_RESERVED_ENV):
             raise Invalid(f"env may not set {key}: the pool sets it for each attempt")
+        if key in RANK_ENV:
+            raise Invalid(f"env may not set {key}: the pool sets it for each rank")
         if not isinstance(value, str) or "\0" in value or len(value) > 32_768:
             raise Invalid(f"env {key} must be a string of at most 32 KiB without NUL")
     workdir = body.get("workdir")
@@ -95,9 +99,13 @@ def job_spec(body) -> dict:
                                 or "\0" in workdir or len(workdir) > 4096):
         raise Invalid(f"workdir must be an absolute path like /home/you/project, not "
                       f"{workdir!r}; leave it out to run in your home directory")
+    per_gpu = body.get("per_gpu", False)
+    if not isinstance(per_gpu, bool):
+        raise Invalid(f"per_gpu must be true (one rank per GPU) or false (one rank per node, "
+                      f"the default), not {per_gpu!r}")
     return {"gpus": gpus * GPU, "command": command, "source": source, "name": name,
             "priority": priority, "env": dict(env), "project": body.get("project"),
-            "workdir": workdir}
+            "workdir": workdir, "per_gpu": per_gpu}
 
 
 def project_update(body, current: dict | None) -> dict:
