@@ -18,7 +18,7 @@ import time
 from .. import launcher
 from ..base import Exit
 from .api import KubeAPI, KubeError
-from .gang import PodRanks, layout_of, pod_of_rank
+from .gang import PodRanks, layout_of
 from .objects import label_value
 
 LOG_CACHE_S = 0.5
@@ -134,10 +134,6 @@ class PodLogs:
 
     def forget(self, pod: str) -> None:
         self._cache.pop(pod, None)
-
-
-def find_rank(pods, rank: int) -> tuple[int, PodRanks] | None:
-    return pod_of_rank(pods, rank)
 
 
 def rank_output(data: bytes, pod: PodRanks, rank: int) -> bytes:
