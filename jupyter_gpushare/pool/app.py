@@ -7,6 +7,7 @@ or command-line options; every option has a help text (``--help-all``).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import pwd
 import time
@@ -29,6 +30,7 @@ from .directory import HubDirectory
 from .loop import Scheduler
 from .models import JobRow, ProjectRow
 from .store import Store
+from .sweep import release_stale
 
 
 BACKENDS = {"local": "jupyter_gpushare.backends.local.LocalBackend",
@@ -97,6 +99,10 @@ class PoolService(Application):
     checkpoint_dir_template = Unicode("{home}/.gpushare/checkpoints/{job_id}", help="Checkpoint "
                                       "directory of a job, the same for all its attempts; "
                                       "{home} is the user's home, {user} and {job_id} too.").tag(config=True)
+
+    @default("log_level")
+    def _log_level(self):
+        return logging.INFO  # as JupyterHub's own: what the service did is worth a line
 
     @default("state_dir")
     def _state_dir(self):
@@ -270,6 +276,14 @@ class PoolService(Application):
                       url.port, self.train_capacity() / GPU,
                       " (simulated)" if any(n.labels.get("gpushare.io/simulated")
                                             for n in self.backend.nodes()) else "")
+        # Slices the spawners of a stopping hub could not release (the hub stops its
+        # services first) are released now, in the background (sweep.py).
+        sweeping = asyncio.ensure_future(release_stale(
+            self.store, os.environ.get("JUPYTERHUB_API_URL", ""),
+            os.environ.get("JUPYTERHUB_API_TOKEN", ""), self.log))
+        sweeping.add_done_callback(lambda f: f.cancelled() or f.exception() is None or
+                                   self.log.error("Releasing stale build slices failed: %s",
+                                                  f.exception()))
         try:
             await self.scheduler.run(self.cycle_interval)
         finally:
