@@ -10,6 +10,7 @@ import asyncio
 import logging
 import os
 import pwd
+import signal
 import time
 from pathlib import Path
 from urllib.parse import urlparse
@@ -269,9 +270,14 @@ class PoolService(Application):
 
     async def _serve(self):
         url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
+        loop = asyncio.get_running_loop()
+        stopping: asyncio.Future = loop.create_future()
+        for sig in (signal.SIGINT, signal.SIGTERM):  # the hub sends SIGINT, then SIGTERM
+            loop.add_signal_handler(sig, lambda s=sig: stopping.done() or
+                                    stopping.set_result(signal.Signals(s).name))
         await self.scheduler.reconcile()
         app = self.make_app()
-        app.listen(url.port, self.ip or url.hostname)
+        server = app.listen(url.port, self.ip or url.hostname)
         self.log.info("gpushare pool service on %s:%s, train pool of %g GPUs%s", url.hostname,
                       url.port, self.train_capacity() / GPU,
                       " (simulated)" if any(n.labels.get("gpushare.io/simulated")
@@ -284,9 +290,17 @@ class PoolService(Application):
         sweeping.add_done_callback(lambda f: f.cancelled() or f.exception() is None or
                                    self.log.error("Releasing stale build slices failed: %s",
                                                   f.exception()))
+        running = asyncio.ensure_future(self.scheduler.run(self.cycle_interval))
         try:
-            await self.scheduler.run(self.cycle_interval)
+            await asyncio.wait([running, stopping], return_when=asyncio.FIRST_COMPLETED)
+            if stopping.done():
+                self.log.info("Stopping on %s; running jobs go on and are adopted when the "
+                              "service starts again", stopping.result())
         finally:
+            server.stop()
+            for task in (running, sweeping):
+                task.cancel()
+            await asyncio.gather(running, sweeping, return_exceptions=True)
             await self.backend.shutdown()
 
 
