@@ -506,13 +506,15 @@ def _forget(group: _Group) -> None:
         pass
 
 
-def _read_exit(path: str) -> tuple[int, int | None] | None:
-    """The shim's record: (return code, the rank that failed, if it says)."""
+def _read_exit(path: str) -> tuple[int, int | None, str] | None:
+    """The shim's record: (return code, the rank that failed, if it says, and, when the
+    command could not be run at all, the shim's sentence on why); None before it is written."""
     try:
         with open(path) as f:
             record = json.load(f)
-        rank = record.get("rank")
-        return int(record["returncode"]), None if rank is None else int(rank)
+        rank, reason = record.get("rank"), record.get("reason")
+        return (int(record["returncode"]), None if rank is None else int(rank),
+                reason if isinstance(reason, str) else "")
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
@@ -527,7 +529,7 @@ def _ended(running: _Attempt, group: _Group) -> Exit | None:
             return None
         record = _read_exit(group.exit_path)  # the shim may have written it meanwhile
     job, attempt = running.job_id, running.attempt
-    code, rank = record if record is not None else (None, None)
+    code, rank, said = record if record is not None else (None, None, "")
     rank = group.ranks[0] if rank is None else rank
     named = f"rank {rank}: " if running.world_size > 1 else ""
     if code is None:
@@ -539,7 +541,7 @@ def _ended(running: _Attempt, group: _Group) -> Exit | None:
     if code == 0:
         return Exit(job, attempt, "succeeded", 0)
     if code > 0:
-        return Exit(job, attempt, "failed", code, f"{named}exited with code {code}")
+        return Exit(job, attempt, "failed", code, f"{named}{said or f'exited with code {code}'}")
     try:
         name = signal.Signals(-code).name
     except ValueError:

@@ -7,7 +7,8 @@
 One shim runs the ranks of one node of the gang: one, or one per GPU. Each rank is ARGV with
 ``env`` and the rank's own variables, writing to its ``log`` (None: the shim's stdout). When
 one rank fails the others get SIGTERM, then SIGKILL after ``grace_s`` (``launcher.supervise``,
-loaded by path). EXITFILE gets ``{"returncode", "rank"}`` of the first failure, or 0.
+loaded by path). EXITFILE gets ``{"returncode", "rank", "reason"}`` of the first failure
+(``reason``: why the command could not be run at all), or a returncode of 0.
 
 The local backend starts this shim in a new session, so the shim's pid names the job's
 process group, and the job outlives a restart of the service: the end is written to EXITFILE
@@ -32,6 +33,7 @@ import sys
 import warnings  # noqa: F401  os.get_exec_path imports it lazily; after setuid the stdlib may be unreadable
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+MAX_REASON = 1000  # bytes of the sentence on why the command could not be run
 
 
 def proc_stat(pid):
@@ -84,8 +86,10 @@ def _launcher():
     return module
 
 
-def _run_child(argv, spec, env, log):
-    """In the forked child: become the user, enter the directory, exec. Never returns."""
+def _run_child(argv, spec, env, log, said):
+    """In the forked child: become the user, enter the directory, exec. Never returns. What
+    stops it is written to the log and to ``said`` (closed by a successful exec), so the exit
+    record carries the sentence, not only a code."""
     step = "open its log"
     try:
         if log is not None:  # the service's file, opened before the switch to the user
@@ -116,14 +120,22 @@ def _run_child(argv, spec, env, log):
         os.execvpe(argv[0], argv, env)
     except BaseException as exc:
         reason = getattr(exc, "strerror", None) or exc
-        os.write(2, f"gpushare: cannot {step}: {reason}\n".encode())
+        sentence = f"cannot {step}: {reason}"
+        os.write(2, f"gpushare: {sentence}\n".encode())
+        try:
+            os.write(said, sentence.encode()[:MAX_REASON])
+        except OSError:
+            pass
         os._exit(127 if isinstance(exc, FileNotFoundError) and step.startswith("run") else 126)
 
 
-def _write_exit(path, returncode, rank=None):
+def _write_exit(path, returncode, rank=None, reason=""):
     tmp = f"{path}.tmp"
+    record = {"returncode": returncode, "rank": rank}
+    if reason:
+        record["reason"] = reason
     with open(tmp, "w") as f:
-        json.dump({"returncode": returncode, "rank": rank}, f)
+        json.dump(record, f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -146,19 +158,40 @@ def main(args):
     os.close(devnull)
     sys.stderr.flush()
     ranks = spec.get("ranks") or [{"rank": None, "env": {}, "log": None}]
-    children = {}
+    children, heard = {}, {}
     for rank in ranks:
+        hear, said = os.pipe2(os.O_CLOEXEC)
         pid = os.fork()
         if pid == 0:
-            _run_child(argv, spec, {**spec["env"], **rank["env"]}, rank.get("log"))
-        children[pid] = rank["rank"]
+            os.close(hear)
+            _run_child(argv, spec, {**spec["env"], **rank["env"]}, rank.get("log"), said)
+        os.close(said)
+        children[pid], heard[pid] = rank["rank"], hear
+    reasons = {pid: _read_all(fd) for pid, fd in heard.items()}  # each ends at its exec
     if len(children) == 1:
         [(pid, rank)] = children.items()
         _, status = os.waitpid(pid, 0)  # retried after our no-op signal handlers (PEP 475)
     else:
         status, rank = _launcher().supervise(children, float(spec.get("grace_s", 10)))
+        pid = next((p for p, r in children.items() if r == rank), None)
     signal_members(os.getpgid(0), signal.SIGKILL, spare=os.getpid())
-    _write_exit(exit_path, os.waitstatus_to_exitcode(status), rank if status else None)
+    _write_exit(exit_path, os.waitstatus_to_exitcode(status), rank if status else None,
+                reasons.get(pid, "") if status else "")
+
+
+def _read_all(fd):
+    """What the child wrote before its exec (nothing when the exec succeeded)."""
+    data = b""
+    with os.fdopen(fd, "rb") as f:
+        while len(data) < MAX_REASON:
+            try:
+                chunk = f.read(MAX_REASON - len(data))
+            except InterruptedError:
+                continue
+            if not chunk:
+                break
+            data += chunk
+    return data.decode("utf-8", "replace")
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ def submit(command=None, *, source: str | None = None, gpus=1, project: str | No
     rank 0 of a distributed job). A job on several nodes runs one rank per node, or one per
     GPU with ``per_gpu``; each rank gets ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``...
     ``workdir`` (absolute) defaults to the current directory; ``project`` to your only one.
+    The job gets this kernel's ``PATH`` unless ``env`` gives one.
     Bad values raise :class:`~jupyter_gpushare.client.InvalidInput`, and the pool's refusals
     :class:`~jupyter_gpushare.client.ClientError`, each with one sentence; nothing is submitted.
     """
@@ -70,7 +71,7 @@ def submit(command=None, *, source: str | None = None, gpus=1, project: str | No
     # Checked in full before any file is written: bad input leaves nothing behind.
     spec = job_spec(["python"] if source is not None else command, source=None, gpus=gpus,
                     project=project, name=name, priority=priority, env=env, workdir=workdir,
-                    per_gpu=per_gpu)
+                    per_gpu=per_gpu, path=os.environ.get("PATH"))
     folder = None
     if source is not None:
         try:

@@ -66,6 +66,9 @@ SPEC = {
                     "exit_code": {"type": "integer", "nullable": True},
                     "placement": {"type": "object", "additionalProperties": {"type": "number"}},
                     "preempting": {"type": "boolean"},
+                    "requeued": {"type": "string", "nullable": True,
+                                 "description": "while a later attempt waits or runs: why "
+                                 "the one before it ended (preempted or lost)"},
                     "per_gpu": {"type": "boolean"},
                     "ranks": {"type": "integer", "nullable": True,
                               "description": "how many ranks (processes with their own log) "
