@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from traitlets import Bool, Dict, Float, Integer, List, Unicode, default, validate
 
 from ...policy.model import GPU, Node, gpus_text
-from ..base import Backend, BackendError, Exit, Handle, Launch
+from ..base import Backend, BackendError, Exit, Handle, Launch, private_dir
 from . import objects as k8s
 from .api import KubeAPI, KubeError, default_namespace, make_client
 from .reflector import Reflector
@@ -202,6 +202,7 @@ class KubernetesBackend(Backend):
             self._ready_lock = asyncio.Lock()
         async with self._ready_lock:
             if self.api is None:
+                private_dir(self.state_dir)  # kept logs of every user's jobs
                 self.api = KubeAPI(await make_client(self.kubeconfig), self.api_retry_timeout,
                                    self.log)
                 core, ns = self.api.core, self.namespace
