@@ -19,6 +19,7 @@ grace period runs), with ``<attempt>.exit`` recording the end, before its pods a
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import math
@@ -26,7 +27,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from traitlets import Bool, Dict, Float, Integer, List, Unicode, default, validate
+from traitlets import Bool, Dict, Enum, Float, Integer, List, Unicode, default, validate
 
 from ...policy.model import GPU, Node, gpus_text
 from ..base import Backend, BackendError, Exit, Handle, Launch, private_dir
@@ -114,10 +115,28 @@ class KubernetesBackend(Backend):
         """).tag(config=True)
 
     volumes = List(Dict(), help="""
-        Volumes of job pods when the user has no notebook pod, as in a pod spec;
-        {username} is KubeSpawner's escaped user name, so
+        Volumes of job pods when the user has no notebook pod, as in a pod spec; {username}
+        is the user's name as KubeSpawner writes it under slug_scheme ({safe_username},
+        {escaped_username} and {unescaped_username} too), so
         [{"name": "home", "persistentVolumeClaim": {"claimName": "claim-{username}"}}]
-        names zero-to-jupyterhub's home volume.
+        names zero-to-jupyterhub's home volume. A claim whose name depends on the user is
+        mounted only if KubeSpawner made it for that very user (see verify_claims).
+        """).tag(config=True)
+
+    slug_scheme = Enum(["safe", "escape"], "safe", help="""
+        How {username} is written in volumes and volume_mounts: as the hub's
+        c.KubeSpawner.slug_scheme does ("safe", KubeSpawner 7's default, or "escape", the
+        scheme of KubeSpawner < 7). The two can name different users alike, so this must be
+        the hub's.
+        """).tag(config=True)
+
+    verify_claims = Bool(True, help="""
+        Mount a home volume claim whose name depends on the user only if it is KubeSpawner's
+        claim for that very user (its annotation hub.jupyter.org/username, on a claim of the
+        user's default server), whatever its name: under another slug scheme, or kept from
+        KubeSpawner < 7, a name made from a template can be another user's claim. A user
+        without one is told to start their notebook server once. Off: trust the names
+        volumes expand to.
         """).tag(config=True)
 
     volume_mounts = List(Dict(), help="""
@@ -280,6 +299,8 @@ class KubernetesBackend(Backend):
                                "running.")
         self._check_placement(launch.placement)
         template = self._template(launch.user)
+        if template.source == "configuration":
+            template = await self._own_claims(template, launch.user)
         pods = k8s.job_pods(launch, template, self._settings())
         results = await asyncio.gather(*(self._create(p) for p in pods), return_exceptions=True)
         failed = [r for r in results if isinstance(r, BaseException)]
@@ -330,13 +351,42 @@ class KubernetesBackend(Backend):
                                      .get(NOTEBOOK_SERVER, ""), p["metadata"]["name"]))
             if mine:
                 return k8s.notebook_template(mine[0])
-        names = _user_names(user)
+        names = user_names(user, self.slug_scheme)
         return k8s.PodTemplate(
             image=self.image, working_dir=self.home_dir,
             volumes=tuple(k8s.expand(self.volumes, **names)),
             volume_mounts=tuple(k8s.expand(self.volume_mounts, **names)),
             pod_security_context=dict(self.pod_security_context),
             security_context=dict(self.security_context))
+
+    async def _own_claims(self, template: k8s.PodTemplate, user: str) -> k8s.PodTemplate:
+        """The configured volumes with each per-user claim replaced by the claim KubeSpawner
+        made for this user (verify_claims)."""
+        per_user = {v.get("name") for v in self.volumes
+                    if "{" in str((v.get("persistentVolumeClaim") or {}).get("claimName", ""))}
+        if not per_user or not self.verify_claims:
+            return template
+        try:
+            found = await self.api.json("list the home volume claims",
+                                        self.api.core.list_namespaced_persistent_volume_claim,
+                                        self.namespace, label_selector=k8s.HOME_CLAIMS)
+        except KubeError as e:
+            raise BackendError(f"The home volume claims cannot be listed ({e}); an "
+                               f"administrator must grant the rules of "
+                               f"hub_config/kubernetes-rbac.yaml.") from None
+        volumes = []
+        for volume in template.volumes:
+            if volume.get("name") in per_user:
+                wanted = volume["persistentVolumeClaim"]["claimName"]
+                claim = k8s.claim_of(found.get("items") or [], user, wanted)
+                if claim is None:
+                    raise BackendError("You have no home volume yet: KubeSpawner makes it when "
+                                       "your notebook server first starts; start it once, then "
+                                       "submit again.")
+                volume = {**volume, "persistentVolumeClaim": {
+                    **volume["persistentVolumeClaim"], "claimName": claim}}
+            volumes.append(volume)
+        return dataclasses.replace(template, volumes=tuple(volumes))
 
     def user_home(self, user: str) -> str | None:
         return self._template(user).working_dir
@@ -677,7 +727,12 @@ def _in_event_loop() -> bool:
         return False
 
 
-def _user_names(user: str) -> dict[str, str]:
-    """What {username} means in KubeSpawner's templates (its safe slug), and the name."""
-    from kubespawner.slugs import safe_slug  # imported when needed: it loads KubeSpawner
-    return {"username": safe_slug(user), "unescaped_username": user}
+def user_names(user: str, scheme: str = "safe") -> dict[str, str]:
+    """The names KubeSpawner's templates know for the user's default server, as its
+    ``_expand_user_properties`` makes them under ``scheme``."""
+    from kubespawner.slugs import escape_slug, safe_slug  # when needed: it loads KubeSpawner
+    safe, escaped = safe_slug(user, max_length=48), escape_slug(user)
+    username = safe if scheme == "safe" else escaped
+    return {"username": username, "unescaped_username": user, "safe_username": safe,
+            "escaped_username": escaped, "servername": "", "user_server": username,
+            "safe_user_server": safe, "escaped_user_server": escaped}
