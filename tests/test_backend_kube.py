@@ -575,16 +575,16 @@ async def test_dropped_and_expired_watches(kube, account, make_backend, proxy, t
         await log_of(backend, "j-watched", "up")
         await log_of(backend, "j-unseen", "up")
         # A dropped connection: each reflector watches again from where it was.
-        await until(lambda: proxy.open_streams() == 4, what="4 watches")  # pods, nodes, ...
+        await until(lambda: proxy.open_streams("watch") == 4, what="4 watches")  # pods, nodes...
         watches = backend.pods.watches
-        assert proxy.drop_streams() == 4
-        await until(lambda: backend.pods.watches > watches and proxy.open_streams() == 4,
+        assert proxy.drop_streams("watch") == 4
+        await until(lambda: backend.pods.watches > watches and proxy.open_streams("watch") == 4,
                     what="the watches back")
         assert backend.pods.relists == 0
         # Cut off while a pod is deleted: its DELETED event is never seen. The next watch is
         # told its version is too old (410): the reflector lists again and finds it gone.
         proxy.paused = True
-        assert proxy.drop_streams() == 4
+        assert proxy.drop_streams("watch") == 4
         kube.api.delete(f"/api/v1/namespaces/{account.namespace}/pods/gpushare-j-unseen-1-0",
                         {"gracePeriodSeconds": 0})
         proxy.expire_watches(4)
@@ -679,6 +679,31 @@ async def test_a_job_mounts_only_its_users_own_home_claim(kube, account, make_ba
             {"name": "home", "persistentVolumeClaim": {"claimName": "claim-a-2eb"}},
             {"name": "data", "persistentVolumeClaim": {"claimName": "datasets"}}]
         await backend.stop("j-owner", 1, 0)
+    finally:
+        await stop_all(*backend_list(locals()))
+
+
+@kube
+@pytest.mark.asyncio
+async def test_an_endless_log_is_kept_capped(kube, account, make_backend, tmp_path):
+    """2 MB printed, 64 KiB kept: the beginning, the end, and a line where output was
+    dropped; followed into its file while it runs, never held whole."""
+    kube.add_node("bk-loud", gpus=1, labels=TRAIN)
+    backend = make_backend(log_limit=64 * 1024)
+    loud = ("import sys\nprint('the beginning', flush=True)\n"
+            "for i in range(20000): sys.stdout.write('%06d' % i + 'x' * 93 + '\\n')\n"
+            "print('the end')")
+    try:
+        await backend.adopt([])
+        await backend.start(launch("j-loud", loud, {"bk-loud": GPU}))
+        await log_of(backend, "j-loud", "the beginning")
+        (exit,) = await ended(backend, timeout=60)
+        assert exit.state == "succeeded"
+        log = (await backend.read_log("j-loud", 1)).decode()
+        assert log.startswith("the beginning\n") and log.rstrip().endswith("the end")
+        assert "bytes of output were dropped here" in log and len(log) < 64 * 1024 + 200
+        kept = list((tmp_path / "state" / "j-loud").glob("1.log*"))
+        assert kept and sum(p.stat().st_size for p in kept) <= 64 * 1024
     finally:
         await stop_all(*backend_list(locals()))
 

@@ -11,9 +11,11 @@ nodes, the namespace's pod events and the users' notebook pods. ``poll`` judges 
 from the cache: every pod Succeeded → succeeded; one Failed → failed with its exit code; a
 pod deleted by someone else, or on a node that left the pool → lost (the service requeues).
 
-An attempt's output is rank 0's log: read from the API while it runs, and kept in
-``state_dir/<job>/<attempt>.log`` when it ends (read once; followed to the end while a stop's
-grace period runs), with ``<attempt>.exit`` recording the end, before its pods are deleted.
+An attempt's output is rank 0's log, followed from the API into
+``state_dir/<job>/<attempt>.log`` while it runs (``logfile.CappedLog``: at most ``log_limit``
+bytes, its beginning and its latest output) and read from there; ``<attempt>.exit`` records the
+end before the pods are deleted. A follow that breaks (the API server restarts, a watch
+timeout) starts again from the beginning of the pod's log, which rewrites the same bytes.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from traitlets import Bool, Dict, Enum, Float, Integer, List, Unicode, default, validate
 
 from ...policy.model import GPU, Node, gpus_text
+from .. import logfile
 from ..base import Backend, BackendError, Exit, Handle, Launch, private_dir
 from . import objects as k8s
 from .api import KubeAPI, KubeError, default_namespace, make_client
@@ -37,7 +40,7 @@ from .reflector import Reflector
 
 NOTEBOOK_USER = "hub.jupyter.org/username"  # KubeSpawner's annotation: the exact name
 NOTEBOOK_SERVER = "hub.jupyter.org/servername"
-LOG_CACHE_S = 0.5
+FOLLOW_READ_TIMEOUT_S = 600  # a silent job's log is followed anew after this
 DELETE_RETRY_S = 5.0
 ARCHIVE_WAIT_S = 2.0
 
@@ -208,7 +211,6 @@ class KubernetesBackend(Backend):
         self._watched: set[str] = set()  # the pods of running attempts
         self._doomed: dict[str, tuple[int | None, float]] = {}  # pod -> (grace, last try)
         self._tasks: set[asyncio.Task] = set()
-        self._log_cache: dict[str, tuple[float, bytes]] = {}
         self._winding: dict[tuple[str, int], asyncio.Task] = {}  # ended: log kept, pods deleted
         self._last_nodes: list[Node] = []
         self._ready_lock: asyncio.Lock | None = None
@@ -313,8 +315,9 @@ class KubernetesBackend(Backend):
             raise BackendError(self._sentence(failed[0])) from None
         names = tuple(p["metadata"]["name"] for p in pods)
         self._watched.update(names)
-        self._running[key] = _Attempt(launch.job_id, launch.attempt, names,
-                                      dict(launch.placement), time.monotonic())
+        self._running[key] = a = _Attempt(launch.job_id, launch.attempt, names,
+                                          dict(launch.placement), time.monotonic())
+        a.archiver = self._spawn(self._follow_log(a))
         self.log.info("Started attempt %d of job %s as pod(s) %s (%s from the %s)",
                       launch.attempt, launch.job_id, ", ".join(names), template.image,
                       template.source)
@@ -471,7 +474,6 @@ class KubernetesBackend(Backend):
                 self._ended.pop(name, None)
                 self._seen.discard(name)
                 self._watched.discard(name)
-                self._log_cache.pop(name, None)
             # Reported at once; the log is kept and the pods deleted meanwhile.
             self._winding[a.key] = self._spawn(self._wind_up(a))
         self._retry_deletions()
@@ -524,12 +526,14 @@ class KubernetesBackend(Backend):
     async def _wind_up(self, a: _Attempt) -> None:
         """Keep the log (rank 0's), then delete what is left of the pods."""
         try:
-            if a.archiver is not None:  # a stopped job's last words may be on their way
+            followed = False
+            if a.archiver is not None:  # its last words may be on their way
                 try:
                     await asyncio.wait_for(asyncio.shield(a.archiver), ARCHIVE_WAIT_S)
+                    followed = a.archiver.result()
                 except (asyncio.TimeoutError, Exception):
-                    pass
-            elif a.pods[0] in self.pods.objects:
+                    a.archiver.cancel()
+            if not followed and a.pods[0] in self.pods.objects:
                 await self._archive(a.key, a.pods[0])
             for name in a.pods:
                 pod = self.pods.objects.get(name)
@@ -541,15 +545,26 @@ class KubernetesBackend(Backend):
             self._winding.pop(a.key, None)
 
     async def _archive(self, key, pod_name: str) -> None:
-        if os.path.exists(self._path(key, "log")):
-            return
+        """The pod's whole log into the attempt's capped file (anew: a follower may have
+        left part of it), streamed, never in memory whole."""
+        path = self._path(key, "log")
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        log = logfile.CappedLog(path, self.log_limit)
         try:
-            data = await self.api.raw(f"read the log of {pod_name}",
-                                      self.api.core.read_namespaced_pod_log, pod_name,
-                                      self.namespace, retry_s=5)
-        except KubeError as e:
-            data = f"[gpushare: the log could not be read from Kubernetes: {e}]\n".encode()
-        self._write(key, "log", data)
+            response = await self.api.core.read_namespaced_pod_log(
+                pod_name, self.namespace, _preload_content=False, _request_timeout=(10, 60))
+            try:
+                if response.status != 200:
+                    raise KubeError(response.status, "", (await response.text())[:300])
+                async for chunk in response.content.iter_any():
+                    log.write(chunk)
+            finally:
+                response.release()
+        except Exception as e:  # kept as far as it came, and said so
+            log.write(f"\n[gpushare: the log could not be read from Kubernetes: "
+                      f"{str(e).splitlines()[0] if str(e) else type(e).__name__}]\n".encode())
+        finally:
+            log.close()
 
     def _retry_deletions(self) -> None:
         now = time.monotonic()
@@ -579,8 +594,9 @@ class KubernetesBackend(Backend):
                 exits.append(Exit(*key, "lost", reason="its pods are gone"))
             else:
                 placement = {str(n): int(m) for n, m in dict(h.data.get("placement") or {}).items()}
-                self._running[key] = _Attempt(*key, tuple(pods), placement, float("-inf"))
+                self._running[key] = a = _Attempt(*key, tuple(pods), placement, float("-inf"))
                 self._watched.update(pods)
+                a.archiver = self._spawn(self._follow_log(a))
         for name, pod in list(self.pods.objects.items()):
             labels = pod["metadata"].get("labels") or {}
             key = (labels.get(k8s.JOB), _int(labels.get(k8s.ATTEMPT)))
@@ -644,52 +660,61 @@ class KubernetesBackend(Backend):
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
-    async def _follow_log(self, a: _Attempt) -> None:
-        """Rank 0's log to its file until the container ends (a stop's grace period)."""
+    async def _follow_log(self, a: _Attempt) -> bool:
+        """Rank 0's log into its capped file while the attempt runs; True once its container
+        has ended and the log is whole. Until the container starts, and after a broken
+        stream, it asks again (from the beginning)."""
         path = self._path(a.key, "log")
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        try:
-            response = await self.api.core.read_namespaced_pod_log(
-                a.pods[0], self.namespace, follow=True, _preload_content=False,
-                _request_timeout=(10, self.grace_period + 60))
+        pause = 0.2
+        while True:
             try:
-                if response.status != 200:
-                    return
-                with open(path, "wb") as f:
-                    async for chunk in response.content.iter_any():
-                        f.write(chunk)
-                        f.flush()
-            finally:
-                response.release()
-        except Exception as e:  # the log is kept as far as it came
-            self.log.info("Following the log of %s stopped: %s", a.pods[0], e)
+                response = await self.api.core.read_namespaced_pod_log(
+                    a.pods[0], self.namespace, follow=True, _preload_content=False,
+                    _request_timeout=(10, FOLLOW_READ_TIMEOUT_S))
+                try:
+                    if response.status == 200:
+                        log = logfile.CappedLog(path, self.log_limit)
+                        try:
+                            async for chunk in response.content.iter_any():
+                                log.write(chunk)
+                        finally:
+                            log.close()
+                        pause = 0.2
+                finally:
+                    response.release()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # the log is kept as far as it came; ask again
+                self.log.debug("Following the log of %s broke off: %s", a.pods[0], e)
+            done = self._container_done(a)
+            if done is not None:
+                return done and os.path.exists(path)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 5.0)
 
-    async def read_log(self, job_id: str, attempt: int, offset: int = 0) -> bytes:
+    def _container_done(self, a: _Attempt) -> bool | None:
+        """Whether rank 0's container has ended (True), its pod is gone (False), or it is
+        still to be followed (None: it runs, or starts, or the watch has not shown it)."""
+        name = a.pods[0]
+        pod = self.pods.objects.get(name)
+        if pod is not None:
+            return True if k8s.pod_state(pod).phase in ("succeeded", "failed") else None
+        if name in self._ended:
+            return True
+        if a.key in self._running and name not in self._seen:
+            return None  # created; the watch has not shown it yet
+        return a.stopping  # deleted: by our stop (its log ran to the end), or by someone else
+
+    async def read_log_from(self, job_id: str, attempt: int, offset: int = 0,
+                            size: int = logfile.READ_CHUNK) -> tuple[int, bytes]:
         winding = self._winding.get((job_id, attempt))
         if winding is not None:  # just ended: its log is being kept
             try:
                 await asyncio.wait_for(asyncio.shield(winding), 10)
             except (asyncio.TimeoutError, Exception):
                 pass
-        a = self._running.get((job_id, attempt))
-        if a is None or a.stopping:
-            try:
-                with open(self._path((job_id, attempt), "log"), "rb") as f:
-                    f.seek(offset)
-                    return f.read()
-            except (OSError, ValueError):
-                return b""
-        name = a.pods[0]
-        cached = self._log_cache.get(name)
-        if cached is None or time.monotonic() - cached[0] > LOG_CACHE_S:
-            try:
-                data = await self.api.raw(f"read the log of {name}",
-                                          self.api.core.read_namespaced_pod_log, name,
-                                          self.namespace, retry_s=2)
-            except KubeError:  # not started yet (400), or the API is away: nothing new
-                return b""
-            cached = self._log_cache[name] = (time.monotonic(), data)
-        return cached[1][offset:]
+        return logfile.read(self._path((job_id, attempt), "log"), offset, size)
 
     async def shutdown(self) -> None:
         # Jobs keep running; deletions not done yet are the restarted service's to repeat.
