@@ -160,6 +160,13 @@ class PoolHandler(HubAuthenticated, web.RequestHandler):
                 "deserved": ex.deserved.get(p.name, 0) / GPU, "pending": pending}
 
 
+def list_key(who: Who, arguments: dict) -> tuple:
+    """What a rendered job list depends on: the caller (a service is not the user of the
+    same name) and the query arguments the list reads; others in the query are left out,
+    so that they cannot make a cache entry each."""
+    return who, tuple((k, tuple(arguments.get(k, ()))) for k in LIST_ARGUMENTS)
+
+
 class PoolInfoHandler(PoolHandler):
     def get(self):
         ex = self.pool.scheduler.explained
@@ -190,9 +197,8 @@ class JobsHandler(PoolHandler):
     def get(self):
         # Many clients poll the same lists: the answer only changes when the store is
         # written or a cycle explains positions anew, so it is kept until then.
-        key = (self.who, tuple((k, tuple(self.request.query_arguments.get(k, ())))
-                               for k in LIST_ARGUMENTS),
-               id(self.pool.store), self.pool.store.version, self.pool.scheduler.explained.at)
+        key = (*list_key(self.who, self.request.query_arguments), id(self.pool.store),
+               self.pool.store.version, self.pool.scheduler.explained.at)
         body = _LISTS.get(key)
         if body is None:
             body = json.dumps(self._list())
