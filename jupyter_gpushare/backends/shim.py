@@ -37,6 +37,7 @@ sys.path.pop(0)
 STRAGGLERS_S = 2.0  # how long output is still read from processes that left the job's group
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+MAX_REASON = 1000  # bytes of the sentence on why the command could not be run
 
 
 def proc_stat(pid):
@@ -80,8 +81,10 @@ def signal_members(pgid, sig, spare=None):
     return found is not None
 
 
-def _run_child(argv, spec):
-    """In the forked child: become the user, enter the directory, exec. Never returns."""
+def _run_child(argv, spec, said):
+    """In the forked child: become the user, enter the directory, exec. Never returns. What
+    stops it is written to the log and to ``said`` (closed by a successful exec), so the exit
+    record carries the sentence, not only a code."""
     step = "reset signals"
     try:
         for sig in signal.Signals:
@@ -106,14 +109,22 @@ def _run_child(argv, spec):
         os.execvpe(argv[0], argv, spec["env"])
     except BaseException as exc:
         reason = getattr(exc, "strerror", None) or exc
-        os.write(2, f"gpushare: cannot {step}: {reason}\n".encode())
+        sentence = f"cannot {step}: {reason}"
+        os.write(2, f"gpushare: {sentence}\n".encode())
+        try:
+            os.write(said, sentence.encode()[:MAX_REASON])
+        except OSError:
+            pass
         os._exit(127 if isinstance(exc, FileNotFoundError) and step.startswith("run") else 126)
 
 
-def _write_exit(path, returncode):
+def _write_exit(path, returncode, reason=""):
     tmp = f"{path}.tmp"
+    record = {"returncode": returncode}
+    if reason:
+        record["reason"] = reason
     with open(tmp, "w") as f:
-        json.dump({"returncode": returncode}, f)
+        json.dump(record, f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -139,22 +150,42 @@ def main(args):
     if spec.get("log"):
         log = logfile.CappedLog(spec["log"], int(spec["log_limit"]), fresh=False)
         out, into = os.pipe()
+    heard, said = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()
     if pid == 0:
+        os.close(heard)
         if log is not None:
             os.dup2(into, 1)
             os.dup2(into, 2)
             os.close(into)
             os.close(out)
-        _run_child(argv, spec)
+        _run_child(argv, spec, said)
+    os.close(said)
+    if log is not None:
+        os.close(into)
+    reason = _read_all(heard)  # until the exec (or the child's sentence on why not)
     if log is None:
         _, status = os.waitpid(pid, 0)  # retried after our no-op signal handlers (PEP 475)
     else:
-        os.close(into)
         status = _relay(out, log, pid)
         log.close()
     signal_members(os.getpgid(0), signal.SIGKILL, spare=os.getpid())
-    _write_exit(exit_path, os.waitstatus_to_exitcode(status))
+    _write_exit(exit_path, os.waitstatus_to_exitcode(status), reason)
+
+
+def _read_all(fd):
+    """What the child wrote before its exec (nothing when the exec succeeded)."""
+    data = b""
+    with os.fdopen(fd, "rb") as f:
+        while len(data) < MAX_REASON:
+            try:
+                chunk = f.read(MAX_REASON - len(data))
+            except InterruptedError:
+                continue
+            if not chunk:
+                break
+            data += chunk
+    return data.decode("utf-8", "replace")
 
 
 def _relay(out, log, pid):

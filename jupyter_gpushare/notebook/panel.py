@@ -26,8 +26,14 @@ ACTIVE = ("pending", "running")
 _STATE_COLOURS = {"pending": "#b26a00", "running": "#1565c0", "succeeded": "#2e7d32",
                   "failed": "#c62828", "cancelled": "#616161"}
 COLUMNS = (("name", "Job", "14em"), ("state", "State", "6em"), ("gpus", "GPUs", "3.5em"),
-           ("position", "Queue", "3.5em"), ("elapsed", "Elapsed", "5em"),
-           ("attempt", "Attempt", "4em"), ("reason", "Reason", "22em"))
+           ("position", "Queue", "4em"), ("elapsed", "Elapsed", "5em"),
+           ("attempt", "Attempt", "5.5em"), ("reason", "Reason", "22em"))
+
+
+def _cell(width: str) -> widgets.Layout:
+    """A table cell that keeps its width: an HBox would shrink it below its title, and the
+    titles would run into each other."""
+    return widgets.Layout(width=width, min_width=width, flex="0 0 auto", overflow="hidden")
 
 
 # -- what to show: pure functions of the pool's answers ----------------------------------------
@@ -171,8 +177,7 @@ class _JobRow:
     """The widgets of one table row, kept across refreshes so that only values change."""
 
     def __init__(self, panel: "Panel", job_id: str):
-        self.cells = {key: widgets.HTML(layout=widgets.Layout(width=width))
-                      for key, _, width in COLUMNS}
+        self.cells = {key: widgets.HTML(layout=_cell(width)) for key, _, width in COLUMNS}
         self.cancel = widgets.Button(description="Cancel", tooltip=f"cancel job {job_id}",
                                      layout=widgets.Layout(width="5.5em"))
         self.logs = widgets.Button(description="Logs", tooltip=f"show the logs of job {job_id}",
@@ -219,8 +224,7 @@ class Panel(widgets.VBox):
         self.status = widgets.HTML("Asking the pool…")
         self.slice_line = widgets.HTML()
         self.quota_box = widgets.VBox()
-        header = [widgets.HTML(f"<b>{title}</b>", layout=widgets.Layout(width=width))
-                  for _, title, width in COLUMNS]
+        header = [widgets.HTML(f"<b>{title}</b>", layout=_cell(width)) for _, title, width in COLUMNS]
         self.header = widgets.HBox(header)
         self.jobs_box = widgets.VBox([self.header])
         self.logs = widgets.Output(layout=widgets.Layout(max_height="20em", overflow="auto"))
