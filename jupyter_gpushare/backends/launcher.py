@@ -10,7 +10,7 @@ node's first rank; this runs ``LOCAL_WORLD_SIZE`` copies of ARGV, each with its 
 ``LOCAL_RANK`` (``process_env``), and:
 
 - prefixes every line a rank prints with ``[rank N] `` on its own stdout (the pod's log), so
-  that each rank's output can be told apart again (``split``);
+  that each rank's output can be told apart again (``Splitter``);
 - passes SIGTERM (and SIGINT) on to the ranks: the container runtime signals only this process;
 - stops the gang when one rank fails: SIGTERM to the others, SIGKILL after the grace period,
   and exits with the first failure's status (128 + the signal number for a signal).
@@ -41,32 +41,72 @@ def exit_code(status):
     return 128 - code if code < 0 else code
 
 
+class Supervisor:
+    """The ranks of one node (``children``: pid -> rank) as one gang: when one fails (or is
+    killed), the others get SIGTERM, then SIGKILL after ``grace_s``. ``result`` is the wait
+    status and rank of the first failure, or ``(0, None)`` when every rank succeeded. Other
+    children (a container's PID 1 reaps orphans) are reaped and ignored."""
+
+    def __init__(self, children, grace_s, wait=os.waitpid):
+        self.left = dict(children)
+        self.grace_s = max(float(grace_s), 0.0)
+        self.failure = None
+        self.kill_at = None
+        self._wait = wait
+
+    @property
+    def done(self):
+        return not self.left
+
+    @property
+    def result(self):
+        return self.failure or (0, None)
+
+    def ended(self, pid, status):
+        rank = self.left.pop(pid, None)
+        if rank is not None and status != 0 and self.failure is None:
+            self.failure = (status, rank)
+            _signal(self.left, signal.SIGTERM)
+            self.kill_at = time.monotonic() + self.grace_s
+
+    def _kill_when_due(self):
+        if self.kill_at is not None and time.monotonic() >= self.kill_at:
+            _signal(self.left, signal.SIGKILL)
+            self.kill_at = float("inf")
+
+    def reap(self):
+        """Take note of the ranks that have ended, without waiting."""
+        while self.left:
+            try:
+                pid, status = self._wait(-1, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: nothing more to learn
+                self.left.clear()
+                break
+            if pid == 0:
+                break
+            self.ended(pid, status)
+        self._kill_when_due()
+
+    def wait(self):
+        """Until every rank has ended."""
+        while self.left:
+            if self.kill_at is None:
+                try:
+                    pid, status = self._wait(-1, 0)
+                except ChildProcessError:
+                    self.left.clear()
+                    break
+                self.ended(pid, status)
+            else:
+                self.reap()
+                if self.left:
+                    time.sleep(0.05)
+        return self.result
+
+
 def supervise(children, grace_s, wait=os.waitpid):
-    """Wait for ``children`` (pid -> rank) to end. When one fails (or is killed), SIGTERM the
-    others and SIGKILL them after ``grace_s``. Returns ``(wait status, rank)`` of the first
-    failure, or ``(0, None)`` when every rank succeeded. Other children (a container's PID 1
-    reaps orphans) are reaped and ignored."""
-    left = dict(children)
-    failure, kill_at = None, None
-    while left:
-        try:
-            pid, status = wait(-1, 0 if kill_at is None else os.WNOHANG)
-        except ChildProcessError:  # reaped elsewhere: nothing more to learn
-            break
-        if kill_at is not None and pid == 0:
-            if time.monotonic() >= kill_at:
-                _signal(left, signal.SIGKILL)
-                kill_at = float("inf")
-            time.sleep(0.05)
-            continue
-        rank = left.pop(pid, None)
-        if rank is None:
-            continue
-        if status != 0 and failure is None:
-            failure = (status, rank)
-            _signal(left, signal.SIGTERM)
-            kill_at = time.monotonic() + max(grace_s, 0.0)
-    return failure or (0, None)
+    """Wait for a node's ranks as one gang (``Supervisor``); its ``result``."""
+    return Supervisor(children, grace_s, wait).wait()
 
 
 def _signal(children, sig):
@@ -77,19 +117,26 @@ def _signal(children, sig):
             pass
 
 
-def split(data, rank, default_rank):
-    """One rank's lines from output prefixed by ``PREFIX``, without the prefix. Lines without
-    a prefix (this launcher's own) belong to ``default_rank``; an unfinished last line is left
-    for a later read."""
-    out = []
-    for line in data.splitlines(keepends=True):
-        if not line.endswith(b"\n"):
-            break
+class Splitter:
+    """Tells apart the ranks' lines of output prefixed by ``PREFIX``, as it streams in:
+    ``feed(data)`` returns ``[(rank, bytes)]`` for the whole lines it completes, without
+    their prefix. Lines without a prefix (this launcher's own) belong to ``default_rank``."""
+
+    def __init__(self, default_rank):
+        self.default_rank, self.rest = default_rank, b""
+
+    def feed(self, data):
+        *lines, self.rest = (self.rest + data).split(b"\n")
+        return [self._owner(line + b"\n") for line in lines]
+
+    def end(self):
+        """The unfinished last line, if any (the stream ended)."""
+        rest, self.rest = self.rest, b""
+        return [self._owner(rest + b"\n")] if rest else []
+
+    def _owner(self, line):
         m = _PREFIXED.match(line)
-        owner = int(m.group(1)) if m else default_rank
-        if owner == rank:
-            out.append(line[m.end():] if m else line)
-    return b"".join(out)
+        return (int(m.group(1)), line[m.end():]) if m else (self.default_rank, line)
 
 
 def _pump(pipe, rank, lock):

@@ -31,7 +31,7 @@ from traitlets import Bool, Float, Integer, List, Unicode, default, validate
 from .. import gpus as gpu_inventory
 from ..policy.model import GPU, Node, gpus_text
 from . import ranks, shim
-from .base import Backend, BackendError, Exit, Handle, Launch
+from .base import Backend, BackendError, Exit, Handle, Launch, private_dir
 
 SIMULATED_LABEL = "gpushare.io/simulated"
 ORPHAN_GRACE_S = 10.0
@@ -263,13 +263,13 @@ class LocalBackend(Backend):
         log_path = self.log_path(launch.job_id, launch.attempt, mine[0].rank)
         spec = {"user": account.name, "uid": account.uid if account.switch else None,
                 "gid": account.gid, "cwd": launch.workdir or account.home,
-                "checkpoint_dir": launch.checkpoint_dir,
+                "checkpoint_dir": launch.checkpoint_dir, "log_limit": self.log_limit,
                 "env": self._job_env(launch, account, uuids), "grace_s": self.grace_period,
                 "ranks": [{"rank": r.rank, "env": ranks.rank_env(lay, r, *master),
                            "log": self.log_path(launch.job_id, launch.attempt, r.rank)}
                           for r in mine]}
         try:
-            os.makedirs(self.state_dir, mode=0o700, exist_ok=True)
+            private_dir(self.state_dir)
             os.makedirs(os.path.dirname(pid_path), mode=0o700, exist_ok=True)
             for stale in (pid_path, exit_path):  # left by an earlier try of this very attempt
                 if os.path.lexists(stale):

@@ -1,14 +1,14 @@
 """Runs one attempt of a local train job and records how it ended.
 
     python -I shim.py EXITFILE -- ARGV...
-    stdin: {"user", "uid", "gid", "cwd", "checkpoint_dir", "env",
+    stdin: {"user", "uid", "gid", "cwd", "checkpoint_dir", "env", "log_limit",
             "ranks": [{"rank", "env", "log"}, ...], "grace_s"}
 
-One shim runs the ranks of one node of the gang: one, or one per GPU. Each rank is ARGV with
-``env`` and the rank's own variables, writing to its ``log`` (None: the shim's stdout). When
-one rank fails the others get SIGTERM, then SIGKILL after ``grace_s`` (``launcher.supervise``,
-loaded by path). EXITFILE gets ``{"returncode", "rank", "reason"}`` of the first failure
-(``reason``: why the command could not be run at all), or a returncode of 0.
+One shim runs the ranks of one node of a gang: one, or one per GPU. Each rank is ARGV with
+``env`` and the rank's own variables, its output relayed into its own ``log``. When one rank
+fails the others get SIGTERM, then SIGKILL after ``grace_s`` (``launcher.Supervisor``).
+EXITFILE gets ``{"returncode", "rank", "reason"}`` of the first rank that failed
+(``reason``: why its command could not be run at all), or a returncode of 0.
 
 The local backend starts this shim in a new session, so the shim's pid names the job's
 process group, and the job outlives a restart of the service: the end is written to EXITFILE
@@ -18,19 +18,32 @@ Why it looks like this:
 - Where the service is root, so is the shim (the user cannot kill it or forge its exit
   file); only the forked child switches to the user. So the shim runs by path with ``-I``
   and a clean environment, reads the job's identity, directory and environment from stdin,
-  and imports nothing but the standard library.
+  and imports nothing but the standard library (and ``logfile.py`` and ``launcher.py``
+  beside it).
+- Each rank's output comes to the shim through a pipe and goes to its log through
+  ``logfile.CappedLog``, so a job printing without end keeps only ``log_limit`` bytes.
 - The stop signal goes to the whole process group. The shim catches it (does nothing) so
   that it lives to record the exit; the child gets default dispositions back before exec.
 - When the command ends, what it left behind in the group is killed: a finished job must not
   hold GPUs.
 """
 
-import importlib.util
+import glob  # noqa: F401  for logfile, from the standard library before its folder is on the path
 import json
 import os
+import re  # noqa: F401  (the same)
+import select
 import signal
 import sys
+import time
 import warnings  # noqa: F401  os.get_exec_path imports it lazily; after setuid the stdlib may be unreadable
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # ours, root's
+import launcher  # noqa: E402
+import logfile  # noqa: E402
+
+sys.path.pop(0)
+STRAGGLERS_S = 2.0  # how long output is still read from processes that left the job's group
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 MAX_REASON = 1000  # bytes of the sentence on why the command could not be run
@@ -77,27 +90,12 @@ def signal_members(pgid, sig, spare=None):
     return found is not None
 
 
-def _launcher():
-    """launcher.py beside this file (``-I`` keeps this directory off ``sys.path``)."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launcher.py")
-    spec = importlib.util.spec_from_file_location("gpushare_launcher", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _run_child(argv, spec, env, log, said):
+def _run_child(argv, spec, said):
     """In the forked child: become the user, enter the directory, exec. Never returns. What
     stops it is written to the log and to ``said`` (closed by a successful exec), so the exit
     record carries the sentence, not only a code."""
-    step = "open its log"
+    step = "reset signals"
     try:
-        if log is not None:  # the service's file, opened before the switch to the user
-            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
-            os.dup2(fd, 1)
-            os.dup2(fd, 2)
-            os.close(fd)
-        step = "reset signals"
         for sig in signal.Signals:
             if sig not in (signal.SIGKILL, signal.SIGSTOP):
                 try:
@@ -117,7 +115,7 @@ def _run_child(argv, spec, env, log, said):
         step = f"enter the working directory {spec['cwd']}"
         os.chdir(spec["cwd"])
         step = f"run {argv[0]}"
-        os.execvpe(argv[0], argv, env)
+        os.execvpe(argv[0], argv, spec["env"])
     except BaseException as exc:
         reason = getattr(exc, "strerror", None) or exc
         sentence = f"cannot {step}: {reason}"
@@ -129,7 +127,7 @@ def _run_child(argv, spec, env, log, said):
         os._exit(127 if isinstance(exc, FileNotFoundError) and step.startswith("run") else 126)
 
 
-def _write_exit(path, returncode, rank=None, reason=""):
+def _write_exit(path, returncode, reason="", rank=None):
     tmp = f"{path}.tmp"
     record = {"returncode": returncode, "rank": rank}
     if reason:
@@ -157,26 +155,38 @@ def main(args):
     os.dup2(devnull, 0)
     os.close(devnull)
     sys.stderr.flush()
-    ranks = spec.get("ranks") or [{"rank": None, "env": {}, "log": None}]
-    children, heard = {}, {}
-    for rank in ranks:
+    # An older service's spec: one rank, logged to "log".
+    ranks = spec.get("ranks") or [{"rank": None, "env": {}, "log": spec.get("log")}]
+    children, heard, logs = {}, {}, {}
+    for i, rank in enumerate(ranks):
+        log = None
+        if rank.get("log"):  # the first one may hold the service's start-up message: kept
+            log = logfile.CappedLog(rank["log"], int(spec["log_limit"]), fresh=i > 0)
+            out, into = os.pipe()
         hear, said = os.pipe2(os.O_CLOEXEC)
         pid = os.fork()
         if pid == 0:
             os.close(hear)
-            _run_child(argv, spec, {**spec["env"], **rank["env"]}, rank.get("log"), said)
+            if log is not None:
+                os.dup2(into, 1)
+                os.dup2(into, 2)
+                os.close(into)
+                os.close(out)
+            _run_child(argv, {**spec, "env": {**spec["env"], **rank["env"]}}, said)
         os.close(said)
+        if log is not None:
+            os.close(into)
+            logs[out] = log
         children[pid], heard[pid] = rank["rank"], hear
-    reasons = {pid: _read_all(fd) for pid, fd in heard.items()}  # each ends at its exec
-    if len(children) == 1:
-        [(pid, rank)] = children.items()
-        _, status = os.waitpid(pid, 0)  # retried after our no-op signal handlers (PEP 475)
-    else:
-        status, rank = _launcher().supervise(children, float(spec.get("grace_s", 10)))
-        pid = next((p for p, r in children.items() if r == rank), None)
+    reasons = {pid: _read_all(fd) for pid, fd in heard.items()}  # each until its exec
+    gang = launcher.Supervisor(children, float(spec.get("grace_s", 10)))
+    _relay(logs, gang)
+    gang.wait()  # the ranks whose output ended before they did
+    status, rank = gang.result
     signal_members(os.getpgid(0), signal.SIGKILL, spare=os.getpid())
-    _write_exit(exit_path, os.waitstatus_to_exitcode(status), rank if status else None,
-                reasons.get(pid, "") if status else "")
+    failed = next((pid for pid, r in children.items() if r == rank), None) if status else None
+    _write_exit(exit_path, os.waitstatus_to_exitcode(status), reasons.get(failed, ""),
+                rank if status else None)
 
 
 def _read_all(fd):
@@ -192,6 +202,35 @@ def _read_all(fd):
                 break
             data += chunk
     return data.decode("utf-8", "replace")
+
+
+def _relay(logs, gang):
+    """Copy each rank's output to its log until every process that holds a pipe is gone,
+    reaping the ranks as they end (``gang`` stops the others when one fails). Once every
+    rank has ended, the rest of the group is killed, and output of processes outside it is
+    read for STRAGGLERS_S more."""
+    until = None
+    while logs:
+        ready, _, _ = select.select(list(logs), [], [], 0.2)
+        for out in ready:
+            data = os.read(out, 1 << 16)
+            if data:
+                logs[out].write(data)
+            else:
+                os.close(out)
+                logs.pop(out).close()
+        if not gang.done:
+            gang.reap()
+            if gang.done:
+                signal_members(os.getpgid(0), signal.SIGKILL, spare=os.getpid())
+                until = time.monotonic() + STRAGGLERS_S
+        elif until is None:
+            until = time.monotonic() + STRAGGLERS_S
+        elif time.monotonic() > until:
+            break
+    for out, log in logs.items():
+        os.close(out)
+        log.close()
 
 
 if __name__ == "__main__":

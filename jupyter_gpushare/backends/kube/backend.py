@@ -17,24 +17,27 @@ nodes, the namespace's pod events and the users' notebook pods. ``poll`` judges 
 from the cache (gang.py): every pod Succeeded → succeeded; the first pod Failed, deleted by
 someone else or on a node that left the pool ends the gang: the others are deleted with the
 grace period, and the attempt is reported failed (or lost: the service requeues) once no pod
-runs. Every pod's log is kept (logs.py) before the pods are deleted.
+runs. Each pod's log is followed into its ranks' capped logs while it runs and read from
+there (logs.py), so it outlives the pods.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import math
 import time
 
 from ...policy.model import GPU, Node, gpus_text
-from ..base import BackendError, Exit, Handle, Launch
+from .. import logfile
+from ..base import BackendError, Exit, Handle, Launch, private_dir
 from . import adoption
 from . import objects as k8s
 from .api import KubeAPI, KubeError, make_client
-from .gang import Gang, PodRanks, judge, pod_of_rank
-from .logs import PodLogs, rank_output
-from .options import KubernetesOptions
+from .gang import Gang, PodRanks, judge
+from .logs import PodLogs
+from .options import KubernetesOptions, user_names  # noqa: F401  (user_names: as before)
 from .podops import PodOps
 from .reflector import Reflector
 
@@ -63,8 +66,7 @@ class KubernetesBackend(KubernetesOptions):
     @property
     def logs(self) -> PodLogs:
         if self._logs is None:
-            self._logs = PodLogs(self.state_dir, self.namespace, self.grace_period + 60,
-                                 self.log)
+            self._logs = PodLogs(self.state_dir, self.namespace, self.log_limit, self.log)
         self._logs.api = self.api
         return self._logs
 
@@ -76,6 +78,7 @@ class KubernetesBackend(KubernetesOptions):
             self._ready_lock = asyncio.Lock()
         async with self._ready_lock:
             if self.api is None:
+                private_dir(self.state_dir)  # kept logs of every user's jobs
                 self.api = KubeAPI(await make_client(self.kubeconfig), self.api_retry_timeout,
                                    self.log)
                 self.ops = PodOps(self.api, self.namespace, self.api_retry_timeout, self.log)
@@ -154,6 +157,8 @@ class KubernetesBackend(KubernetesOptions):
                                "running.")
         self._check_placement(launch.placement)
         template, settings = self._template(launch.user), self.pod_settings()
+        if template.source == "configuration":
+            template = await self._own_claims(template, launch.user)
         build = functools.partial(k8s.job_pods, launch, template, settings)
         port = self.rendezvous_port
         if len(launch.placement) == 1:
@@ -174,6 +179,7 @@ class KubernetesBackend(KubernetesOptions):
         gang.created_at = time.monotonic()
         self._watched.update(gang.names)
         self._running[key] = gang
+        self._follow(gang)
         self.log.info("Started attempt %d of job %s: %d rank(s) in pod(s) %s (%s from the %s)",
                       launch.attempt, launch.job_id, gang.world_size, ", ".join(gang.names),
                       template.image, template.source)
@@ -209,6 +215,35 @@ class KubernetesBackend(KubernetesOptions):
                 return k8s.notebook_template(mine[0])
         return self.configured_template(user)
 
+    async def _own_claims(self, template: k8s.PodTemplate, user: str) -> k8s.PodTemplate:
+        """The configured volumes with each per-user claim replaced by the claim KubeSpawner
+        made for this user (verify_claims)."""
+        per_user = {v.get("name") for v in self.volumes
+                    if "{" in str((v.get("persistentVolumeClaim") or {}).get("claimName", ""))}
+        if not per_user or not self.verify_claims:
+            return template
+        try:
+            found = await self.api.json("list the home volume claims",
+                                        self.api.core.list_namespaced_persistent_volume_claim,
+                                        self.namespace, label_selector=k8s.HOME_CLAIMS)
+        except KubeError as e:
+            raise BackendError(f"The home volume claims cannot be listed ({e}); an "
+                               f"administrator must grant the rules of "
+                               f"hub_config/kubernetes-rbac.yaml.") from None
+        volumes = []
+        for volume in template.volumes:
+            if volume.get("name") in per_user:
+                wanted = volume["persistentVolumeClaim"]["claimName"]
+                claim = k8s.claim_of(found.get("items") or [], user, wanted)
+                if claim is None:
+                    raise BackendError("You have no home volume yet: KubeSpawner makes it when "
+                                       "your notebook server first starts; start it once, then "
+                                       "submit again.")
+                volume = {**volume, "persistentVolumeClaim": {
+                    **volume["persistentVolumeClaim"], "claimName": claim}}
+            volumes.append(volume)
+        return dataclasses.replace(template, volumes=tuple(volumes))
+
     def user_home(self, user: str) -> str | None:
         return self._template(user).working_dir
 
@@ -231,6 +266,7 @@ class KubernetesBackend(KubernetesOptions):
                 self._halt(gang, 0)
             return
         gang.created_at, gang.waiting = time.monotonic(), frozenset()
+        self._follow(gang)
         if gang.stopping or gang.failure is not None:  # stopped meanwhile: these too
             self._halt(gang, self.grace_period)
 
@@ -241,12 +277,11 @@ class KubernetesBackend(KubernetesOptions):
         if gang is None:
             return
         gang.stopping = True
-        self._halt(gang, max(0, math.ceil(grace_s)))
-        await asyncio.sleep(0)  # the log streams are asked for before the pods go
+        self._halt(gang, max(0, math.ceil(grace_s)))  # their logs are followed to the end
 
     def _halt(self, gang: Gang, grace: int) -> None:
-        """Delete every pod of the gang with ``grace``, following the logs of those that
-        still run to their end."""
+        """Delete every pod of the gang: those that run with ``grace`` (their logs are
+        followed to the end), those that ended once their logs are kept."""
         for i, (name, node) in enumerate(zip(gang.names, sorted(gang.placement))):
             pod = self.pods.objects.get(name)
             if name in gang.waiting or pod is None or name in self.ops.doomed:
@@ -254,16 +289,51 @@ class KubernetesBackend(KubernetesOptions):
             if self._node_gone(pod, node):  # no kubelet is left to wait for, nor a log
                 self.ops.doom(name, 0)
             elif k8s.pod_state(pod).phase in ("succeeded", "failed"):
-                gang.archivers.setdefault(i, self.ops.spawn(self._keep_and_delete(gang, i)))
+                gang.keepers.setdefault(i, self.ops.spawn(self._keep_and_delete(gang, i)))
             else:
-                gang.archivers.setdefault(i, self.ops.spawn(self.logs.follow(gang.key, i, name)))
                 self.ops.doom(name, grace)
+
+    def _follow(self, gang: Gang) -> None:
+        """Follow every pod's log into its ranks' logs while the gang lives."""
+        for i, pod in enumerate(gang.pods):
+            if i not in gang.followers and pod.name not in gang.waiting:
+                gang.followers[i] = self.ops.spawn(self.logs.follow(
+                    gang.key, pod, functools.partial(self._container_done, gang, i)))
+
+    def _container_done(self, gang: Gang, index: int) -> bool | None:
+        """Whether a pod's container has ended (True), the pod is gone (False), or it is
+        still to be followed (None: it runs, or starts, or the watch has not shown it)."""
+        name = gang.names[index]
+        if name in gang.waiting:  # not created yet
+            return False if gang.stopping or gang.failure is not None else None
+        pod = self.pods.objects.get(name)
+        if pod is not None:
+            return True if k8s.pod_state(pod).phase in ("succeeded", "failed") else None
+        if name in self._ended:
+            return True
+        if gang.key in self._running and name not in self._seen:
+            return None  # created; the watch has not shown it yet
+        # deleted: by our stop (its log ran to the end), or by someone else
+        return gang.stopping or gang.failure is not None
+
+    async def _kept(self, gang: Gang, index: int) -> None:
+        """The pod's log whole in its ranks' logs: followed to its end, else read again."""
+        followed = False
+        task = gang.followers.get(index)
+        if task is not None:  # its last words may be on their way
+            try:
+                await asyncio.wait_for(asyncio.shield(task), ARCHIVE_WAIT_S)
+                followed = task.result()
+            except (asyncio.TimeoutError, Exception):
+                task.cancel()
+        if not followed and gang.names[index] in self.pods.objects:
+            await self.logs.archive(gang.key, gang.pods[index])
 
     async def _keep_and_delete(self, gang: Gang, index: int) -> None:
         """An ended pod of a gang that stops: its log first, then the pod."""
         name = gang.names[index]
         self.ops.doomed[name] = (0, time.monotonic())  # not deleted twice meanwhile
-        await self.logs.archive(gang.key, index, name)
+        await self._kept(gang, index)
         self.ops.doom(name, 0)
 
     async def poll(self) -> list[Exit]:
@@ -284,12 +354,11 @@ class KubernetesBackend(KubernetesOptions):
                               gang.attempt, gang.job_id, gang.failure.reason)
                 self._halt(gang, self.grace_period)
         for gang, exit in ended:
-            self.logs.record_exit(gang.key, exit, gang.pods)
+            self.logs.record_exit(gang.key, exit)
             for name in gang.names:
                 self._ended.pop(name, None)
                 self._seen.discard(name)
                 self._watched.discard(name)
-                self.logs.forget(name)
             # Reported at once; the logs are kept and the pods deleted meanwhile.
             self._winding[gang.key] = self.ops.spawn(self._wind_up(gang))
         self.ops.retry_deletions(self.pods)
@@ -326,16 +395,14 @@ class KubernetesBackend(KubernetesOptions):
     async def _wind_up(self, gang: Gang) -> None:
         """Keep every pod's log, then delete what is left of the pods and the rendezvous."""
         try:
-            async def keep(i, name):
-                task = gang.archivers.get(i)
-                if task is not None:  # a stopped pod's last words may be on their way
-                    try:
-                        await asyncio.wait_for(asyncio.shield(task), ARCHIVE_WAIT_S)
-                    except (asyncio.TimeoutError, Exception):
-                        pass
-                elif name in self.pods.objects:
-                    await self.logs.archive(gang.key, i, name)
-            await asyncio.gather(*(keep(i, name) for i, name in enumerate(gang.names)))
+            async def keep(i):
+                keeper = gang.keepers.get(i)
+                if keeper is not None:
+                    await asyncio.wait_for(asyncio.shield(keeper), ARCHIVE_WAIT_S + 60)
+                else:
+                    await self._kept(gang, i)
+            await asyncio.gather(*(keep(i) for i in range(len(gang.pods))),
+                                 return_exceptions=True)
             for name in gang.names:
                 pod = self.pods.objects.get(name)
                 if pod is not None and name not in self.ops.doomed:
@@ -354,6 +421,7 @@ class KubernetesBackend(KubernetesOptions):
         for gang in plan.gangs:
             self._running[gang.key] = gang
             self._watched.update(gang.names)
+            self._follow(gang)
         for key, name, index in plan.clean:
             self.ops.spawn(self._clean_up(key, name, index))
         for name in plan.orphans:
@@ -362,8 +430,9 @@ class KubernetesBackend(KubernetesOptions):
         return plan.exits
 
     async def _clean_up(self, key, name: str, index: int | None) -> None:
-        if index is not None:
-            await self.logs.archive(key, index, name)
+        pod = self.pods.objects.get(name)
+        if index is not None and pod is not None:
+            await self.logs.archive(key, PodRanks.of_pod(pod, index))
         self.ops.doom(name, 0)
 
     # --- what the service shows ---
@@ -396,27 +465,15 @@ class KubernetesBackend(KubernetesOptions):
 
     # --- logs ---
 
-    async def read_log(self, job_id: str, attempt: int, offset: int = 0,
-                       rank: int = 0) -> bytes:
-        key = (job_id, attempt)
-        winding = self._winding.get(key)
+    async def read_log_from(self, job_id: str, attempt: int, offset: int = 0,
+                            size: int = logfile.READ_CHUNK, rank: int = 0) -> tuple[int, bytes]:
+        winding = self._winding.get((job_id, attempt))
         if winding is not None:  # just ended: its logs are being kept
             try:
                 await asyncio.wait_for(asyncio.shield(winding), 10)
             except (asyncio.TimeoutError, Exception):
                 pass
-        gang = self._running.get(key)
-        found = pod_of_rank(gang.pods if gang else self.logs.kept_layout(key), rank)
-        if found is None:
-            return b""
-        index, pod = found
-        if gang is None or index in gang.archivers:  # kept, or being kept while it stops
-            data = self.logs.read_kept(key, index)
-        elif pod.name in gang.waiting:
-            return b""
-        else:
-            data = await self.logs.read_live(pod.name)
-        return rank_output(data, pod, rank)[offset:]
+        return self.logs.read((job_id, attempt), rank, offset, size)
 
     async def shutdown(self) -> None:
         # Jobs keep running; deletions not done yet are the restarted service's to repeat.

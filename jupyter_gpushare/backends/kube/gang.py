@@ -67,7 +67,8 @@ class Gang:
     later: Callable[[str], list[dict]] | None = None  # rank 0's IP -> their manifests
     stopping: bool = False
     failure: Exit | None = None  # the first rank that ended badly: the others are stopping
-    archivers: dict[int, asyncio.Task] = field(default_factory=dict)  # pod index -> follower
+    followers: dict[int, asyncio.Task] = field(default_factory=dict)  # pod index -> its log
+    keepers: dict[int, asyncio.Task] = field(default_factory=dict)  # ended pods: log, delete
 
     @property
     def key(self):
@@ -85,13 +86,6 @@ class Gang:
         return {"namespace": namespace, "pods": list(self.names),
                 "ranks": [p.record() for p in self.pods], "placement": dict(self.placement),
                 "rendezvous": self.rendezvous}
-
-
-def pod_of_rank(pods: Sequence[PodRanks], rank: int) -> tuple[int, PodRanks] | None:
-    for i, pod in enumerate(pods):
-        if pod.first <= rank <= pod.last:
-            return i, pod
-    return None
 
 
 def judge(gang: Gang, states: Sequence[PodState]) -> Exit | None:

@@ -1,37 +1,38 @@
-"""The logs and exit records of job pods: read from the API while an attempt runs, kept in
-``state_dir`` when it ends, so that they outlive the pods.
+"""The logs and exit records of job pods, kept in ``state_dir`` so that they outlive the pods.
 
-Per attempt, ``state_dir/<job>/`` holds ``<attempt>.log`` (rank 0's pod's log, as ever),
-``<attempt>.pod<N>.log`` (the pod of node rank N), and ``<attempt>.exit``: how the attempt
-ended, with its pods' ranks (``gang.PodRanks``), written before its pods are deleted. A pod's
-log is read once when it ended by itself, or followed to the end while a stop's grace period
-runs. A per-GPU pod's log holds all its ranks' lines (``launcher.split`` tells them apart).
+Each pod's log is followed from the API into the capped logs of its ranks while it runs
+(``logfile.CappedLog``: at most ``log_limit`` bytes each, the beginning and the latest
+output), and read from there. Per attempt, ``state_dir/<job>/`` holds one log per rank
+(``ranks.log_name``: ``<attempt>.log`` is rank 0's) and ``<attempt>.exit``, how the attempt
+ended, written before its pods are deleted. A per-GPU pod's log holds all its ranks' lines,
+each after ``[rank N] `` (``launcher.Splitter`` sends each to its rank's log). A follow that
+breaks (the API server restarts, a read timeout) starts again from the beginning of the pod's
+log, which rewrites the same bytes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
-import time
+from typing import Callable
 
-from .. import launcher
+from .. import launcher, logfile
 from ..base import Exit
+from ..ranks import log_name
 from .api import KubeAPI, KubeError
-from .gang import PodRanks, layout_of
+from .gang import PodRanks
 from .objects import label_value
 
-LOG_CACHE_S = 0.5
+FOLLOW_READ_TIMEOUT_S = 600  # a silent job's log is followed anew after this
 
 
 class PodLogs:
-    def __init__(self, state_dir: str, namespace: str, follow_timeout_s: float,
-                 log: logging.Logger):
-        self.state_dir, self.namespace = state_dir, namespace
-        self.follow_timeout_s = follow_timeout_s
+    def __init__(self, state_dir: str, namespace: str, log_limit: int, log: logging.Logger):
+        self.state_dir, self.namespace, self.log_limit = state_dir, namespace, log_limit
         self.log = log
         self.api: KubeAPI | None = None  # set once the backend is connected
-        self._cache: dict[str, tuple[float, bytes]] = {}
 
     # -- files ----------------------------------------------------------------------------
 
@@ -39,103 +40,114 @@ class PodLogs:
         job_id, attempt = key
         return os.path.join(self.state_dir, label_value(job_id), f"{int(attempt)}.{kind}")
 
-    def pod_path(self, key, index: int) -> str:
-        return self.path(key, "log" if index == 0 else f"pod{int(index)}.log")
+    def rank_path(self, key, rank: int) -> str:
+        job_id, attempt = key
+        return os.path.join(self.state_dir, label_value(job_id), log_name(attempt, rank))
 
-    def write(self, path: str, data: bytes) -> None:
+    def record_exit(self, key, exit: Exit) -> None:
+        path = self.path(key, "exit")
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         tmp = path + ".tmp"
-        with open(tmp, "wb") as f:
-            f.write(data)
+        with open(tmp, "w") as f:
+            json.dump({"state": exit.state, "exit_code": exit.exit_code,
+                       "reason": exit.reason}, f)
         os.replace(tmp, path)
 
-    def record_exit(self, key, exit: Exit, pods) -> None:
-        self.write(self.path(key, "exit"), json.dumps({
-            "state": exit.state, "exit_code": exit.exit_code, "reason": exit.reason,
-            "pods": [p.record() for p in pods]}).encode())
-
-    def _exit_record(self, key) -> dict | None:
+    def read_exit(self, key) -> Exit | None:
         try:
             with open(self.path(key, "exit")) as f:
                 record = json.load(f)
-            return record if isinstance(record, dict) else None
-        except (OSError, ValueError):
-            return None
-
-    def read_exit(self, key) -> Exit | None:
-        record = self._exit_record(key)
-        try:
             return Exit(*key, record["state"], record.get("exit_code"), record.get("reason", ""))
-        except (TypeError, KeyError):
+        except (OSError, ValueError, KeyError, TypeError):
             return None
 
-    def kept_layout(self, key) -> tuple[PodRanks, ...]:
-        """The pods of an ended attempt (an older record: rank 0's pod only)."""
-        record = self._exit_record(key) or {}
-        try:
-            return layout_of(record.get("pods")) or (PodRanks("", 0),)
-        except (TypeError, ValueError, KeyError):
-            return (PodRanks("", 0),)
+    def read(self, key, rank: int, offset: int, size: int) -> tuple[int, bytes]:
+        return logfile.read(self.rank_path(key, rank), offset, size)
 
-    def read_kept(self, key, index: int) -> bytes:
-        try:
-            with open(self.pod_path(key, index), "rb") as f:
-                return f.read()
-        except OSError:
-            return b""
+    def _sink(self, key, pod: PodRanks) -> "_Sink":
+        os.makedirs(os.path.dirname(self.rank_path(key, 0)), mode=0o700, exist_ok=True)
+        return _Sink({r: logfile.CappedLog(self.rank_path(key, r), self.log_limit)
+                      for r in range(pod.first, pod.last + 1)},
+                     launcher.Splitter(pod.first) if pod.prefixed else None)
 
     # -- from the API ---------------------------------------------------------------------
 
-    async def archive(self, key, index: int, pod: str) -> None:
-        """Keep a pod's whole log, read once (not again if it is kept already)."""
-        path = self.pod_path(key, index)
-        if os.path.exists(path):
-            return
-        try:
-            data = await self.api.raw(f"read the log of {pod}",
-                                      self.api.core.read_namespaced_pod_log, pod,
-                                      self.namespace, retry_s=5)
-        except KubeError as e:
-            data = f"[gpushare: the log could not be read from Kubernetes: {e}]\n".encode()
-        self.write(path, data)
+    async def follow(self, key, pod: PodRanks, done: Callable[[], bool | None]) -> bool:
+        """The pod's log into its ranks' capped logs while it runs; True once its container
+        has ended and the log is whole. ``done()`` says whether the container has ended
+        (True), the pod is gone (False) or it is still to be followed (None). Until the
+        container starts, and after a broken stream, it asks again (from the beginning)."""
+        pause = 0.2
+        while True:
+            try:
+                response = await self.api.core.read_namespaced_pod_log(
+                    pod.name, self.namespace, follow=True, _preload_content=False,
+                    _request_timeout=(10, FOLLOW_READ_TIMEOUT_S))
+                try:
+                    if response.status == 200:
+                        sink = self._sink(key, pod)
+                        try:
+                            async for chunk in response.content.iter_any():
+                                sink.write(chunk)
+                        finally:
+                            sink.close()
+                        pause = 0.2
+                finally:
+                    response.release()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # the log is kept as far as it came; ask again
+                self.log.debug("Following the log of %s broke off: %s", pod.name, e)
+            ended = done()
+            if ended is not None:
+                return ended and os.path.exists(self.rank_path(key, pod.first))
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 5.0)
 
-    async def follow(self, key, index: int, pod: str) -> None:
-        """A pod's log to its file until the container ends (a stop's grace period)."""
-        path = self.pod_path(key, index)
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    async def archive(self, key, pod: PodRanks) -> None:
+        """The pod's whole log into its ranks' capped logs (anew: a follower may have left
+        part of it), streamed, never in memory whole."""
+        sink = self._sink(key, pod)
         try:
             response = await self.api.core.read_namespaced_pod_log(
-                pod, self.namespace, follow=True, _preload_content=False,
-                _request_timeout=(10, self.follow_timeout_s))
+                pod.name, self.namespace, _preload_content=False, _request_timeout=(10, 60))
             try:
                 if response.status != 200:
-                    return
-                with open(path, "wb") as f:
-                    async for chunk in response.content.iter_any():
-                        f.write(chunk)
-                        f.flush()
+                    raise KubeError(response.status, "", (await response.text())[:300])
+                async for chunk in response.content.iter_any():
+                    sink.write(chunk)
             finally:
                 response.release()
-        except Exception as e:  # the log is kept as far as it came
-            self.log.info("Following the log of %s stopped: %s", pod, e)
-
-    async def read_live(self, pod: str) -> bytes:
-        """A running pod's log so far (read at most every LOG_CACHE_S for all readers)."""
-        cached = self._cache.get(pod)
-        if cached is None or time.monotonic() - cached[0] > LOG_CACHE_S:
-            try:
-                data = await self.api.raw(f"read the log of {pod}",
-                                          self.api.core.read_namespaced_pod_log, pod,
-                                          self.namespace, retry_s=2)
-            except KubeError:  # not started yet (400), or the API is away: nothing new
-                return cached[1] if cached else b""
-            cached = self._cache[pod] = (time.monotonic(), data)
-        return cached[1]
-
-    def forget(self, pod: str) -> None:
-        self._cache.pop(pod, None)
+        except Exception as e:  # kept as far as it came, and said so
+            sink.note(f"\n[gpushare: the log could not be read from Kubernetes: "
+                      f"{str(e).splitlines()[0] if str(e) else type(e).__name__}]\n".encode())
+        finally:
+            sink.close()
 
 
-def rank_output(data: bytes, pod: PodRanks, rank: int) -> bytes:
-    """One rank's output from its pod's log."""
-    return launcher.split(data, rank, pod.first) if pod.prefixed else data
+class _Sink:
+    """Where a pod's log goes: its rank's capped log, or, from a per-GPU pod, each line to
+    the capped log of the rank that printed it."""
+
+    def __init__(self, logs: dict[int, logfile.CappedLog], splitter: launcher.Splitter | None):
+        self.logs, self.splitter = logs, splitter
+        self.first = min(logs)
+
+    def write(self, data: bytes) -> None:
+        if self.splitter is None:
+            self.logs[self.first].write(data)
+            return
+        for rank, line in self.splitter.feed(data):
+            self.logs.get(rank, self.logs[self.first]).write(line)
+
+    def note(self, data: bytes) -> None:
+        """Something every rank of the pod should read."""
+        for log in self.logs.values():
+            log.write(data)
+
+    def close(self) -> None:
+        if self.splitter is not None:
+            for rank, line in self.splitter.end():
+                self.logs.get(rank, self.logs[self.first]).write(line)
+        for log in self.logs.values():
+            log.close()

@@ -72,10 +72,28 @@ class KubernetesOptions(Backend):
         """).tag(config=True)
 
     volumes = List(Dict(), help="""
-        Volumes of job pods when the user has no notebook pod, as in a pod spec;
-        {username} is KubeSpawner's escaped user name, so
+        Volumes of job pods when the user has no notebook pod, as in a pod spec; {username}
+        is the user's name as KubeSpawner writes it under slug_scheme ({safe_username},
+        {escaped_username} and {unescaped_username} too), so
         [{"name": "home", "persistentVolumeClaim": {"claimName": "claim-{username}"}}]
-        names zero-to-jupyterhub's home volume.
+        names zero-to-jupyterhub's home volume. A claim whose name depends on the user is
+        mounted only if KubeSpawner made it for that very user (see verify_claims).
+        """).tag(config=True)
+
+    slug_scheme = Enum(["safe", "escape"], "safe", help="""
+        How {username} is written in volumes and volume_mounts: as the hub's
+        c.KubeSpawner.slug_scheme does ("safe", KubeSpawner 7's default, or "escape", the
+        scheme of KubeSpawner < 7). The two can name different users alike, so this must be
+        the hub's.
+        """).tag(config=True)
+
+    verify_claims = Bool(True, help="""
+        Mount a home volume claim whose name depends on the user only if it is KubeSpawner's
+        claim for that very user (its annotation hub.jupyter.org/username, on a claim of the
+        user's default server), whatever its name: under another slug scheme, or kept from
+        KubeSpawner < 7, a name made from a template can be another user's claim. A user
+        without one is told to start their notebook server once. Off: trust the names
+        volumes expand to.
         """).tag(config=True)
 
     volume_mounts = List(Dict(), help="""
@@ -169,7 +187,7 @@ class KubernetesOptions(Backend):
 
     def configured_template(self, user: str) -> k8s.PodTemplate:
         """A job pod's template when the user has no notebook pod to take it from."""
-        names = _user_names(user)
+        names = user_names(user, self.slug_scheme)
         return k8s.PodTemplate(
             image=self.image, working_dir=self.home_dir,
             volumes=tuple(k8s.expand(self.volumes, **names)),
@@ -178,7 +196,12 @@ class KubernetesOptions(Backend):
             security_context=dict(self.security_context))
 
 
-def _user_names(user: str) -> dict[str, str]:
-    """What {username} means in KubeSpawner's templates (its safe slug), and the name."""
-    from kubespawner.slugs import safe_slug  # imported when needed: it loads KubeSpawner
-    return {"username": safe_slug(user), "unescaped_username": user}
+def user_names(user: str, scheme: str = "safe") -> dict[str, str]:
+    """The names KubeSpawner's templates know for the user's default server, as its
+    ``_expand_user_properties`` makes them under ``scheme``."""
+    from kubespawner.slugs import escape_slug, safe_slug  # when needed: it loads KubeSpawner
+    safe, escaped = safe_slug(user, max_length=48), escape_slug(user)
+    username = safe if scheme == "safe" else escaped
+    return {"username": username, "unescaped_username": user, "safe_username": safe,
+            "escaped_username": escaped, "servername": "", "user_server": username,
+            "safe_user_server": safe, "escaped_user_server": escaped}
