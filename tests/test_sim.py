@@ -126,3 +126,25 @@ def test_nodes_cover_the_capacity():
     nodes = make_nodes(20, 8)
     assert [n.gpus for n in nodes] == [8, 8, 4]
     assert len({n.name for n in nodes}) == 3
+
+
+@pytest.mark.parametrize("claim_at, outcome", [(80, "finished"), (50, "requeued")])
+def test_a_victim_whose_work_ends_within_its_grace_finishes_and_is_never_rerun(claim_at,
+                                                                               outcome):
+    # A borrows both GPUs for 100 s; B claims its quota at claim_at with a 30 s grace. At 80
+    # A's work ends (at 100) within the grace: it exits 0 by itself and has finished, as the
+    # service records it (tests/test_pool_loop.py). At 50 the grace ends first: requeued.
+    jobs = [tj("a", 0, 100, 2, "A"), tj("b", claim_at, 10, 2, "B")]
+    summary, events = simulate(jobs, {"A": 0, "B": 2}, capacity=2, grace_s=30,
+                               checkpoint_interval_s=0)
+    starts = [(e["job"], e["attempt"]) for e in events if e["event"] == "start"]
+    assert summary["preemptions"] == 1
+    if outcome == "finished":
+        assert starts == [("a", 1), ("b", 1)]
+        assert summary["finished_while_preempted"] == 1 and summary["lost_gpu_hours"] == 0
+        finish = {e["job"]: e["t"] for e in events if e["event"] == "finish"}
+        assert finish["a"] == 100
+    else:
+        assert starts == [("a", 1), ("b", 1), ("a", 2)]
+        assert summary["finished_while_preempted"] == 0
+        assert summary["lost_gpu_hours"] == pytest.approx(2 * 80 / 3600, abs=0.01)

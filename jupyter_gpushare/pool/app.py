@@ -222,14 +222,17 @@ class PoolService(Application):
         return sum(n.milli for n in self.backend.nodes() if n.pool == TRAIN)
 
     # -- what handlers call ---------------------------------------------------------------
-    def submit(self, user: str, project: ProjectRow, spec: dict) -> JobRow:
+    def submit(self, user: str, project: ProjectRow, spec: dict) -> tuple[JobRow, bool]:
+        """Store a checked job spec; ``(job, created)``: a spec whose ``request_id`` the user
+        already submitted gets that job back, and no second one is made."""
         command = spec["command"] or [self.python, "-c", spec["source"]]
-        row = self.store.add_job(time.time(), user=user, project=project.name, name=spec["name"],
-                                 gpus=spec["gpus"], priority=spec["priority"], command=command,
-                                 env=spec["env"], workdir=spec.get("workdir"),
-                                 checkpoint_dir="")
-        self.scheduler.wake()
-        return row
+        row, created = self.store.add_job_once(
+            time.time(), spec.get("request_id"), user=user, project=project.name,
+            name=spec["name"], gpus=spec["gpus"], priority=spec["priority"], command=command,
+            env=spec["env"], workdir=spec.get("workdir"), checkpoint_dir="")
+        if created:
+            self.scheduler.wake()
+        return row, created
 
     def create_project(self, name: str, fields: dict) -> ProjectRow:
         row = ProjectRow(name=name, **{"quota": 0, "groups": [name], "over_quota_weight": 1,

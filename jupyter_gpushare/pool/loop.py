@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from ..backends.base import Backend, BackendError, Exit, Handle
 from ..policy import JobState, Node, PolicyConfig, Project, Snapshot, TrainJob, cycle
+from ..policy.outcome import FAILED, PREEMPTED, SUCCEEDED, after_stop
 from .models import JobRow
 from .store import Store
 
@@ -147,8 +148,20 @@ class Scheduler:
             if row.cancel_requested:
                 self.store.finish(row.id, now, "cancelled", ex.exit_code, "cancelled by its user")
             elif row.preempting:
-                self.store.requeue(row.id, now, "preempted",
-                                   "preempted; requeued to resume from its checkpoint")
+                # Ended during its grace period: by our stop (requeued), or by itself
+                # (finished by its exit code, never run again): policy/outcome.py.
+                outcome = PREEMPTED if ex.state == "lost" else after_stop(ex.exit_code)
+                if outcome == PREEMPTED:
+                    self.store.requeue(row.id, now, "preempted",
+                                       "preempted; requeued to resume from its checkpoint",
+                                       ex.exit_code)
+                elif outcome == SUCCEEDED:
+                    self.store.finish(row.id, now, SUCCEEDED, 0,
+                                      "finished by itself while being preempted")
+                else:
+                    self.store.finish(row.id, now, FAILED, ex.exit_code,
+                                      f"exited with code {ex.exit_code} while being preempted "
+                                      f"(a stopped job exits 143 to be resumed)")
             elif ex.state == "lost":
                 self.store.requeue(row.id, now, "lost", ex.reason or "its process vanished")
             else:

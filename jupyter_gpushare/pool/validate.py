@@ -6,12 +6,15 @@ import re
 
 from ..policy.model import GPU
 
-JOB_FIELDS = {"project", "gpus", "command", "source", "name", "priority", "env", "workdir"}
+JOB_FIELDS = {"project", "gpus", "command", "source", "name", "priority", "env", "workdir",
+              "request_id"}
 PROJECT_FIELDS = {"quota", "over_quota_weight", "limit", "priority", "groups"}
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RESERVED_ENV = ("GPUSHARE_", "JUPYTERHUB_", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
                  "NVIDIA_VISIBLE_DEVICES")
 _PROJECT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+MAX_GPUS = 1_000_000
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}\Z")
 
 
 class Invalid(ValueError):
@@ -43,6 +46,8 @@ def _gpus_amount(value, name: str) -> int:
         raise Invalid(f"{name} must be a number of GPUs, not {value!r}")
     if value < 0 or value != value or value in (float("inf"),):
         raise Invalid(f"{name} must be 0 or more GPUs, not {value!r}")
+    if value > MAX_GPUS:  # beyond any pool, and beyond what the store's integers hold
+        raise Invalid(f"{name} must be at most {MAX_GPUS:,} GPUs, not {value!r}")
     milli = round(value * GPU)
     if abs(milli - value * GPU) > 1e-6:
         raise Invalid(f"{name} has more than three decimals ({value!r}); GPUs are counted "
@@ -95,9 +100,19 @@ def job_spec(body) -> dict:
                                 or "\0" in workdir or len(workdir) > 4096):
         raise Invalid(f"workdir must be an absolute path like /home/you/project, not "
                       f"{workdir!r}; leave it out to run in your home directory")
+    key = body.get("request_id")
     return {"gpus": gpus * GPU, "command": command, "source": source, "name": name,
             "priority": priority, "env": dict(env), "project": body.get("project"),
-            "workdir": workdir}
+            "workdir": workdir, "request_id": None if key is None else request_id(key)}
+
+
+def request_id(value) -> str:
+    """A client-chosen key that makes a retried submit return the job the first try made
+    (the ``Idempotency-Key`` header or the ``request_id`` field), e.g. a UUID."""
+    if not isinstance(value, str) or not _REQUEST_ID.match(value):
+        raise Invalid(f"request_id (or the Idempotency-Key header) must be 1 to 64 letters, "
+                      f"digits, '.', '_', ':' or '-', such as a UUID, not {value!r}")
+    return value
 
 
 def project_update(body, current: dict | None) -> dict:

@@ -431,8 +431,10 @@ class KubernetesBackend(Backend):
         states = [self._pod_state(a, name) for name in a.pods]
         phases = {s.phase for s in states}
         if a.stopping:
+            if phases == {"succeeded"}:  # every pod finished by itself within the grace
+                return Exit(a.job_id, a.attempt, "succeeded", 0)
             if phases <= {"gone", "succeeded", "failed"}:  # no pod holds GPUs any more
-                code = next((s.exit_code for s in states if s.exit_code is not None), None)
+                code = next((s.exit_code for s in states if s.exit_code), None)
                 return Exit(a.job_id, a.attempt, "failed", code, "stopped")
             return None
         failed = [s for s in states if s.phase == "failed"]
