@@ -23,6 +23,7 @@ from .client import (ACTIVE_STATES, FINAL_STATES, InvalidInput, NoCredentials, P
 _OPTION = {"gpus": "--gpus", "priority": "--priority", "name": "--name", "env": "--env",
            "project": "--project"}
 POLL_S = 5.0  # the most seconds between looks at a pending job while waiting for it
+RETRY_S = 60.0  # how long reads and submits keep trying while the service restarts
 STATES = ACTIVE_STATES + FINAL_STATES
 _NO_COMMAND = "give the command to run after --, e.g. gpushare submit --gpus 2 -- python train.py"
 
@@ -35,6 +36,11 @@ def add_pool_commands(sub) -> None:
     connection.add_argument("--token", metavar="TOKEN", help="a JupyterHub API token (default: "
                             "$JUPYTERHUB_API_TOKEN, which is better: options show in the process "
                             "list)")
+    connection.add_argument("--retry", type=argument_type(_retry), default=RETRY_S,
+                            metavar="SECONDS", help="while the pool service is not answering "
+                            "(it restarts within seconds), keep trying reads and submits this "
+                            f"long (default {RETRY_S:g}; 0: fail at once); a submit is never "
+                            "made twice")
     as_json = argparse.ArgumentParser(add_help=False)
     as_json.add_argument("--json", action="store_true", help="print JSON for scripts")
 
@@ -88,6 +94,16 @@ def add_pool_commands(sub) -> None:
     p.set_defaults(func=cmd_pool)
 
 
+def _retry(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 3600:
+        raise InvalidInput("retry", f"must be 0 to 3600 seconds, not {text!r}")
+    return value
+
+
 def _attempt(text):
     if not text.isdigit() or int(text) < 1:
         raise InvalidInput("attempt", f"must be 1 or more, not {text!r}")
@@ -104,7 +120,10 @@ def _pool_command(run):
     """Give ``run(args, client)`` a client and turn the client's errors into one line."""
     @functools.wraps(run)
     def command(args):
-        client = PoolClient(args.url or None, args.token or None)
+        client = PoolClient(args.url or None, args.token or None, retry_s=args.retry,
+                            on_retry=lambda sentence: print(f"gpushare {args.command}: "
+                                                            f"{sentence}", file=sys.stderr,
+                                                            flush=True))
         try:
             return run(args, client)
         except InvalidInput as e:

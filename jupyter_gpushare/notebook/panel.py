@@ -209,10 +209,10 @@ class Panel(widgets.VBox):
                  server: PoolClient | None | bool = True, max_jobs: int = 20, **kwargs):
         if not interval > 0:
             raise ValueError(f"interval must be a number of seconds above 0, not {interval!r}")
-        self.client = client or PoolClient(timeout=10.0)
+        self.client = client or PoolClient(timeout=10.0, retry_s=0)  # it polls anyway
         if server is True:
             url = server_url()
-            server = PoolClient(url, timeout=5.0) if url else None
+            server = PoolClient(url, timeout=5.0, retry_s=0) if url else None
         self.server = server or None
         self.interval = interval
         self.max_jobs = max_jobs

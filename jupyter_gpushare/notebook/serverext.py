@@ -62,6 +62,12 @@ class GPUShareExtension(LoggingConfigurable):
         Seconds to wait for the pool to connect and answer (followed logs excepted).
         """).tag(config=True)
 
+    retry_timeout = Float(10.0, min=0.0, help="""
+        Seconds a read or a submit keeps trying while the pool service is not answering (it
+        is back within seconds of a crash), before the browser gets a 502. Submits carry the
+        browser's Idempotency-Key (or one made here), so a retry never makes a second job.
+        """).tag(config=True)
+
     max_log_followers = Integer(16, min=1, help="""
         Streams of followed logs (GET api/jobs/{id}/logs?follow=1) this server serves at once;
         each holds a thread until its job's attempt ends. More are refused with a 503.
@@ -94,7 +100,9 @@ class GPUShareExtension(LoggingConfigurable):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.client = PoolClient(self.pool_url or None, self.pool_token or None,
-                                 timeout=self.request_timeout)
+                                 timeout=self.request_timeout, retry_s=self.retry_timeout,
+                                 on_retry=lambda sentence: self.log.warning("gpushare: %s",
+                                                                            sentence))
         self.executor = ThreadPoolExecutor(8, thread_name_prefix="gpushare-pool")
         self.following = 0  # streams of followed logs now
         self._following_lock = threading.Lock()
@@ -239,7 +247,8 @@ class JobsHandler(GPUShareHandler):
             spec = json.loads(self.request.body or b"null")
         except ValueError as e:
             raise Failed(400, f"the body is not valid JSON ({e})") from None
-        self.reply(await self.pool(lambda c: c.submit(spec)), 201)
+        key = self.request.headers.get("Idempotency-Key") or None
+        self.reply(await self.pool(lambda c: c.submit(spec, request_id=key)), 201)
 
 
 class JobHandler(GPUShareHandler):

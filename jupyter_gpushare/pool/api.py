@@ -128,6 +128,7 @@ class PoolHandler(HubAuthenticated, web.RequestHandler):
             out["command"] = row.command
             out["env"] = row.env
             out["workdir"] = row.workdir
+            out["request_id"] = row.request_id
         return out
 
     @staticmethod
