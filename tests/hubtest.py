@@ -44,7 +44,7 @@ c.JupyterHub.load_roles = [
 ]
 c.JupyterHub.services = [
     {{"name": "gpushare", "url": "http://127.0.0.1:{service_port}",
-      "command": [sys.executable, "-m", "jupyter_gpushare.pool",
+      "command": [sys.executable, "-m", "jupyter_gpushare.pool.supervisor",
                   "--PoolService.config_file={dir}/gpushare_config.py",
                   "--PoolService.state_dir={dir}/pool"]}},
     {{"name": "tester", "api_token": "{tester_token}"}},
@@ -156,8 +156,16 @@ class Hub:
         return self.request(method, self.pool_url + path, token, body, raw)
 
     def service_pids(self) -> list[int]:
-        out = subprocess.run(["pgrep", "-f", f"PoolService.state_dir={self.dir}/pool"],
-                             capture_output=True, text=True).stdout
+        """The pool service's process (not its supervisor, which starts it again)."""
+        return self._pids(rf"-m jupyter_gpushare\.pool --PoolService\.config_file={self.dir}/")
+
+    def supervisor_pids(self) -> list[int]:
+        return self._pids(rf"-m jupyter_gpushare\.pool\.supervisor --PoolService\.config_file="
+                          rf"{self.dir}/")
+
+    @staticmethod
+    def _pids(pattern: str) -> list[int]:
+        out = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout
         return [int(p) for p in out.split()]
 
     def wait_job(self, user: str, job_id: str, states, timeout: float = 60) -> dict:

@@ -7,8 +7,10 @@ or command-line options; every option has a help text (``--help-all``).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import pwd
+import signal
 import time
 from pathlib import Path
 from urllib.parse import urlparse
@@ -98,6 +100,10 @@ class PoolService(Application):
                                       "directory of a job, the same for all its attempts; "
                                       "{home} is the user's home, {user} and {job_id} too.").tag(config=True)
 
+    @default("log_level")
+    def _log_level(self):
+        return logging.INFO  # start, adoption and stop are worth a line in the hub's log
+
     @default("state_dir")
     def _state_dir(self):
         return str(Path("gpushare-state").resolve())
@@ -162,6 +168,7 @@ class PoolService(Application):
             preempt_within_project=self.preempt_within_project,
             reclaim_fair_share=self.reclaim_fair_share),
             self.grace_period, self.launch_for, self.log)
+        self.scheduler.explained.nodes = self.backend.nodes()  # api/pool before the first cycle
         self.directory = HubDirectory(os.environ.get("JUPYTERHUB_API_URL", ""),
                                       os.environ.get("JUPYTERHUB_API_TOKEN", ""))
 
@@ -265,18 +272,30 @@ class PoolService(Application):
         asyncio.run(self._serve())
 
     async def _serve(self):
+        """Answer the API at once; adopt what still runs in the background (the scheduling
+        loop starts with it); stop cleanly on SIGTERM or SIGINT, leaving jobs running."""
         url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
-        await self.scheduler.reconcile()
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
         app = self.make_app()
-        app.listen(url.port, self.ip or url.hostname)
+        server = app.listen(url.port, self.ip or url.hostname)
+        nodes = self.backend.nodes()
         self.log.info("gpushare pool service on %s:%s, train pool of %g GPUs%s", url.hostname,
-                      url.port, self.train_capacity() / GPU,
-                      " (simulated)" if any(n.labels.get("gpushare.io/simulated")
-                                            for n in self.backend.nodes()) else "")
-        try:
-            await self.scheduler.run(self.cycle_interval)
-        finally:
-            await self.backend.shutdown()
+                      url.port, sum(n.milli for n in nodes if n.pool == TRAIN) / GPU,
+                      " (simulated)" if any(n.labels.get(SIMULATED_LABEL) for n in nodes)
+                      else "")
+        scheduling = asyncio.create_task(self.scheduler.run(self.cycle_interval))
+        stopped = asyncio.create_task(stop.wait())
+        await asyncio.wait([scheduling, stopped], return_when=asyncio.FIRST_COMPLETED)
+        server.stop()
+        scheduling.cancel()
+        await asyncio.gather(scheduling, return_exceptions=True)
+        await self.backend.shutdown()
+        running = sum(1 for row in self.store.active() if row.state == "running")
+        self.log.info("gpushare pool service stopped; %d running job(s) go on and are adopted "
+                      "at its next start", running)
 
 
 def main(argv=None):

@@ -46,10 +46,18 @@ class Scheduler:
         self._wake.set()
 
     async def run(self, interval_s: float, exit_poll_s: float = 0.1) -> None:
-        """A cycle every ``interval_s``, or at once when woken. Between cycles the backend is
-        asked every ``exit_poll_s`` whether attempts ended (cheap), so a finished job is
-        recorded, and its GPUs given out, without waiting for the next cycle."""
+        """First ``reconcile`` (the API answers meanwhile), then a cycle every
+        ``interval_s``, or at once when woken. Between cycles the backend is asked every
+        ``exit_poll_s`` whether attempts ended (cheap), so a finished job is recorded, and
+        its GPUs given out, without waiting for the next cycle."""
         loop = asyncio.get_running_loop()
+        while True:
+            try:
+                await self.reconcile()
+                break
+            except Exception:  # the store or the platform is not there yet: try again
+                self.log.exception("adopting running jobs failed; trying again")
+                await asyncio.sleep(interval_s)
         while True:
             try:
                 await self.tick()
@@ -76,7 +84,12 @@ class Scheduler:
         return bool(exits)
 
     async def reconcile(self) -> None:
-        """After a restart: adopt what still runs, requeue what died (attempt + 1)."""
+        """After a restart: adopt what still runs, requeue what died (attempt + 1). Holds the
+        lock, so a cancel that comes meanwhile waits for it."""
+        async with self._lock:
+            await self._reconcile()
+
+    async def _reconcile(self) -> None:
         handles = []
         for row in self.store.active():
             if row.state != "running":
