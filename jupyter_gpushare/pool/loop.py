@@ -94,11 +94,9 @@ class Scheduler:
         for row in self.store.active():
             if row.state != "running":
                 continue
-            if not row.handle:  # recorded as started, but the backend never took it
-                self.store.requeue(row.id, time.time(), "lost",
-                                   "the service stopped while starting it")
-                continue
-            handles.append(Handle(row.id, row.attempt, row.handle))
+            # A start whose handle was never stored (the service died while starting it):
+            # the backend looks for it by job and attempt, else it is lost and requeued.
+            handles.append(Handle(row.id, row.attempt, row.handle or {}))
         exits = await self.backend.adopt(handles)
         self._apply_exits(exits, time.time())
         for row in self.store.active():  # stops asked for before the restart, asked again

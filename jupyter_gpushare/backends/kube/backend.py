@@ -525,6 +525,8 @@ class KubernetesBackend(Backend):
             if recorded is not None:
                 exits.append(recorded)
             elif not pods or h.data.get("namespace", self.namespace) != self.namespace:
+                # e.g. the service died while starting it: any pods it made are deleted below
+                named.discard(key)
                 exits.append(Exit(*key, "lost", reason="its record does not name its pods"))
             elif not any(p in self.pods.objects for p in pods):
                 exits.append(Exit(*key, "lost", reason="its pods are gone"))
