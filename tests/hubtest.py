@@ -165,7 +165,7 @@ class Hub:
 
     @staticmethod
     def _pids(pattern: str) -> list[int]:
-        out = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout
+        out = subprocess.run(["pgrep", "-f", "--", pattern], capture_output=True, text=True).stdout
         return [int(p) for p in out.split()]
 
     def wait_job(self, user: str, job_id: str, states, timeout: float = 60) -> dict:
