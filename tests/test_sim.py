@@ -6,7 +6,7 @@ import json
 import pytest
 
 from jupyter_gpushare.policy import Snapshot
-from jupyter_gpushare.policy.model import GPU
+from jupyter_gpushare.policy.model import DEFAULT_MIN_RUNTIME_S, GPU, PolicyConfig
 from jupyter_gpushare.sim.engine import SimConfig, Simulator, make_nodes
 from jupyter_gpushare.sim.metrics import percentile, summarize
 from jupyter_gpushare.sim.trace import TraceJob, apportion, read_quotas, read_trace
@@ -104,15 +104,22 @@ def test_json_has_every_contract_key(example):
     assert summary["completed"] == summary["jobs"] == 375
 
 
-def test_guarantee_holds_on_a_slice_of_philly(philly):
+@pytest.mark.parametrize("min_runtime", [0.0, DEFAULT_MIN_RUNTIME_S, 300.0])
+def test_guarantee_holds_on_a_slice_of_philly(philly, min_runtime):
+    # The bound: one cycle plus the grace period, plus the minimum runtime.
     trace, quotas = philly
     jobs = read_trace(trace)[:3000]
-    run = Simulator(jobs, apportion(read_quotas(quotas), 256), SimConfig(256)).run()
+    config = SimConfig(256, cycle_interval_s=1.0,
+                       policy_config=PolicyConfig(min_runtime_s=min_runtime))
+    run = Simulator(jobs, apportion(read_quotas(quotas), 256), config).run()
     summary = summarize(run)
     assert summary["completed"] == 3000
     assert summary["preemptions"] > 0  # contention happened ...
     assert summary["within_quota_preemptions"] == 0  # ... and the guarantee held
-    assert summary["p99_reclaim_s"] <= SimConfig(256).grace_s + SimConfig(256).cycle_interval_s
+    bound = config.grace_s + config.cycle_interval_s + min_runtime
+    assert max(run.reclaim_s) <= bound
+    if min_runtime >= 60:  # no attempt younger than the minimum is ever preempted
+        assert summary["preemptions_under_60s"] == 0
 
 
 def test_percentile_nearest_rank():

@@ -25,7 +25,7 @@ from .. import gpus as gpu_inventory
 from ..backends.base import Backend, Launch
 from ..backends.local import SIMULATED_LABEL, LocalBackend
 from ..policy import SliceRefused, place_slice
-from ..policy.model import BUILD, GPU, TRAIN, Node, PolicyConfig, Slice
+from ..policy.model import BUILD, DEFAULT_MIN_RUNTIME_S, GPU, TRAIN, Node, PolicyConfig, Slice
 from .api import routes
 from .directory import HubDirectory
 from .loop import Scheduler
@@ -76,7 +76,12 @@ class PoolService(Application):
                            "also runs one at once.").tag(config=True)
     grace_period = Float(30.0, help="Seconds a preempted or cancelled job gets between "
                          "SIGTERM and SIGKILL, to write a checkpoint.").tag(config=True)
-    min_runtime = Float(0.0, help="Seconds a job runs before it may be preempted.").tag(config=True)
+    min_runtime = Float(DEFAULT_MIN_RUNTIME_S, help="Seconds a job runs before it may be "
+                        "preempted, so that a job that borrowed an idle GPU is not stopped "
+                        "again and again right after it starts (thrash). A job within quota "
+                        "waits at most this long more for its GPUs: the guarantee is one "
+                        "cycle plus the grace period plus min_runtime. 0 turns it off."
+                        ).tag(config=True)
     reserve_after = Float(1800.0, help="Seconds a job waits before nodes are reserved for it, "
                           "so a stream of small jobs cannot starve a large gang.").tag(config=True)
     preempt_within_project = Bool(False, help="Let a higher-priority job preempt lower-priority "

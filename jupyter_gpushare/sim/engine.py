@@ -53,6 +53,7 @@ class JobRecord:
     attempt_start: float | None = None
     finish: float | None = None
     preemptions: int = 0
+    young_preemptions: int = 0  # of attempts that had run less than a minute: thrash
     lost_gpu_s: float = 0.0
     allocated_gpu_s: float = 0.0
     claim_since: float | None = None  # when GPUs were first reclaimed for its guarantee
@@ -262,6 +263,7 @@ class Simulator:
             self.within_quota += 1
         self.usage[job.project] -= job.gpus
         rec.preemptions += 1
+        rec.young_preemptions += t - rec.attempt_start < 60
         self.active.put(replace(job, preempting=True))
         # A job whose work ends within the grace period finishes (its FINISH event comes
         # first); only one still running when the grace ends is released and requeued.
