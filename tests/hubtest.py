@@ -156,8 +156,10 @@ class Hub:
         return self.request(method, self.pool_url + path, token, body, raw)
 
     def service_pids(self) -> list[int]:
-        """The pool service's process (not its supervisor, which starts it again)."""
-        return self._pids(rf"-m jupyter_gpushare\.pool --PoolService\.config_file={self.dir}/")
+        """The pool service's process: not its supervisor, which starts it again, nor the
+        spare the supervisor keeps waiting (started after it: the younger one)."""
+        found = self._pids(rf"-m jupyter_gpushare\.pool --PoolService\.config_file={self.dir}/")
+        return sorted(found, key=_started)[:1]
 
     def supervisor_pids(self) -> list[int]:
         return self._pids(rf"-m jupyter_gpushare\.pool\.supervisor --PoolService\.config_file="
@@ -190,6 +192,15 @@ def running_hub(directory: Path, groups: dict[str, list[str]], pool_config: str,
         yield hub
     finally:
         hub.stop()
+
+
+def _started(pid: int) -> int:
+    """When a process started, in clock ticks since boot (field 22 of /proc/PID/stat)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return 1 << 62
 
 
 def _descendants(pid: int) -> list[int]:

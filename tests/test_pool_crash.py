@@ -19,6 +19,6 @@ def test_two_crashes_under_load_lose_nothing_and_run_nothing_twice(tmp_path):
                                    rng=random.Random(13))
     finally:
         shutil.rmtree(markers, ignore_errors=True)
-    assert len(run.accepted) >= 40, "too few submits to mean anything"
+    assert len(run.accepted) >= 20, "too few submits to mean anything"
     assert run.problems == []
     assert len(run.downtimes) == 2 and max(run.downtimes) < 10.0, run.downtimes
