@@ -16,14 +16,14 @@ import sys
 import time
 
 from .cli import CommandError, UsageError
-from .client import (ACTIVE_STATES, FINAL_STATES, InvalidInput, NoCredentials, PoolClient,
-                     PoolError, PoolUnreachable, add_job_options, argument_type, job_spec)
+from .client import (ACTIVE_STATES, DEFAULT_RETRY_S, FINAL_STATES, InvalidInput, NoCredentials,
+                     PoolClient, PoolError, PoolUnreachable, add_job_options, argument_type,
+                     job_spec)
 
 # The option that gives each job-spec field, for sentences about a bad value.
 _OPTION = {"gpus": "--gpus", "priority": "--priority", "name": "--name", "env": "--env",
            "project": "--project"}
 POLL_S = 5.0  # the most seconds between looks at a pending job while waiting for it
-RETRY_S = 60.0  # how long reads and submits keep trying while the service restarts
 STATES = ACTIVE_STATES + FINAL_STATES
 _NO_COMMAND = "give the command to run after --, e.g. gpushare submit --gpus 2 -- python train.py"
 
@@ -36,11 +36,11 @@ def add_pool_commands(sub) -> None:
     connection.add_argument("--token", metavar="TOKEN", help="a JupyterHub API token (default: "
                             "$JUPYTERHUB_API_TOKEN, which is better: options show in the process "
                             "list)")
-    connection.add_argument("--retry", type=argument_type(_retry), default=RETRY_S,
-                            metavar="SECONDS", help="while the pool service is not answering "
-                            "(it restarts within seconds), keep trying reads and submits this "
-                            f"long (default {RETRY_S:g}; 0: fail at once); a submit is never "
-                            "made twice")
+    connection.add_argument("--retry", type=argument_type(_retry), metavar="SECONDS",
+                            help="while the pool service is not answering (it restarts within "
+                            "seconds), keep trying reads and submits this long (default "
+                            f"$GPUSHARE_RETRY, else {DEFAULT_RETRY_S:g}; 0: fail at once); a "
+                            "submit is never made twice")
     as_json = argparse.ArgumentParser(add_help=False)
     as_json.add_argument("--json", action="store_true", help="print JSON for scripts")
 

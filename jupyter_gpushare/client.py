@@ -30,6 +30,8 @@ from . import __version__
 URL_VARIABLE = "GPUSHARE_URL"
 TOKEN_VARIABLE = "JUPYTERHUB_API_TOKEN"
 EXAMPLE_URL = "http://127.0.0.1:8000/services/gpushare/"
+RETRY_VARIABLE = "GPUSHARE_RETRY"  # seconds reads and submits keep trying (default 60)
+DEFAULT_RETRY_S = 60.0
 RETRY_PAUSE_MAX_S = 2.0  # longest pause between two tries while the service is away
 ACTIVE_STATES = ("pending", "running")
 FINAL_STATES = ("succeeded", "failed", "cancelled")
@@ -277,16 +279,17 @@ class PoolClient:
     """
 
     def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0,
-                 retry_s: float = 60.0, on_retry: Callable[[str], None] | None = None):
+                 retry_s: float | None = None, on_retry: Callable[[str], None] | None = None):
         """``retry_s``: how long reads and submits keep trying while the service cannot be
         reached (a restart takes a few seconds), with a pause that grows from 0.1 s to
-        ``RETRY_PAUSE_MAX_S``; 0 tries once. ``on_retry(sentence)`` hears, once per outage,
-        that the service is not answering and is being tried again."""
+        ``RETRY_PAUSE_MAX_S``; 0 tries once; default ``$GPUSHARE_RETRY``, else 60.
+        ``on_retry(sentence)`` hears, once per outage, that the service is not answering
+        and is being tried again."""
         self._url_from = "the URL" if url else URL_VARIABLE
         self._url = url if url else os.environ.get(URL_VARIABLE, "")
         self._token = token if token else os.environ.get(TOKEN_VARIABLE, "")
         self.timeout = timeout
-        self.retry_s = retry_s
+        self.retry_s = _retry_from_environment() if retry_s is None else retry_s
         self.on_retry = on_retry
         self._opener = urllib.request.build_opener(_NoRedirect())
 
@@ -522,6 +525,14 @@ class PoolClient:
     def _not_the_service(self, what: str) -> str:
         return (f"{display_url(self.url)} {what}; is {self._url_from} the pool service's "
                 f"address, like {EXAMPLE_URL}?")
+
+
+def _retry_from_environment() -> float:
+    try:
+        value = float(os.environ.get(RETRY_VARIABLE, DEFAULT_RETRY_S))
+    except ValueError:
+        return DEFAULT_RETRY_S
+    return value if 0 <= value <= 3600 else DEFAULT_RETRY_S
 
 
 def _segment(value) -> str:
