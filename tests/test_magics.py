@@ -36,6 +36,7 @@ c.LocalBackend.simulated_gpus_per_node = 4
 c.PoolService.projects = {{"vision": {{"quota": 2, "groups": ["vision"]}},
                           "nlp": {{"quota": 2, "groups": ["nlp"]}}}}
 c.PoolService.grace_period = 3
+c.PoolService.min_runtime = 0  # preempt at once: these tests watch preemption
 """
 # carol is in two projects, dave in none.
 GROUPS = {"vision": ["alice", "carol"], "nlp": ["bob", "carol"], "others": ["dave"]}

@@ -21,6 +21,7 @@ c.PoolService.projects = {"vision": {"quota": 2, "groups": ["vision"]},
                           "nlp": {"quota": 2, "groups": ["nlp"]}}
 c.PoolService.cycle_interval = 0.2
 c.PoolService.grace_period = 3
+c.PoolService.min_runtime = 0  # preempt at once: these tests watch preemption
 c.LocalBackend.simulated_nodes = 1
 c.LocalBackend.simulated_gpus_per_node = 4
 c.LocalBackend.env_keep = ["LANG", "LC_ALL"]  # the root service's PATH is not the users'
@@ -205,7 +206,7 @@ def test_not_json_and_oversized_bodies(hub):
 @pytest.mark.parametrize("path, method", [("api/jobs", "POST"), ("api/projects/nlp", "PUT"),
                                           ("api/slices", "POST")])
 @pytest.mark.parametrize("raw, words", [
-    (b'{"gpus": 1, "name": "\xff\xfe"}', "not UTF-8 text (byte 22 is not)"),
+    (b'{"gpus": 1, "name": "\xff\xfe"}', "not UTF-8 text (byte 21 is not)"),
     (b"\xef\xbb\xbf{}", "not valid JSON"),  # a byte-order mark is not JSON
     (b"[" * 100_000, "nests deeper than 32 levels"),  # beyond Python's recursion limit
     (b"[" * 40 + b"]" * 40, "nests deeper than 32 levels"),
