@@ -48,9 +48,11 @@ def main():
     quotas = apportion(read_quotas(args.quotas), args.capacity)
     results = {}
     for policy in ("guaranteed", "static", "fifo"):
+        # The baselines never preempt: a minimum runtime means nothing to them.
+        min_runtime = args.min_runtime if policy == "guaranteed" else 0.0
         run = Simulator(jobs, quotas, SimConfig(
             args.capacity, policy=policy, cycle_interval_s=10,
-            policy_config=PolicyConfig(min_runtime_s=args.min_runtime))).run()
+            policy_config=PolicyConfig(min_runtime_s=min_runtime))).run()
         results[policy] = summarize(run)
         print(f"{policy}: done in {results[policy]['wall_s']} s", file=sys.stderr)
     print(f"{len(jobs):,} jobs of {Path(args.trace).name} on {args.capacity} GPUs, "
