@@ -90,8 +90,8 @@ def test_sigterm_stops_cleanly_with_one_line_and_status_0(service):
     assert proc.wait(20) == 0
     log = text(proc)
     assert "Traceback" not in log and "CancelledError" not in log, log
-    stopped = [line for line in log.splitlines() if "stopped" in line]
-    assert len(stopped) == 1 and "adopted at its next start" in stopped[0], log
+    stopped = [line for line in log.splitlines() if "Stopping on" in line]
+    assert len(stopped) == 1 and "adopted when the service starts again" in stopped[0], log
 
 
 def test_the_supervisor_starts_a_killed_service_again_at_once(service):
@@ -117,7 +117,7 @@ def test_the_supervisor_starts_a_killed_service_again_at_once(service):
             assert time.monotonic() < deadline, f"{pid} still runs"
             time.sleep(0.05)
     assert "Traceback" not in text(supervisor)
-    assert text(supervisor).count("gpushare pool service stopped") == 1
+    assert text(supervisor).count("Stopping on SIGTERM") == 1
 
 
 def test_the_service_dies_with_a_killed_supervisor(service):

@@ -247,6 +247,13 @@ class JobsHandler(GPUShareHandler):
             spec = json.loads(self.request.body or b"null")
         except ValueError as e:
             raise Failed(400, f"the body is not valid JSON ({e})") from None
+        # A job from the Lab dialog runs with this server's PATH, as one sent from its
+        # terminals or kernels does; the pool checks everything else.
+        if isinstance(spec, dict) and os.environ.get("PATH"):
+            env = spec.setdefault("env", {})
+            if isinstance(env, dict):
+                env.setdefault("PATH", os.environ["PATH"])
+        # The browser's key, so that its retries and ours make one job between them.
         key = self.request.headers.get("Idempotency-Key") or None
         self.reply(await self.pool(lambda c: c.submit(spec, request_id=key)), 201)
 

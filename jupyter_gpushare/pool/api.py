@@ -123,6 +123,10 @@ class PoolHandler(HubAuthenticated, web.RequestHandler):
             "preempting": bool(row.preempting),
             "queue_position": ex.positions.get(row.id) if row.state == "pending" else None,
             "reason": self.why_text(row, ex),
+            # Why this is not the first attempt ("preempted; requeued to resume ..."), for
+            # front ends that follow a job across attempts.
+            "requeued": (row.message or None) if row.attempt > 1 and row.state in
+            ("pending", "running") else None,
         }
         if full:
             out["command"] = row.command

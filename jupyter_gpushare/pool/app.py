@@ -31,6 +31,7 @@ from .directory import HubDirectory
 from .loop import Scheduler
 from .models import JobRow, ProjectRow
 from .store import Store
+from .sweep import release_stale
 
 
 BACKENDS = {"local": "jupyter_gpushare.backends.local.LocalBackend",
@@ -107,7 +108,7 @@ class PoolService(Application):
 
     @default("log_level")
     def _log_level(self):
-        return logging.INFO  # start, adoption and stop are worth a line in the hub's log
+        return logging.INFO  # as JupyterHub's own: what the service did is worth a line
 
     @default("state_dir")
     def _state_dir(self):
@@ -281,9 +282,10 @@ class PoolService(Application):
         loop starts with it); stop cleanly on SIGTERM or SIGINT, leaving jobs running."""
         url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
         loop = asyncio.get_running_loop()
-        stop = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+        stopping: asyncio.Future = loop.create_future()
+        for sig in (signal.SIGINT, signal.SIGTERM):  # the hub sends SIGINT, then SIGTERM
+            loop.add_signal_handler(sig, lambda s=sig: stopping.done() or
+                                    stopping.set_result(signal.Signals(s).name))
         app = self.make_app()
         server = app.listen(url.port, self.ip or url.hostname)
         nodes = self.backend.nodes()
@@ -291,16 +293,27 @@ class PoolService(Application):
                       url.port, sum(n.milli for n in nodes if n.pool == TRAIN) / GPU,
                       " (simulated)" if any(n.labels.get(SIMULATED_LABEL) for n in nodes)
                       else "")
-        scheduling = asyncio.create_task(self.scheduler.run(self.cycle_interval))
-        stopped = asyncio.create_task(stop.wait())
-        await asyncio.wait([scheduling, stopped], return_when=asyncio.FIRST_COMPLETED)
-        server.stop()
-        scheduling.cancel()
-        await asyncio.gather(scheduling, return_exceptions=True)
-        await self.backend.shutdown()
-        running = sum(1 for row in self.store.active() if row.state == "running")
-        self.log.info("gpushare pool service stopped; %d running job(s) go on and are adopted "
-                      "at its next start", running)
+        # Slices the spawners of a stopping hub could not release (the hub stops its
+        # services first) are released now, in the background (sweep.py).
+        sweeping = asyncio.ensure_future(release_stale(
+            self.store, os.environ.get("JUPYTERHUB_API_URL", ""),
+            os.environ.get("JUPYTERHUB_API_TOKEN", ""), self.log))
+        sweeping.add_done_callback(lambda f: f.cancelled() or f.exception() is None or
+                                   self.log.error("Releasing stale build slices failed: %s",
+                                                  f.exception()))
+        # The loop adopts what still runs first (reconcile), while the API already answers.
+        running = asyncio.ensure_future(self.scheduler.run(self.cycle_interval))
+        try:
+            await asyncio.wait([running, stopping], return_when=asyncio.FIRST_COMPLETED)
+            if stopping.done():
+                self.log.info("Stopping on %s; running jobs go on and are adopted when the "
+                              "service starts again", stopping.result())
+        finally:
+            server.stop()
+            for task in (running, sweeping):
+                task.cancel()
+            await asyncio.gather(running, sweeping, return_exceptions=True)
+            await self.backend.shutdown()
 
 
 def main(argv=None):

@@ -81,6 +81,9 @@ SPEC = {
                     "exit_code": {"type": "integer", "nullable": True},
                     "placement": {"type": "object", "additionalProperties": {"type": "number"}},
                     "preempting": {"type": "boolean"},
+                    "requeued": {"type": "string", "nullable": True,
+                                 "description": "while a later attempt waits or runs: why "
+                                 "the one before it ended (preempted or lost)"},
                     "command": {"type": "array", "items": {"type": "string"},
                                 "description": "only for the job's owner and admins"},
                     "env": {"type": "object", "description": "only for the owner and admins"},
