@@ -17,8 +17,9 @@ import sys
 import time
 
 from .cli import CommandError, UsageError
-from .client import (ACTIVE_STATES, FINAL_STATES, InvalidInput, NoCredentials, PoolClient,
-                     PoolError, PoolUnreachable, add_job_options, argument_type, job_spec)
+from .client import (ACTIVE_STATES, DEFAULT_RETRY_S, FINAL_STATES, InvalidInput, NoCredentials,
+                     PoolClient, PoolError, PoolUnreachable, add_job_options, argument_type,
+                     job_spec)
 
 # The option that gives each job-spec field, for sentences about a bad value.
 _OPTION = {"gpus": "--gpus", "priority": "--priority", "name": "--name", "env": "--env",
@@ -36,6 +37,11 @@ def add_pool_commands(sub) -> None:
     connection.add_argument("--token", metavar="TOKEN", help="a JupyterHub API token (default: "
                             "$JUPYTERHUB_API_TOKEN, which is better: options show in the process "
                             "list)")
+    connection.add_argument("--retry", type=argument_type(_retry), metavar="SECONDS",
+                            help="while the pool service is not answering (it restarts within "
+                            "seconds), keep trying reads and submits this long (default "
+                            f"$GPUSHARE_RETRY, else {DEFAULT_RETRY_S:g}; 0: fail at once); a "
+                            "submit is never made twice")
     as_json = argparse.ArgumentParser(add_help=False)
     as_json.add_argument("--json", action="store_true", help="print JSON for scripts")
 
@@ -89,6 +95,16 @@ def add_pool_commands(sub) -> None:
     p.set_defaults(func=cmd_pool)
 
 
+def _retry(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 3600:
+        raise InvalidInput("retry", f"must be 0 to 3600 seconds, not {text!r}")
+    return value
+
+
 def _attempt(text):
     if not text.isdigit() or int(text) < 1:
         raise InvalidInput("attempt", f"must be 1 or more, not {text!r}")
@@ -105,7 +121,10 @@ def _pool_command(run):
     """Give ``run(args, client)`` a client and turn the client's errors into one line."""
     @functools.wraps(run)
     def command(args):
-        client = PoolClient(args.url or None, args.token or None)
+        client = PoolClient(args.url or None, args.token or None, retry_s=args.retry,
+                            on_retry=lambda sentence: print(f"gpushare {args.command}: "
+                                                            f"{sentence}", file=sys.stderr,
+                                                            flush=True))
         try:
             return run(args, client)
         except InvalidInput as e:

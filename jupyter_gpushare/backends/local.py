@@ -238,7 +238,8 @@ class LocalBackend(Backend):
             attempt = _Attempt(launch.job_id, launch.attempt, proc.pid, stat and stat[2], devices,
                                exit_path, log_path, proc)
             _write_json(pid_path, {"job_id": launch.job_id, "attempt": launch.attempt,
-                                   "pgid": attempt.pgid, "start": attempt.start})
+                                   "pgid": attempt.pgid, "start": attempt.start,
+                                   "devices": devices})
         except OSError as exc:
             _signal_group(proc.pid, None, signal.SIGKILL)
             proc.wait()
@@ -303,8 +304,10 @@ class LocalBackend(Backend):
             key = (handle.job_id, handle.attempt)
             if key in self._running:
                 continue
+            data = handle.data
+            if "pgid" not in data:  # the service died before it stored the handle
+                data = self._record_of(*key) or data
             try:
-                data = handle.data
                 running = _Attempt(handle.job_id, handle.attempt, int(data["pgid"]),
                                    data.get("start"),
                                    {n: list(u) for n, u in dict(data["devices"]).items()},
@@ -328,6 +331,20 @@ class LocalBackend(Backend):
                                  key[1], key[0])
                 self._stop_group(record["pgid"], record.get("start"), ORPHAN_GRACE_S, [])
         return exits
+
+    def _record_of(self, job_id: str, attempt: int) -> dict | None:
+        """What this backend wrote when it started the attempt, as a handle's data."""
+        if not _SAFE_ID.match(job_id):
+            return None
+        pid_path, exit_path, log_path = self._paths(job_id, attempt)
+        try:
+            with open(pid_path) as f:
+                record = json.load(f)
+            return {"pgid": int(record["pgid"]), "start": record.get("start"),
+                    "devices": record.get("devices") or {}, "exit": exit_path, "log": log_path}
+        except (OSError, ValueError, KeyError, TypeError):
+            # No record: never started, or its exit was already reported and forgotten.
+            return None
 
     def _records(self) -> list[dict]:
         """The process records of attempts whose end has not been reported yet."""

@@ -64,6 +64,12 @@ class GPUShareExtension(LoggingConfigurable):
         Seconds to wait for the pool to connect and answer (followed logs excepted).
         """).tag(config=True)
 
+    retry_timeout = Float(10.0, min=0.0, help="""
+        Seconds a read or a submit keeps trying while the pool service is not answering (it
+        is back within seconds of a crash), before the browser gets a 502. Submits carry the
+        browser's Idempotency-Key (or one made here), so a retry never makes a second job.
+        """).tag(config=True)
+
     max_log_followers = Integer(16, min=1, help="""
         Streams of followed logs (GET api/jobs/{id}/logs?follow=1) this server serves at once;
         each holds a thread until its job's attempt ends. More are refused with a 503.
@@ -96,7 +102,9 @@ class GPUShareExtension(LoggingConfigurable):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.client = PoolClient(self.pool_url or None, self.pool_token or None,
-                                 timeout=self.request_timeout)
+                                 timeout=self.request_timeout, retry_s=self.retry_timeout,
+                                 on_retry=lambda sentence: self.log.warning("gpushare: %s",
+                                                                            sentence))
         self.executor = ThreadPoolExecutor(8, thread_name_prefix="gpushare-pool")
         self.following = 0  # streams of followed logs now
         self._following_lock = threading.Lock()
@@ -259,7 +267,9 @@ class JobsHandler(GPUShareHandler):
             env = spec.setdefault("env", {})
             if isinstance(env, dict):
                 env.setdefault("PATH", os.environ["PATH"])
-        self.reply(await self.pool(lambda c: c.submit(spec)), 201)
+        # The browser's key, so that its retries and ours make one job between them.
+        key = self.request.headers.get("Idempotency-Key") or None
+        self.reply(await self.pool(lambda c: c.submit(spec, request_id=key)), 201)
 
 
 class JobHandler(GPUShareHandler):

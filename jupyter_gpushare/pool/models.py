@@ -6,7 +6,7 @@ checks that the migrations build exactly these tables.
 
 from __future__ import annotations
 
-from sqlalchemy import JSON, Boolean, Float, ForeignKey, Integer, String, Text
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -32,6 +32,8 @@ class ProjectRow(Base):
 
 class JobRow(Base):
     __tablename__ = "jobs"
+    # A client-chosen key (Idempotency-Key or request_id): a retried submit finds its job.
+    __table_args__ = (UniqueConstraint("user", "request_id", name="uq_jobs_user_request_id"),)
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     user: Mapped[str] = mapped_column(String(255), index=True)
@@ -55,6 +57,7 @@ class JobRow(Base):
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     message: Mapped[str] = mapped_column(Text, default="")  # why it ended, in words
+    request_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class AttemptRow(Base):

@@ -484,8 +484,10 @@ class KubernetesBackend(Backend):
         states = [self._pod_state(a, name) for name in a.pods]
         phases = {s.phase for s in states}
         if a.stopping:
+            if phases == {"succeeded"}:  # every pod finished by itself within the grace
+                return Exit(a.job_id, a.attempt, "succeeded", 0)
             if phases <= {"gone", "succeeded", "failed"}:  # no pod holds GPUs any more
-                code = next((s.exit_code for s in states if s.exit_code is not None), None)
+                code = next((s.exit_code for s in states if s.exit_code), None)
                 return Exit(a.job_id, a.attempt, "failed", code, "stopped")
             return None
         failed = [s for s in states if s.phase == "failed"]
@@ -589,6 +591,8 @@ class KubernetesBackend(Backend):
             if recorded is not None:
                 exits.append(recorded)
             elif not pods or h.data.get("namespace", self.namespace) != self.namespace:
+                # e.g. the service died while starting it: any pods it made are deleted below
+                named.discard(key)
                 exits.append(Exit(*key, "lost", reason="its record does not name its pods"))
             elif not any(p in self.pods.objects for p in pods):
                 exits.append(Exit(*key, "lost", reason="its pods are gone"))
