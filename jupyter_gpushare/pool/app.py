@@ -29,6 +29,7 @@ from .directory import HubDirectory
 from .loop import Scheduler
 from .models import JobRow, ProjectRow
 from .store import Store
+from .usage_service import GPUUsage
 
 
 BACKENDS = {"local": "jupyter_gpushare.backends.local.LocalBackend",
@@ -48,7 +49,7 @@ class PoolService(Application):
     name = "gpushare-pool"
     version = __version__
     description = "The jupyter-gpushare pool service: a guaranteed-quota train pool in JupyterHub."
-    classes = [LocalBackend]
+    classes = [LocalBackend, GPUUsage]
 
     config_file = Unicode("gpushare_config.py", help="Python config file to load if it "
                           "exists (relative to the working directory).").tag(config=True)
@@ -162,6 +163,8 @@ class PoolService(Application):
             preempt_within_project=self.preempt_within_project,
             reclaim_fair_share=self.reclaim_fair_share),
             self.grace_period, self.launch_for, self.log)
+        self.usage = GPUUsage(self, parent=self)
+        self.scheduler.idle_jobs = self.usage.idle_jobs
         self.directory = HubDirectory(os.environ.get("JUPYTERHUB_API_URL", ""),
                                       os.environ.get("JUPYTERHUB_API_TOKEN", ""))
 
@@ -270,9 +273,13 @@ class PoolService(Application):
                       url.port, self.train_capacity() / GPU,
                       " (simulated)" if any(n.labels.get("gpushare.io/simulated")
                                             for n in self.backend.nodes()) else "")
+        beside = [asyncio.ensure_future(c) for c in self.usage.coroutines()]
         try:
             await self.scheduler.run(self.cycle_interval)
         finally:
+            for task in beside:
+                task.cancel()
+            await self.usage.close()
             await self.backend.shutdown()
 
 
