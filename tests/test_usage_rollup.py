@@ -158,11 +158,11 @@ def test_the_live_view_says_now_the_last_hour_and_since_when_idle(meter):
 def test_a_reading_out_of_order_or_after_a_gap_is_not_extrapolated(meter):
     m, clock, _ = meter
     play(m, clock, 60)
-    before = m.counters[RowKey("pool", "train")].capacity
+    before = m.counters[("pool", "train")].capacity
     m.ingest("n0", clock.t - 5, scenario())  # older than the last: ignored
     clock.t += 3600  # a pause: counted as three intervals, not an hour
     m.ingest("n0", clock.t, scenario())
-    assert m.counters[RowKey("pool", "train")].capacity - before == 2 * 1000 * 30
+    assert m.counters[("pool", "train")].capacity - before == 2 * 1000 * 30
 
 
 def test_totals_merge_keeps_peaks():

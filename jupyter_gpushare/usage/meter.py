@@ -79,7 +79,8 @@ class UsageMeter:
         self._gpus: dict[str, tuple[float, GPUUse]] = {}  # uuid -> latest
         self._notes: dict[str, tuple[str, ...]] = {}  # node -> sentences
         self._live: dict[tuple[str, str], _Live] = {}
-        self.counters: dict[RowKey, Totals] = defaultdict(Totals)  # since start: Prometheus
+        # Since the service started, for Prometheus: ("pool"|"project"|"user", name) → sums.
+        self.counters: dict[tuple[str, str], Totals] = defaultdict(Totals)
         self.version = 0  # bumped by every reading: rendered answers that show usage go stale
         self._rolled: int | None = None
         self._writing = asyncio.Lock()
@@ -101,7 +102,10 @@ class UsageMeter:
             self.tally = Tally(start, MINUTE)
         self.tally.add(totals)
         for key, t in totals.items():
-            self.counters[key].merge(t)
+            if key.kind in ("pool", "project"):
+                self.counters[(key.kind, key.key)].merge(t)
+            elif key.kind in ("job", "slice"):
+                self.counters[("user", key.user)].merge(t)
         for use in uses:
             self._gpus[use.uuid] = (at, use)
         self._notes[node] = ((problem,) if problem else ()) + tuple(

@@ -207,6 +207,9 @@ class NVMLStandIn:
             raise self._error(_real.NVML_ERROR_UNINITIALIZED)
         with self._lock:
             self._refresh()
+        if not self._library:  # the script took the library away: as after a driver unload
+            self._initialized = False
+            raise self._error(_real.NVML_ERROR_UNINITIALIZED)
         return len(self._devices)
 
     def nvmlDeviceGetHandleByIndex(self, index):
