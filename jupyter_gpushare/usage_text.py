@@ -71,7 +71,8 @@ def format_usage(answer: dict, table) -> str:
         p = pools.get(name)
         if p and p.get("capacity_gpu_seconds"):
             lines.append(f"{name} pool: allocation {percent(p.get('allocation'))}, utilization "
-                         f"{percent(p.get('utilization'))} of what was allocated, idle-allocated "
+                         f"{percent(p.get('utilization'))} of what was allocated (average GPU "
+                         f"utilization {percent(p.get('average_utilization'))}), idle-allocated "
                          f"{percent(p.get('idle_ratio'))}")
     rows = answer.get("rows") or []
     if not rows:

@@ -43,8 +43,8 @@ def test_what_one_reading_adds():
     assert (sl.allocated, sl.utilized, sl.idle) == (2_500, 2_000, 0)
     assert figures(sl, 10_000)["utilization"] == 0.8  # its share ÷ its fraction
     train = rows[RowKey("pool", "train")]
-    assert (train.capacity, train.allocated, train.utilized, train.idle) == \
-        (20_000, 20_000, 9_100, 10_000)
+    assert (train.capacity, train.allocated, train.measured, train.utilized, train.idle) == \
+        (20_000, 20_000, 20_000, 9_100, 10_000)
     assert train.memory_peak == 5 * GiB  # both GPUs at that moment
     build = rows[RowKey("pool", "build")]
     assert (build.capacity, build.allocated, build.utilized) == (10_000, 2_500, 2_000)
@@ -103,6 +103,10 @@ def test_a_window_adds_up_from_minute_and_hour_rows(meter):
     assert rows["nlp"]["idle_ratio"] == pytest.approx(1.0)
     assert answer["pools"]["train"]["capacity_gpu_seconds"] == pytest.approx(2 * seconds)
     assert answer["pools"]["train"]["utilization"] == pytest.approx(0.455)
+    assert answer["pools"]["train"]["average_utilization"] == pytest.approx(0.455)
+    build = answer["pools"]["build"]  # ¼ of the build GPU held, at 80 %
+    assert (build["allocation"], build["utilization"]) == (pytest.approx(0.25), pytest.approx(0.8))
+    assert build["average_utilization"] == pytest.approx(0.2)
     users = {r["user"]: r for r in asyncio.run(m.query(start, clock.t + 1, BY["user"],
                                                        Scope()))["rows"]}
     assert users["alice"]["utilization"] == pytest.approx(0.8)

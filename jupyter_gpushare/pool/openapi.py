@@ -185,6 +185,9 @@ SPEC = {
                 "sort": {"type": "string"}, "idle_threshold": {"type": "number"},
                 "pools": {"type": "object", "additionalProperties": {"type": "object",
                           "properties": {"capacity_gpu_seconds": {"type": "number"},
+                                         "average_utilization": {**_RATIO, "description":
+                                                                 "utilized ÷ capacity: the "
+                                                                 "average GPU utilization"},
                                          **_FIGURES}}},
                 "rows": {"type": "array", "items": {"$ref": "#/components/schemas/UsageRow"}},
                 "series": {"type": "array", "items": {"$ref": "#/components/schemas/UsageRow"},

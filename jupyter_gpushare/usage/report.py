@@ -40,7 +40,8 @@ def pool_figures(pools: Mapping[str, Totals]) -> dict:
     out = {}
     for name, t in sorted(pools.items()):
         out[name] = {"capacity_gpu_seconds": round(t.capacity / GPU, 3),
-                     **figures(t, t.capacity)}
+                     "average_utilization": round(t.utilized / t.capacity, 6) if t.capacity
+                     else None, **figures(t, t.capacity)}
     return out
 
 

@@ -12,16 +12,18 @@ What flows out: ``Totals`` per ``RowKey`` of one bucket (``Tally``), stored as r
 ``figures()``, the one place that turns sums into allocation, utilization and idle ratios.
 
 Every amount is milli-GPU-seconds (1000 = one GPU for one second):
-  - ``capacity``: GPUs present × seconds sampled (gpu and pool rows);
+  - ``capacity``: GPUs present × seconds read (gpu and pool rows);
   - ``allocated``: held by a job attempt or slice × seconds;
   - ``measured``: the part of ``allocated`` (of ``capacity`` for gpu/pool rows) during which
     SM utilization could be measured (not on MIG, not on a lost GPU);
   - ``utilized``: SM utilization × GPUs × seconds (a process using 20 % of a GPU for 10 s:
     2 GPU-seconds);
   - ``idle``: allocated while the holder's own utilization stayed below the idle threshold.
+A pool's row sums its holders' (use outside gpushare is not counted); a GPU's row has all of
+that GPU's use, and ``measured`` is then its capacity while measurable.
 The definitions the README states: allocation = allocated ÷ capacity of the pool it draws on;
-utilization = utilized ÷ measured (for a slice: its share of the GPU ÷ its fraction);
-idle-allocated = idle.
+utilization = utilized ÷ measured (for a slice: its share of the GPU ÷ its fraction; for a GPU:
+its SM utilization); idle-allocated = idle; a pool's average utilization = utilized ÷ capacity.
 """
 
 from __future__ import annotations
@@ -84,23 +86,26 @@ def reading_totals(uses: Iterable[GPUUse], dt: float, idle_threshold: float) -> 
         pool = row(RowKey("pool", use.pool or "other"))
         for t in (gpu, pool):
             t.capacity += GPU * dt
-            t.allocated += held * dt
-            if measurable:
-                t.measured += GPU * dt
-                t.utilized += use.utilization * 10 * dt
-                if held and use.utilization < idle_threshold:
-                    t.idle += held * dt
             t.memory_peak += use.memory_used or 0  # pool: the sum at this reading
             t.memory_total += use.memory_total
+        # A GPU's own row: all its use, whoever's; what was held of it; idle while held.
+        gpu.allocated += held * dt
+        if measurable:
+            gpu.measured += GPU * dt
+            gpu.utilized += use.utilization * 10 * dt
+            if held and use.utilization < idle_threshold:
+                gpu.idle += held * dt
         gpu.seconds += dt
         for h in use.holders:
             o = h.owner
-            rows = [row(RowKey(o.kind, o.key, "", o.project, o.user, o.job))]
+            # A pool's row sums its holders: its utilization is of what was allocated.
+            rows = [row(RowKey(o.kind, o.key, "", o.project, o.user, o.job)), pool]
             if o.kind == "job":
                 rows.append(row(RowKey("project", o.project, project=o.project)))
             for t in rows:
                 t.allocated += h.milli * dt
-                t.memory_peak += h.memory
+                if t is not pool:  # a pool's memory is its GPUs', whoever's
+                    t.memory_peak += h.memory
                 if h.sm is not None:
                     t.measured += h.milli * dt
                     t.utilized += h.sm * 10 * dt
