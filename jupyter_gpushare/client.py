@@ -372,6 +372,12 @@ class PoolClient:
                  "limit": None if limit is None else str(limit)}
         return self._json("GET", "api/usage", query=query)
 
+    def report_kernels(self, server: str, kernels: int, busy: int) -> None:
+        """A notebook server says how many of its kernels are busy (culling spares it then)."""
+        with self._open("POST", "api/activity", body={"server": server, "kernels": kernels,
+                                                      "busy": busy}) as response:
+            self._read(response, "api/activity")
+
     def post_samples(self, reading: dict) -> dict:
         """A node agent's reading of its GPUs (only the agent's service token may)."""
         return self._json("POST", "api/samples", body=reading)

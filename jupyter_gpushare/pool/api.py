@@ -276,6 +276,16 @@ class LogsHandler(PoolHandler):
             if not 1 <= attempt <= row.attempt:
                 self.fail(400, f"job {job_id} has attempts 1 to {row.attempt}")
         follow = self.get_argument("follow", "0") not in ("0", "", "false")
+        culler = self.pool.usage.culler if follow else None
+        if culler is not None:  # a %%train cell is being followed: its server is not culled
+            culler.follow(self.who.name, 1)
+        try:
+            await self._send(row, job_id, attempt, follow)
+        finally:
+            if culler is not None:
+                culler.follow(self.who.name, -1)
+
+    async def _send(self, row, job_id, attempt, follow):
         backend, offset, pause = self.pool.backend, 0, 0.02
         while True:
             chunk = await backend.read_log(row.id, attempt, offset)
@@ -397,7 +407,8 @@ def slice_json(row, pool) -> dict:
     return {"id": row.id, "user": row.user, "server": row.server, "gpus": row.milli / GPU,
             "node": row.node, "gpu": row.gpu, "uuid": pool.build_gpu_uuid(row.node, row.gpu),
             "created": row.created, "pid": row.pid,
-            "usage": pool.usage.meter.holder_now("slice", row.id)}
+            "usage": pool.usage.meter.holder_now("slice", row.id),
+            "cull": pool.usage.culler.warning_of(row.id) if pool.usage.culler else None}
 
 
 class MetricsHandler(PoolHandler):
@@ -415,7 +426,7 @@ class OpenAPIHandler(web.RequestHandler):
 
 
 def routes(prefix: str) -> list:
-    from .api_usage import SamplesHandler, UsageHandler
+    from .api_usage import ActivityHandler, SamplesHandler, UsageHandler
     p = prefix.rstrip("/")
     return [
         (rf"{p}/api/pool", PoolInfoHandler),
@@ -429,6 +440,7 @@ def routes(prefix: str) -> list:
         (rf"{p}/api/slices/([^/]+)", SliceHandler),
         (rf"{p}/api/usage", UsageHandler),
         (rf"{p}/api/samples", SamplesHandler),
+        (rf"{p}/api/activity", ActivityHandler),
         (rf"{p}/metrics", MetricsHandler),
         (rf"{p}/api/openapi.json", OpenAPIHandler),
     ]

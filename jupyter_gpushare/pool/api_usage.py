@@ -159,7 +159,14 @@ def pool_gpus(handler) -> dict:
                      "outside": {"processes": use.outside.processes,
                                  "memory_bytes": use.outside.memory},
                      "at": at})
-    return {"gpus": gpus, "usage_notes": usage.meter.notes(), "usage_source": usage.source}
+    out = {"gpus": gpus, "usage_notes": usage.meter.notes(), "usage_source": usage.source}
+    if usage.culler is not None:
+        events = list(usage.culler.events)[-50:]
+        out["culling"] = {"after": usage.cull_idle_slices_after, "warning": usage.cull_warning,
+                          "culled": usage.culler.culled,
+                          "events": events if who.admin else
+                          [e for e in events if e["user"] == who.name]}
+    return out
 
 
 def _round(value):
@@ -316,3 +323,34 @@ class SamplesHandler(PoolHandler):
                     for uuid, claims in gpu_claims.items()}
         pool = "build" if node in self.pool.build_nodes else "train"
         return owners, holdings, {uuid: pool for uuid in gpu_claims}
+
+
+# -- api/activity (the notebook server extension) ----------------------------------------
+
+class ActivityHandler(PoolHandler):
+    """A notebook server says how many of its kernels are busy (``notebook/activity.py``):
+    culling never stops a server whose kernels are busy. Only about the caller's own servers."""
+
+    def post(self):
+        if self.who.kind != "user":
+            self.fail(403, "kernel activity is reported by users' notebook servers")
+        body = self.body()
+        try:
+            if not isinstance(body, dict) or set(body) - {"server", "kernels", "busy"}:
+                raise Invalid("the body must be {\"server\": name, \"kernels\": n, "
+                              "\"busy\": n}")
+            server = _text(body.get("server"), "server")
+            kernels, busy = body.get("kernels"), body.get("busy")
+            for name, value in (("kernels", kernels), ("busy", busy)):
+                if isinstance(value, bool) or not isinstance(value, int) or \
+                        not 0 <= value <= 10_000:
+                    raise Invalid(f"{name} must be a whole number from 0 to 10000")
+            if busy > kernels:
+                raise Invalid("busy must be at most kernels")
+        except Invalid as e:
+            self.fail(e.status, str(e))
+        culler = self.pool.usage.culler
+        if culler is not None:
+            culler.kernels_said(self.who.name, server, kernels, busy)
+        self.set_status(204)
+        self.finish()

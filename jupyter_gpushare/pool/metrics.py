@@ -103,6 +103,12 @@ class _UsageCollector:
         for project, n in sorted(flagged.items()):
             idle.add_metric([project], n)
         yield idle
+        culler = self.pool.usage.culler
+        if culler is not None:
+            culled = CounterMetricFamily("gpushare_slices_culled", "Notebook servers stopped "
+                                         "because their build slice and kernels sat idle")
+            culled.add_metric([], culler.culled)
+            yield culled
         notes = GaugeMetricFamily("gpushare_usage_problems", "Sentences api/pool has about what "
                                   "could not be read (MIG, lost GPUs, no NVML, stray processes)")
         notes.add_metric([], len(meter.notes()))

@@ -18,8 +18,10 @@ from ..backends.local import SIMULATED_LABEL
 from ..gpus import SIMULATED_NAME
 from ..policy.model import GPU
 from ..usage.attribution import Holding, Owner
+from ..usage.cull import CullSettings
 from ..usage.meter import LocalContext, UsageMeter, UsageSettings
 from ..usage.sampler import NVMLSampler
+from .culler import SliceCuller
 from .usage_store import UsageStore
 
 DAY = 86400.0
@@ -84,6 +86,19 @@ class GPUUsage(LoggingConfigurable):
         (api/samples); no other user or service may post them.
         """).tag(config=True)
 
+    cull_idle_slices_after = Float(0.0, help="""
+        Stop notebook servers whose build slice showed no GPU use and that the hub saw no
+        activity from (busy kernels count as activity) for this many seconds, e.g. 7200;
+        never while a kernel is busy or a train job's output is being followed. A server is
+        warned first (logged, and in api/slices) and stopped cull_warning seconds later
+        through the hub's API. 0 (the default) turns culling off. The service's role then
+        needs the scopes read:users, read:servers and servers.
+        """).tag(config=True)
+
+    cull_warning = Float(600.0, help="""
+        Seconds between the warning to an idle build session and its stop.
+        """).tag(config=True)
+
     @validate("sample_interval")
     def _check_interval(self, proposal):
         if not 0 < proposal.value <= 600:
@@ -105,6 +120,9 @@ class GPUUsage(LoggingConfigurable):
             self.sample_interval, self.idle_threshold, self.idle_job_after,
             self.usage_rollup_after_days * DAY, self.usage_retention_days * DAY), self.log)
         self.source = self._source()
+        self.culler = SliceCuller(pool, CullSettings(self.cull_idle_slices_after,
+                                                     self.cull_warning), self.log) \
+            if self.cull_idle_slices_after > 0 else None
 
     @default("nvml_standin_script")
     def _default_script(self):
@@ -185,6 +203,8 @@ class GPUUsage(LoggingConfigurable):
         samplers = self.samplers()
         if samplers:
             out.append(self.meter.run_local(samplers, self.context))
+        if self.culler is not None:
+            out.append(self.culler.run())
         return out
 
     async def close(self) -> None:
