@@ -6,7 +6,7 @@ import asyncio
 import pytest
 
 from jupyter_gpushare.pool.store import Store
-from jupyter_gpushare.pool.usage_store import HOUR, MINUTE, Scope, UsageStore, spans
+from jupyter_gpushare.pool.usage_store import DAY, HOUR, MINUTE, Scope, UsageStore, spans
 from jupyter_gpushare.usage.attribution import GPUUse, HolderUse, Owner, Stray
 from jupyter_gpushare.usage.meter import UsageMeter, UsageSettings
 from jupyter_gpushare.usage.report import BY
@@ -50,14 +50,24 @@ def test_what_one_reading_adds():
     assert (build.capacity, build.allocated, build.utilized) == (10_000, 2_500, 2_000)
 
 
-def test_spans_read_hours_whole_and_minutes_at_the_edges():
-    day = 86400
+def test_spans_read_days_and_hours_whole_and_minutes_at_the_edges():
+    day = DAY
     assert spans(day + 90, day + 3 * HOUR + 30, 0) == [
         (HOUR, day + HOUR, day + 3 * HOUR), (MINUTE, day + 60, day + HOUR),
         (MINUTE, day + 3 * HOUR, day + 3 * HOUR + 60)]
     assert spans(day + 90, day + 600, 0) == [(MINUTE, day + 60, day + 600)]
+    assert spans(day + 90, 4 * day + 30, 0) == [
+        (DAY, 2 * day, 4 * day), (HOUR, day + HOUR, 2 * day), (MINUTE, day + 60, day + HOUR),
+        (MINUTE, 4 * day, 4 * day + 60)]
+    # a series by the hour reads no day rows
+    assert spans(day, 3 * day, 0, finest=HOUR) == [(HOUR, day, 3 * day)]
     # minute rows before day + 2 h are gone: the edge is read from its whole hour
-    assert spans(day + 90, day + 3 * HOUR, day + 2 * HOUR)[0] == (HOUR, day, day + 3 * HOUR)
+    assert spans(day + 90, day + 3 * HOUR, day + 2 * HOUR) == [(HOUR, day, day + 3 * HOUR)]
+    assert spans(day + HOUR + 90, 3 * day + 90, 2 * day) == [
+        (DAY, 2 * day, 3 * day), (HOUR, day + HOUR, 2 * day), (MINUTE, 3 * day, 3 * day + 120)]
+    # a series by the minute reads hours where minutes are gone
+    assert spans(day + 90, day + 3 * HOUR, day + 2 * HOUR, finest=MINUTE) == [
+        (HOUR, day, day + 2 * HOUR), (MINUTE, day + 2 * HOUR, day + 3 * HOUR)]
 
 
 class Clock:
@@ -133,13 +143,29 @@ def test_scopes_keep_other_peoples_rows_out(meter):
                                                      alice))["rows"]] == ["s-1"]
 
 
-def test_old_rows_become_hours_and_go(meter):
-    m, clock, store = meter
-    play(m, clock, 7 * HOUR)
+def test_old_rows_become_hours_and_days_and_go(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'pool.sqlite'}")
+    clock = Clock(1_700_000_000.0 // DAY * DAY + 20 * HOUR)
+    m = UsageMeter(UsageStore(store), UsageSettings(sample_interval=60.0, rollup_after=2 * HOUR,
+                                                    retention=30 * HOUR), clock=clock)
+    start = clock.t
+    for _ in range(int(36 * HOUR // 60)):  # 36 hours, a reading a minute
+        clock.t += 60
+        m.ingest("n0", clock.t, scenario())
+        asyncio.run(m.write())
     with store.engine.connect() as conn:
         oldest = dict(conn.exec_driver_sql("SELECT step, min(t) FROM usage GROUP BY step").all())
+    assert set(oldest) == {MINUTE, HOUR, DAY}
     assert oldest[MINUTE] >= clock.t - 3 * HOUR  # minute rows: kept 2 h (from the hour)
-    assert oldest[HOUR] >= clock.t - 6 * HOUR  # hour rows: 5 h
+    assert oldest[HOUR] >= clock.t - 31 * HOUR  # hour rows: 30 h
+    # a window over it all: the same whichever rows it is read from
+    answer = asyncio.run(m.query(clock.t - 28 * HOUR, clock.t + 1, BY["project"], Scope()))
+    vision = next(r for r in answer["rows"] if r["project"] == "vision")
+    assert vision["allocated_gpu_seconds"] == pytest.approx(answer["until"] - answer["since"])
+    assert vision["utilization"] == pytest.approx(0.9) and vision["allocation"] == 0.5
+    by_hour = asyncio.run(m.query(clock.t - 28 * HOUR, clock.t + 1, BY["project"], Scope(),
+                                  series_step=HOUR))
+    assert len([p for p in by_hour["series"] if p["project"] == "vision"]) == 29
 
 
 def test_the_live_view_says_now_the_last_hour_and_since_when_idle(meter):

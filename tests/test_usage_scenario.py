@@ -19,6 +19,7 @@ from jupyter_gpushare.cli import main
 from jupyter_gpushare.usage.nvml_standin import write_script
 
 GiB = 2**30
+ARTIFACTS = Path(__file__).parent / "artifacts" / "usage"
 SPAWNER = "0123456789abcdef0123456789abcdef"
 SCALE = 60  # scenario seconds per second
 LENGTH = 600  # scenario seconds: 10 minutes
@@ -145,7 +146,10 @@ def test_usage_shows_what_the_standin_played(hub, capsys, monkeypatch):
             assert abs(rows[name]["allocation"] - allocation) <= 0.01, (by, name, rows[name])
             assert abs(rows[name]["utilization"] - utilization) <= 0.01, (by, name, rows[name])
     assert main(["usage", "--by", "project", *window]) == 0
-    table = capsys.readouterr().out.splitlines()
+    text = capsys.readouterr().out
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / "usage-by-project.txt").write_text(text)  # what the README shows
+    table = text.splitlines()
     vision = next(line.split() for line in table if line.startswith("vision"))
     nlp = next(line.split() for line in table if line.startswith("nlp"))
     assert vision[2:4] == ["50%", "73%"] and nlp[2:4] == ["25%", "2%"], table

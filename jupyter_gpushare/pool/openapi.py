@@ -133,7 +133,11 @@ SPEC = {
                 "created": {"type": "number"},
                 "pid": {"type": "integer", "nullable": True,
                         "description": "its notebook server's process, where the spawner says"},
-                "usage": _HOLDER_NOW}},
+                "usage": _HOLDER_NOW,
+                "cull": {"type": "object", "nullable": True, "description": "set while its "
+                         "server is warned that it will be culled", "properties": {
+                             "warned_at": {"type": "number"}, "cull_at": {"type": "number"},
+                             "reason": {"type": "string"}}}}},
             "SliceList": {"type": "object", "properties": {
                 "slices": {"type": "array", "items": {"$ref": "#/components/schemas/Slice"}}}},
             "Pool": {"type": "object", "properties": {
@@ -146,7 +150,13 @@ SPEC = {
                 "usage_notes": {"type": "array", "items": {"type": "string"}, "description":
                                 "one sentence per thing that could not be read (MIG, a lost "
                                 "GPU, no NVML, processes outside gpushare)"},
-                "usage_source": {"type": "string", "enum": ["nvml", "standin", "off"]}}},
+                "usage_source": {"type": "string", "enum": ["nvml", "standin", "off"]},
+                "culling": {"type": "object", "description": "with culling on: its settings, "
+                            "servers stopped so far, and the latest warnings, stops and "
+                            "reprieves (yours; admins: all)", "properties": {
+                                "after": {"type": "number"}, "warning": {"type": "number"},
+                                "culled": {"type": "integer"},
+                                "events": {"type": "array", "items": {"type": "object"}}}}}},
             "PoolGPU": {"type": "object", "properties": {
                 "node": {"type": "string"}, "index": {"type": "integer"},
                 "uuid": {"type": "string"}, "pool": {"type": "string"},
@@ -313,6 +323,17 @@ SPEC = {
                         {"name": "limit", "in": "query", "schema": {
                             "type": "integer", "minimum": 1, "maximum": 1000, "default": 100}}],
                     "responses": {"200": _ok("Usage"), **_errors(400, 403)}},
+        },
+        "/api/activity": {
+            "post": {"summary": "A notebook server says how many of its kernels are busy (its "
+                                "gpushare extension, with the server's token); culling never "
+                                "stops a server with a busy kernel",
+                     "requestBody": {"required": True, "content": {"application/json": {
+                         "schema": {"type": "object", "required": ["server", "kernels", "busy"],
+                                    "properties": {"server": {"type": "string"},
+                                                   "kernels": {"type": "integer", "minimum": 0},
+                                                   "busy": {"type": "integer", "minimum": 0}}}}}},
+                     "responses": {"204": {"description": "noted"}, **_errors(400, 403)}},
         },
         "/api/samples": {
             "post": {"summary": "A node agent's reading of its GPUs (only the service "

@@ -1,10 +1,11 @@
 """Rollup rows of GPU use in the pool's database (table ``usage``, model ``UsageRow``).
 
 Minute rows are written as each minute closes; when an hour has closed, its minute rows are
-summed into hour rows. Minute rows older than ``rollup_after`` seconds are dropped (their
-hours remain), hour rows older than ``retention`` seconds too. A window is read from hour rows
-for its whole hours and minute rows for the partial hours at its edges, so a query over 90
-days reads about 2,200 buckets per key, not 130,000.
+summed into hour rows, and when a day (UTC) has closed, its hour rows into a day row. Minute
+rows older than ``rollup_after`` seconds are dropped (their hours remain), hour and day rows
+older than ``retention`` seconds too. A window is read from day rows for its whole days, hour
+rows for the partial days at its edges and minute rows for the partial hours, so a query over
+90 days reads about 140 buckets per key, not 130,000.
 
 Every method blocks on the database: the pool calls them in worker threads.
 """
@@ -19,7 +20,7 @@ from sqlalchemy import and_, func, insert, literal, select
 from ..usage.rollup import RowKey, Totals
 from .models import UsageRow
 
-MINUTE, HOUR = 60, 3600
+MINUTE, HOUR, DAY = 60, 3600, 86400
 _SUMS = ("capacity", "allocated", "measured", "utilized", "idle", "seconds")
 _MAXES = ("memory_peak", "memory_total")
 GROUPS = {"kind", "key", "node", "project", "user", "job"}
@@ -38,34 +39,38 @@ class UsageStore:
         with self.engine.begin() as conn:
             conn.execute(insert(UsageRow), values)
 
-    def last_hour_rolled(self) -> int | None:
-        """Start of the newest hour row, or None when there is none."""
+    def newest(self, step: int) -> int | None:
+        """Start of the newest row of ``step``, or None when there is none."""
         with self.engine.connect() as conn:
-            return conn.execute(select(func.max(UsageRow.t)).where(UsageRow.step == HOUR)).scalar()
+            return conn.execute(select(func.max(UsageRow.t)).where(UsageRow.step == step)).scalar()
 
-    def first_minute(self) -> int | None:
+    def oldest(self, step: int) -> int | None:
         with self.engine.connect() as conn:
-            return conn.execute(select(func.min(UsageRow.t)).where(UsageRow.step == MINUTE)).scalar()
+            return conn.execute(select(func.min(UsageRow.t)).where(UsageRow.step == step)).scalar()
 
-    def roll_up(self, hour: int) -> None:
-        """Sum the minute rows of the hour from ``hour`` into hour rows."""
+    def roll_up(self, start: int, step: int = HOUR) -> None:
+        """Sum the rows of the next finer step (minutes for an hour, hours for a day) in the
+        bucket of ``step`` seconds from ``start`` into rows of ``step``."""
+        finer = MINUTE if step == HOUR else HOUR
         keys = [UsageRow.kind, UsageRow.key, UsageRow.node, UsageRow.project, UsageRow.user,
                 UsageRow.job]
-        query = select(literal(hour), literal(HOUR), *keys,
+        query = select(literal(start), literal(step), *keys,
                        *(func.sum(getattr(UsageRow, s)) for s in _SUMS),
                        *(func.max(getattr(UsageRow, m)) for m in _MAXES)) \
-            .where(UsageRow.step == MINUTE, UsageRow.t >= hour, UsageRow.t < hour + HOUR) \
+            .where(UsageRow.step == finer, UsageRow.t >= start, UsageRow.t < start + step) \
             .group_by(*keys)
         columns = ["t", "step", "kind", "key", "node", "project", "user", "job", *_SUMS, *_MAXES]
         with self.engine.begin() as conn:
             conn.execute(insert(UsageRow).from_select(columns, query))
 
     def prune(self, minutes_before: int, hours_before: int) -> None:
+        """Drop minute rows that start before ``minutes_before``, hour rows that start before
+        ``hours_before`` and day rows that end by then."""
         with self.engine.begin() as conn:
-            conn.execute(UsageRow.__table__.delete().where(
-                UsageRow.step == MINUTE, UsageRow.t < minutes_before))
-            conn.execute(UsageRow.__table__.delete().where(
-                UsageRow.step == HOUR, UsageRow.t < hours_before))
+            for step, before in ((MINUTE, minutes_before), (HOUR, hours_before),
+                                 (DAY, hours_before - DAY)):
+                conn.execute(UsageRow.__table__.delete().where(UsageRow.step == step,
+                                                               UsageRow.t < before))
 
     # -- reading --------------------------------------------------------------------------
     def sums(self, kinds: Sequence[str], spans: Iterable[tuple[int, int, int]],
@@ -105,18 +110,40 @@ class UsageStore:
         return out
 
 
-def spans(since: int, until: int, minutes_from: int) -> list[tuple[int, int, int]]:
-    """The rows that cover [since, until): hour rows for whole hours, minute rows for the
-    partial hours at the edges where minute rows are still kept (from ``minutes_from`` on);
-    before that, the edge is read from its whole hour."""
-    lo_m = since // MINUTE * MINUTE
-    hi_m = -(-until // MINUTE) * MINUTE
-    lo_h = -(-lo_m // HOUR) * HOUR if lo_m >= minutes_from else lo_m // HOUR * HOUR
-    hi_h = hi_m // HOUR * HOUR
-    if lo_h >= hi_h:
-        return [(MINUTE, lo_m, hi_m)]
-    return [(HOUR, lo_h, hi_h), (MINUTE, max(lo_m, minutes_from) if lo_m < lo_h else lo_m, lo_h),
-            (MINUTE, hi_h, hi_m)]
+def spans(since: int, until: int, minutes_from: int, finest: int = DAY
+          ) -> list[tuple[int, int, int]]:
+    """The rows that cover [since, until), widened to whole minutes: day rows for whole days,
+    hour rows for the rest of whole hours, minute rows for the rest where minute rows are still
+    kept (from ``minutes_from``, an hour's start, on; an edge before that widens to whole
+    hours). No rows coarser than ``finest`` seconds (a series' step) are used."""
+    lo, hi = _down(since, MINUTE), _up(until, MINUTE)
+    if lo < minutes_from:
+        lo = _down(lo, HOUR)
+    if hi < minutes_from:
+        hi = _up(hi, HOUR)
+    allowed = [s for s in (DAY, HOUR, MINUTE) if s <= max(finest, MINUTE)]
+    if allowed == [MINUTE] and lo < minutes_from:  # a series by the minute: hours before
+        return _cover(lo, min(hi, minutes_from), [HOUR]) + \
+            _cover(max(lo, minutes_from), hi, [MINUTE])
+    return _cover(lo, hi, allowed) or [(MINUTE, lo, lo)]
+
+
+def _cover(lo: int, hi: int, steps: list[int]) -> list[tuple[int, int, int]]:
+    step, rest = steps[0], steps[1:]
+    if not rest:
+        return [(step, lo, hi)] if hi > lo else []
+    a, b = _up(lo, step), _down(hi, step)
+    if a >= b:
+        return _cover(lo, hi, rest)
+    return [(step, a, b)] + _cover(lo, a, rest) + _cover(b, hi, rest)
+
+
+def _down(t: int, step: int) -> int:
+    return t // step * step
+
+
+def _up(t: int, step: int) -> int:
+    return -(-t // step) * step
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from .procs import LocalOwners
 from .rollup import RowKey, Tally, Totals, bucket, reading_totals
 from .sampler import MachineReading
 
-MINUTE, HOUR = 60, 3600
+MINUTE, HOUR, DAY = 60, 3600, 86400
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ class UsageMeter:
         # Since the service started, for Prometheus: ("pool"|"project"|"user", name) → sums.
         self.counters: dict[tuple[str, str], Totals] = defaultdict(Totals)
         self.version = 0  # bumped by every reading: rendered answers that show usage go stale
-        self._rolled: int | None = None
+        self._rolled: dict[int, int] = {}  # step -> start of the next bucket to roll up
         self._writing = asyncio.Lock()
 
     # -- 1–3: a reading ------------------------------------------------------------------
@@ -159,17 +159,17 @@ class UsageMeter:
     def _write(self, closed: list[Tally], now: float) -> None:
         for tally in closed:
             self.rows.write(tally.start, tally.step, tally.rows)
-        current = bucket(now, HOUR)
-        if self._rolled is None:
-            last = self.rows.last_hour_rolled()
-            first = self.rows.first_minute()
-            self._rolled = last + HOUR if last is not None else \
-                (bucket(first, HOUR) if first is not None else current)
         rolled_any = False
-        while self._rolled < current:
-            self.rows.roll_up(self._rolled)
-            self._rolled += HOUR
-            rolled_any = True
+        for step, finer in ((HOUR, MINUTE), (DAY, HOUR)):  # minutes into hours, hours into days
+            current = bucket(now, step)
+            if step not in self._rolled:
+                last, first = self.rows.newest(step), self.rows.oldest(finer)
+                self._rolled[step] = last + step if last is not None else \
+                    (bucket(first, step) if first is not None else current)
+            while self._rolled[step] < current:
+                self.rows.roll_up(self._rolled[step], step)
+                self._rolled[step] += step
+                rolled_any = True
         if rolled_any:
             s = self.settings
             self.rows.prune(int(now - s.rollup_after) // HOUR * HOUR, int(now - s.retention))
@@ -184,10 +184,11 @@ class UsageMeter:
                 self.log.exception("writing GPU usage rollups failed")
 
     # -- local sampling -----------------------------------------------------------------
-    async def run_local(self, samplers, context: Callable[[], LocalContext]) -> None:
+    async def run_local(self, samplers, context: Callable[[], LocalContext],
+                        owners: LocalOwners | None = None) -> None:
         """Read this machine's GPUs (``samplers``: one per machine read here) every
         ``sample_interval``: NVML and /proc in a worker thread, attribution and sums here."""
-        owners = LocalOwners()
+        owners = owners or LocalOwners()
         loop = asyncio.get_running_loop()
         next_at = loop.time()
         while True:
@@ -254,7 +255,7 @@ class UsageMeter:
         rows not written yet are added from memory."""
         from ..pool.usage_store import spans
         horizon = int(self.clock() - self.settings.rollup_after) // HOUR * HOUR
-        covered = spans(int(since), int(until), horizon)
+        covered = spans(int(since), int(until), horizon, series_step or DAY)
         lo, hi = min(c[1] for c in covered), max(c[2] for c in covered)
         async with self._writing:  # so a minute being written is counted once
             pending = self.open_rows(lo, hi)
@@ -282,12 +283,16 @@ class UsageMeter:
 
     def _query_db(self, covered, by, scope, series_step):
         where = scope.sql()
-        sums = self.rows.sums(by.kinds, covered, by.group, where)
-        pools = self.rows.sums(("pool",), covered, ("key",))
-        s_sums, s_pools = {}, {}
-        if series_step:
-            s_sums = self.rows.sums(by.kinds, covered, by.group, where, series_step)
-            s_pools = self.rows.sums(("pool",), covered, ("key",), None, series_step)
+        if not series_step:
+            return (self.rows.sums(by.kinds, covered, by.group, where),
+                    self.rows.sums(("pool",), covered, ("key",)), {}, {})
+        s_sums = self.rows.sums(by.kinds, covered, by.group, where, series_step)
+        s_pools = self.rows.sums(("pool",), covered, ("key",), None, series_step)
+        sums, pools = {}, {}  # the window's sums are the series' sums
+        for key, t in s_sums.items():
+            _add(sums, key[1:], t)
+        for key, t in s_pools.items():
+            _add(pools, key[1:], t)
         return sums, pools, s_sums, s_pools
 
     def open_rows(self, since: int, until: int) -> list[tuple[int, RowKey, Totals]]:

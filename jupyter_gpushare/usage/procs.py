@@ -68,7 +68,8 @@ class LocalOwners:
 
     def _find(self, pid: int, jobs, servers, now: float) -> Owner | None:
         first = stat(pid, self.proc)
-        if first is None:
+        if first is None:  # gone, or a pid of another namespace: ask again later, not now
+            self._cache[pid] = (now, 0, None)
             return None
         owner = None
         current, info = pid, first

@@ -48,21 +48,20 @@ def pool_figures(pools: Mapping[str, Totals]) -> dict:
 def rows(sums: Mapping[tuple, Totals], pools: Mapping[str, Totals], by: By,
          sort: str = "allocated", limit: int | None = None) -> list[dict]:
     capacity = sum(pools[p].capacity for p in by.pools if p in pools)
+    order = {
+        "name": lambda kv: str(kv[0][0]),
+        "idle": lambda kv: (-kv[1].idle, str(kv[0][0])),
+        "utilization": lambda kv: (not kv[1].measured, -(kv[1].utilized / kv[1].measured
+                                                        if kv[1].measured else 0),
+                                   str(kv[0][0])),
+    }.get(sort, lambda kv: (-kv[1].allocated, str(kv[0][0])))
+    chosen = sorted(sums.items(), key=order)[:limit] if limit else sorted(sums.items(), key=order)
     out = []
-    for key, t in sums.items():
+    for key, t in chosen:  # figures only for the rows answered
         row = dict(zip(by.names, key))
         row.update(figures(t, t.capacity if by.pools == ("",) else capacity))
         out.append(row)
-    name = by.names[0]
-    if sort == "name":
-        out.sort(key=lambda r: str(r[name]))
-    elif sort == "idle":
-        out.sort(key=lambda r: (-r["idle_gpu_seconds"], str(r[name])))
-    elif sort == "utilization":
-        out.sort(key=lambda r: (r["utilization"] is None, -(r["utilization"] or 0), str(r[name])))
-    else:
-        out.sort(key=lambda r: (-r["allocated_gpu_seconds"], str(r[name])))
-    return out[:limit] if limit else out
+    return out
 
 
 def series(sums: Mapping[tuple, Totals], pools: Mapping[tuple, Totals], by: By) -> list[dict]:
