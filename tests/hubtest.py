@@ -12,9 +12,11 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from urllib.error import HTTPError, URLError
+from urllib.parse import quote
 from urllib.request import Request, urlopen
 
 import pytest
@@ -38,7 +40,7 @@ c.JupyterHub.load_groups = {groups!r}
 c.JupyterHub.custom_scopes = {{"custom:gpushare:admin": {{"description": "pool admin"}}}}
 c.JupyterHub.load_roles = [
     {{"name": "user", "scopes": ["self", "access:services!service=gpushare"]}},
-    {{"name": "gpushare-service", "services": ["gpushare"], "scopes": ["read:users", "read:groups"]}},
+    {{"name": "gpushare-service", "services": ["gpushare"], "scopes": ["read:users", "read:groups", "read:servers"]}},
     {{"name": "tester", "services": ["tester"],
       "scopes": ["admin:users", "tokens", "read:users", "access:services!service=gpushare"]}},
 ]
@@ -70,12 +72,18 @@ class Hub:
         """``extra_config``: Python appended to the hub's jupyterhub_config.py (``{dir}`` in
         it is this hub's directory), e.g. a spawner and more services or roles."""
         self.dir = directory
-        self.port = free_port()
+        self.port, self.hub_port = free_port(), free_port()
         self.tester_token = secrets.token_hex(16)
         users = {"admin", *(u for members in groups.values() for u in members)}
-        (directory / "gpushare_config.py").write_text(pool_config)
+        # Jobs write their checkpoints here, not into the test users' real homes: a folder
+        # of this test's own that every job user can make a folder in (sticky, like /tmp).
+        self.scratch = Path(tempfile.mkdtemp(prefix="gpushare-test-scratch-"))
+        self.scratch.chmod(0o1777)
+        (directory / "gpushare_config.py").write_text(
+            f"get_config().PoolService.checkpoint_dir_template = "
+            f"{str(self.scratch) + '/{user}/{job_id}'!r}\n" + pool_config)
         (directory / "jupyterhub_config.py").write_text(HUB_CONFIG.format(
-            port=self.port, hub_port=free_port(), proxy_api_port=free_port(), chp=str(CHP),
+            port=self.port, hub_port=self.hub_port, proxy_api_port=free_port(), chp=str(CHP),
             dir=directory, secret=secrets.token_hex(32), users=users,
             groups={g: {"users": m} for g, m in groups.items()},
             service_port=free_port(), tester_token=self.tester_token)
@@ -124,11 +132,13 @@ class Hub:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
     def token(self, user: str) -> str:
         if user not in self._tokens:
-            status, body = self.request("POST", f"{self.url}/hub/api/users/{user}/tokens",
-                                        self.tester_token, {"note": "gpushare tests"})
+            status, body = self.request(
+                "POST", f"{self.url}/hub/api/users/{quote(user, safe='')}/tokens",
+                self.tester_token, {"note": "gpushare tests"})
             assert status == 201, body
             self._tokens[user] = body["token"]
         return self._tokens[user]

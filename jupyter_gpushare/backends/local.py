@@ -28,7 +28,7 @@ from traitlets import Bool, Integer, List, Unicode, default, validate
 from .. import gpus as gpu_inventory
 from ..policy.model import GPU, Node, gpus_text
 from . import shim
-from .base import Backend, BackendError, Exit, Handle, Launch, LocalAttempt
+from .base import Backend, BackendError, Exit, Handle, Launch, LocalAttempt, private_dir
 
 SIMULATED_LABEL = "gpushare.io/simulated"
 ORPHAN_GRACE_S = 10.0
@@ -218,10 +218,10 @@ class LocalBackend(Backend):
         pid_path, exit_path, log_path = self._paths(launch.job_id, launch.attempt)
         spec = {"user": account.name, "uid": account.uid if account.switch else None,
                 "gid": account.gid, "cwd": launch.workdir or account.home,
-                "checkpoint_dir": launch.checkpoint_dir,
-                "env": self._job_env(launch, account, devices)}
+                "checkpoint_dir": launch.checkpoint_dir, "log": log_path,
+                "log_limit": self.log_limit, "env": self._job_env(launch, account, devices)}
         try:
-            os.makedirs(self.state_dir, mode=0o700, exist_ok=True)
+            private_dir(self.state_dir)
             os.makedirs(os.path.dirname(pid_path), mode=0o700, exist_ok=True)
             for stale in (pid_path, exit_path):  # left by an earlier try of this very attempt
                 if os.path.lexists(stale):
@@ -412,22 +412,26 @@ def _forget(running: _Attempt) -> None:
         pass
 
 
-def _read_exit(path: str) -> int | None:
+def _read_exit(path: str) -> tuple[int | None, str]:
+    """The exit code the shim recorded (None: none yet) and, when the command could not be
+    run at all, the shim's sentence on why."""
     try:
         with open(path) as f:
-            return int(json.load(f)["returncode"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+            record = json.load(f)
+        reason = record.get("reason")
+        return int(record["returncode"]), reason if isinstance(reason, str) else ""
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None, ""
 
 
 def _ended(running: _Attempt) -> Exit | None:
     """How the attempt ended, or None while it runs. A job killed by a signal gets exit
     code 128 + the signal's number, as a shell (and Kubernetes) would report it."""
-    code = _read_exit(running.exit_path)
+    code, said = _read_exit(running.exit_path)
     if code is None:
         if _alive(running.pgid, running.start):
             return None
-        code = _read_exit(running.exit_path)  # the shim may have written it meanwhile
+        code, said = _read_exit(running.exit_path)  # the shim may have written it meanwhile
     job, attempt = running.job_id, running.attempt
     if code is None:
         if running.stopping:
@@ -438,7 +442,7 @@ def _ended(running: _Attempt) -> Exit | None:
     if code == 0:
         return Exit(job, attempt, "succeeded", 0)
     if code > 0:
-        return Exit(job, attempt, "failed", code, f"exited with code {code}")
+        return Exit(job, attempt, "failed", code, said or f"exited with code {code}")
     try:
         name = signal.Signals(-code).name
     except ValueError:

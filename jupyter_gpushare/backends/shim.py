@@ -1,7 +1,7 @@
 """Runs one attempt of a local train job and records how it ended.
 
     python -I shim.py EXITFILE -- ARGV...
-    stdin: {"user", "uid", "gid", "cwd", "checkpoint_dir", "env"}
+    stdin: {"user", "uid", "gid", "cwd", "checkpoint_dir", "env", "log", "log_limit"}
 
 The local backend starts this shim in a new session, so the shim's pid names the job's
 process group, and the job outlives a restart of the service: the end is written to EXITFILE
@@ -11,20 +11,33 @@ Why it looks like this:
 - Where the service is root, so is the shim (the user cannot kill it or forge its exit
   file); only the forked child switches to the user. So the shim runs by path with ``-I``
   and a clean environment, reads the job's identity, directory and environment from stdin,
-  and imports nothing but the standard library.
+  and imports nothing but the standard library (and ``logfile.py`` beside it).
+- The job's output comes to the shim through a pipe and goes to the log through
+  ``logfile.CappedLog``, so a job printing without end keeps only ``log_limit`` bytes.
 - The stop signal goes to the whole process group. The shim catches it (does nothing) so
   that it lives to record the exit; the child gets default dispositions back before exec.
 - When the command ends, what it left behind in the group is killed: a finished job must not
   hold GPUs.
 """
 
+import glob  # noqa: F401  for logfile, from the standard library before its folder is on the path
 import json
 import os
+import re  # noqa: F401  (the same)
+import select
 import signal
 import sys
+import time
 import warnings  # noqa: F401  os.get_exec_path imports it lazily; after setuid the stdlib may be unreadable
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # logfile.py: ours, root's
+import logfile  # noqa: E402
+
+sys.path.pop(0)
+STRAGGLERS_S = 2.0  # how long output is still read from processes that left the job's group
+
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+MAX_REASON = 1000  # bytes of the sentence on why the command could not be run
 
 
 def proc_stat(pid):
@@ -68,8 +81,10 @@ def signal_members(pgid, sig, spare=None):
     return found is not None
 
 
-def _run_child(argv, spec):
-    """In the forked child: become the user, enter the directory, exec. Never returns."""
+def _run_child(argv, spec, said):
+    """In the forked child: become the user, enter the directory, exec. Never returns. What
+    stops it is written to the log and to ``said`` (closed by a successful exec), so the exit
+    record carries the sentence, not only a code."""
     step = "reset signals"
     try:
         for sig in signal.Signals:
@@ -94,14 +109,22 @@ def _run_child(argv, spec):
         os.execvpe(argv[0], argv, spec["env"])
     except BaseException as exc:
         reason = getattr(exc, "strerror", None) or exc
-        os.write(2, f"gpushare: cannot {step}: {reason}\n".encode())
+        sentence = f"cannot {step}: {reason}"
+        os.write(2, f"gpushare: {sentence}\n".encode())
+        try:
+            os.write(said, sentence.encode()[:MAX_REASON])
+        except OSError:
+            pass
         os._exit(127 if isinstance(exc, FileNotFoundError) and step.startswith("run") else 126)
 
 
-def _write_exit(path, returncode):
+def _write_exit(path, returncode, reason=""):
     tmp = f"{path}.tmp"
+    record = {"returncode": returncode}
+    if reason:
+        record["reason"] = reason
     with open(tmp, "w") as f:
-        json.dump({"returncode": returncode}, f)
+        json.dump(record, f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -123,12 +146,72 @@ def main(args):
     os.dup2(devnull, 0)
     os.close(devnull)
     sys.stderr.flush()
+    log = None
+    if spec.get("log"):
+        log = logfile.CappedLog(spec["log"], int(spec["log_limit"]), fresh=False)
+        out, into = os.pipe()
+    heard, said = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()
     if pid == 0:
-        _run_child(argv, spec)
-    _, status = os.waitpid(pid, 0)  # retried after our no-op signal handlers (PEP 475)
+        os.close(heard)
+        if log is not None:
+            os.dup2(into, 1)
+            os.dup2(into, 2)
+            os.close(into)
+            os.close(out)
+        _run_child(argv, spec, said)
+    os.close(said)
+    if log is not None:
+        os.close(into)
+    reason = _read_all(heard)  # until the exec (or the child's sentence on why not)
+    if log is None:
+        _, status = os.waitpid(pid, 0)  # retried after our no-op signal handlers (PEP 475)
+    else:
+        status = _relay(out, log, pid)
+        log.close()
     signal_members(os.getpgid(0), signal.SIGKILL, spare=os.getpid())
-    _write_exit(exit_path, os.waitstatus_to_exitcode(status))
+    _write_exit(exit_path, os.waitstatus_to_exitcode(status), reason)
+
+
+def _read_all(fd):
+    """What the child wrote before its exec (nothing when the exec succeeded)."""
+    data = b""
+    with os.fdopen(fd, "rb") as f:
+        while len(data) < MAX_REASON:
+            try:
+                chunk = f.read(MAX_REASON - len(data))
+            except InterruptedError:
+                continue
+            if not chunk:
+                break
+            data += chunk
+    return data.decode("utf-8", "replace")
+
+
+def _relay(out, log, pid):
+    """Copy the job's output to the log until every process that holds the pipe is gone;
+    return the child's wait status. Once the child has ended, the rest of its group is
+    killed, and output of processes outside it is read for STRAGGLERS_S more."""
+    status, until = None, None
+    while True:
+        ready, _, _ = select.select([out], [], [], 0.5)
+        if ready:
+            data = os.read(out, 1 << 16)
+            if not data:
+                break
+            log.write(data)
+        if status is None:
+            done, code = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status = code
+                signal_members(os.getpgid(0), signal.SIGKILL, spare=os.getpid())
+                until = time.monotonic() + STRAGGLERS_S
+        elif time.monotonic() > until:
+            break
+    os.close(out)
+    if status is None:
+        _, status = os.waitpid(pid, 0)
+    return status
 
 
 if __name__ == "__main__":
