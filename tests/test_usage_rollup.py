@@ -148,7 +148,6 @@ def test_old_rows_become_hours_and_days_and_go(tmp_path):
     clock = Clock(1_700_000_000.0 // DAY * DAY + 20 * HOUR)
     m = UsageMeter(UsageStore(store), UsageSettings(sample_interval=60.0, rollup_after=2 * HOUR,
                                                     retention=30 * HOUR), clock=clock)
-    start = clock.t
     for _ in range(int(36 * HOUR // 60)):  # 36 hours, a reading a minute
         clock.t += 60
         m.ingest("n0", clock.t, scenario())
