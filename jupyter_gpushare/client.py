@@ -386,6 +386,28 @@ class PoolClient:
     def slices(self) -> list[dict]:
         return self._json("GET", "api/slices")["slices"]
 
+    def set_slice_pid(self, slice_id: str, pid: int) -> dict:
+        """Tell the pool which process is the slice's notebook server (the spawner)."""
+        return self._json("PATCH", f"api/slices/{_segment(slice_id)}", body={"pid": pid})
+
+    def usage(self, since: str | None = None, until: str | None = None, by: str | None = None,
+              step: str | None = None, sort: str | None = None, limit: int | None = None) -> dict:
+        """Allocation and utilization over a window (``since`` e.g. "7d", "12h", epoch seconds
+        or ISO 8601; ``until`` default now) by project, user, job, slice or gpu (admins)."""
+        query = {"since": since, "until": until, "by": by, "step": step, "sort": sort,
+                 "limit": None if limit is None else str(limit)}
+        return self._json("GET", "api/usage", query=query)
+
+    def report_kernels(self, server: str, kernels: int, busy: int) -> None:
+        """A notebook server says how many of its kernels are busy (culling spares it then)."""
+        with self._open("POST", "api/activity", body={"server": server, "kernels": kernels,
+                                                      "busy": busy}) as response:
+            self._read(response, "api/activity")
+
+    def post_samples(self, reading: dict) -> dict:
+        """A node agent's reading of its GPUs (only the agent's service token may)."""
+        return self._json("POST", "api/samples", body=reading)
+
     def slice(self) -> dict:
         """A notebook server's build slice and its slice watchdog's latest report
         (``slice``, ``watchdog``, ``watchdog_off``). Only the server extension answers it: give

@@ -61,14 +61,15 @@ def worlds(draw, max_jobs=20, arrive_until=12, finite=True):
                 job = TrainJob(f"r{len(arrivals)}", draw(st.sampled_from(projects)).name,
                                gpus * GPU, priority=draw(st.integers(0, 2)), submit_time=since,
                                state=JobState.RUNNING, placement={f"n{node}": gpus * GPU},
-                               start_time=since)
+                               start_time=since, idle=draw(st.booleans()))
                 arrivals.append(Arrival(0, job, duration))
     for i in range(draw(st.integers(1, max_jobs))):
         gpus = draw(st.one_of(st.integers(1, biggest), st.integers(1, capacity + 1)))
         step = draw(st.integers(0, arrive_until))
         duration = draw(st.one_of(st.none(), st.integers(1, 8))) if finite else None
         job = TrainJob(f"j{i}", draw(st.sampled_from(projects)).name, gpus * GPU,
-                       priority=draw(st.integers(0, 2)), submit_time=step * DT)
+                       priority=draw(st.integers(0, 2)), submit_time=step * DT,
+                       idle=draw(st.booleans()))  # idle once it runs (GPUs measured unused)
         arrivals.append(Arrival(step, job, duration))
     nodes = tuple(Node(f"n{i}", g) for i, g in enumerate(sizes))
     return World(nodes, tuple(projects), tuple(arrivals), draw(configs()))
@@ -124,7 +125,8 @@ def snapshots(draw, now=100.0):
                             sum(placement.values()) * GPU, priority=draw(st.integers(0, 2)),
                             submit_time=since, state=JobState.RUNNING,
                             placement={n: g * GPU for n, g in placement.items()},
-                            start_time=since, preempting=draw(st.integers(0, 9)) == 0))
+                            start_time=since, preempting=draw(st.integers(0, 9)) == 0,
+                            idle=draw(st.booleans())))
     for i in range(draw(st.integers(1, 4))):
         gpus = draw(st.one_of(st.integers(1, max(sizes)), st.integers(1, capacity + 1)))
         out.append(TrainJob(f"q{i}", draw(st.sampled_from(names)), gpus * GPU,
@@ -158,7 +160,7 @@ def full_pools(draw, now=100.0, young=False):
                                                                   50.0]))
             jobs.append(TrainJob(f"r{len(jobs)}", project, gpus * GPU, submit_time=since,
                                  state=JobState.RUNNING, placement={f"n{node}": gpus * GPU},
-                                 start_time=since))
+                                 start_time=since, idle=draw(st.booleans())))
     gpus = draw(st.integers(1, 2 * size))
     # young: every running job just started, and they all borrow (quota 0), so that a
     # requeued victim never keeps its project within quota and takes the room back first
@@ -522,6 +524,42 @@ def test_no_flapping_once_arrivals_stop(world):
                         [p.job for p in result.preemptions]))
     restless = [h for h in history[-10:] if h[1] or h[2]]
     assert not restless, f"still changing after {history[-10][0]} s: {history}"
+
+
+@st.composite
+def idle_and_busy(draw, now=100.0):
+    """One node full of 1-GPU jobs, some idle, of projects within and over their quotas, and a
+    claimant ``z`` within its quota that needs some of them back."""
+    size = draw(st.integers(2, 8))
+    owners = draw(st.lists(st.sampled_from(["x", "y", "w"]), min_size=size, max_size=size))
+    jobs = tuple(TrainJob(f"r{i}", p, GPU, submit_time=now - 10 * (i + 1),
+                          state=JobState.RUNNING, placement={"n0": GPU},
+                          start_time=now - 10 * (i + 1), idle=draw(st.booleans()))
+                 for i, p in enumerate(owners))
+    w_quota = owners.count("w")  # w runs within its quota: never a victim
+    over = size - w_quota
+    need = draw(st.integers(0, over))
+    projects = (Project("x", 0), Project("y", 0), Project("w", w_quota * GPU),
+                Project("z", need * GPU))
+    claim = (TrainJob("z1", "z", need * GPU, submit_time=now),) if need else ()
+    return Snapshot(now, (Node("n0", size),), projects, jobs + claim), need
+
+
+@SETTINGS
+@given(idle_and_busy(), configs())
+def test_idle_jobs_are_reclaimed_before_busy_ones(drawn, config):
+    """``reclaim_idle_first``: a reclaim takes over-quota projects' idle jobs before their
+    busy ones, and still only over-quota projects' jobs (the guarantee is unchanged)."""
+    snap, need = drawn
+    note(f"snapshot: {snap}")
+    config = replace(config, min_runtime_s=0.0)
+    result, _ = Contract(config).check(snap)
+    victims = [j for j in snap.jobs if j.id in {p.job for p in result.preemptions}]
+    assert all(v.project in ("x", "y") for v in victims)
+    assert len(victims) == need
+    idle = [j for j in snap.jobs if j.project in ("x", "y") and j.idle]
+    assert sum(v.idle for v in victims) == min(len(idle), need)
+    event(f"idle and busy over quota: {0 < len(idle) < need}")
 
 
 def test_the_guarantee_check_is_exercised():

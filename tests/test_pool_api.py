@@ -16,7 +16,7 @@ def test_openapi_paths_and_methods_are_exactly_the_handlers():
     served = {documented(pattern): handler for pattern, handler in routes("")}
     assert set(served) == set(SPEC["paths"])
     for path, handler in served.items():
-        implemented = {m for m in ("get", "post", "put", "delete") if m in vars(handler)}
+        implemented = {m for m in ("get", "post", "put", "patch", "delete") if m in vars(handler)}
         assert implemented == set(SPEC["paths"][path]), path
 
 

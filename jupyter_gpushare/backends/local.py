@@ -28,7 +28,7 @@ from traitlets import Bool, Integer, List, Unicode, default, validate
 from .. import gpus as gpu_inventory
 from ..policy.model import GPU, Node, gpus_text
 from . import shim
-from .base import Backend, BackendError, Exit, Handle, Launch, private_dir
+from .base import Backend, BackendError, Exit, Handle, Launch, LocalAttempt, private_dir
 
 SIMULATED_LABEL = "gpushare.io/simulated"
 ORPHAN_GRACE_S = 10.0
@@ -140,6 +140,14 @@ class LocalBackend(Backend):
         return [Node(name, len(found),
                      labels={SIMULATED_LABEL: "true"} if source == "simulated" else {})
                 for name, (source, found) in self._gpus().items()]
+
+    def local_gpus(self) -> dict[str, list[gpu_inventory.GPUInfo]]:
+        return {name: list(found) for name, (_source, found) in self._gpus().items()}
+
+    def local_attempts(self) -> list[LocalAttempt]:
+        return [LocalAttempt(a.job_id, a.attempt, a.pgid,
+                             {n: tuple(u) for n, u in a.devices.items()})
+                for a in self._running.values()]
 
     def _service_is_root(self) -> bool:
         return os.geteuid() == 0

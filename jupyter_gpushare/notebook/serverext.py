@@ -37,6 +37,7 @@ from traitlets.config import LoggingConfigurable
 from .. import client as pool_client
 from ..client import ClientError, NoCredentials, PoolClient, PoolError
 from ..gpus import Inventory, NVMLInventory
+from .activity import KernelActivity
 from .watchdog import BuildSlice, SliceWatchdog
 
 AUTH_RESOURCE = "gpushare"
@@ -82,6 +83,13 @@ class GPUShareExtension(LoggingConfigurable):
         ($GPUSHARE_SLICE_GPUS) or without NVML.
         """).tag(config=True)
 
+    activity_interval = Float(30.0, min=0.0, help="""
+        Seconds between two reports of this server's kernels (how many, how many busy) to the
+        pool, which never culls a server with a busy kernel; busy kernels also count as
+        activity in the hub's records. 0 turns the reports off. Only servers with a build
+        slice report.
+        """).tag(config=True)
+
     inventory = Instance(Inventory, help="""
         Where the watchdog reads GPU memory: NVML by default. A
         jupyter_gpushare.gpus.SimulatedInventory stands in on machines without GPUs.
@@ -111,6 +119,7 @@ class GPUShareExtension(LoggingConfigurable):
         self.slice: BuildSlice | None = None
         self.watchdog: SliceWatchdog | None = None
         self.watchdog_off: str | None = None
+        self.activity: KernelActivity | None = None  # started with the server, with a slice
         self._timer: PeriodicCallback | None = None
         try:
             self.slice = BuildSlice.from_environment()
@@ -393,4 +402,9 @@ def _load_jupyter_server_extension(serverapp):
 
 
 async def _start_jupyter_server_extension(serverapp):
-    serverapp.web_app.settings["gpushare"].start_watchdog()
+    extension = serverapp.web_app.settings["gpushare"]
+    extension.start_watchdog()
+    if extension.slice is not None and extension.activity_interval and extension.pool_url:
+        extension.activity = KernelActivity(serverapp, extension.client, extension.executor,
+                                            extension.activity_interval, extension.log)
+        extension.activity.start()

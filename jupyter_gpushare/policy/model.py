@@ -98,7 +98,9 @@ class TrainJob:
     ``preempting`` marks a running job that was told to stop and still holds its GPUs
     until its grace period ends. ``reserved`` names the nodes kept for a pending job that
     waited too long (see ``PolicyConfig.reserve_after_s``); the caller hands back what the
-    previous cycle decided so that a reservation stays put.
+    previous cycle decided so that a reservation stays put. ``idle`` marks a running job
+    whose GPUs have stayed idle (measured by the caller): among otherwise equal victims,
+    idle jobs are taken first.
     """
 
     id: str
@@ -113,6 +115,7 @@ class TrainJob:
     start_time: float | None = None
     preempting: bool = False
     reserved: tuple[str, ...] = ()
+    idle: bool = False
 
     def __post_init__(self):
         if self.gpus <= 0 or self.gpus % GPU:

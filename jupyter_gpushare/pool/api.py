@@ -149,6 +149,8 @@ class PoolHandler(HubAuthenticated, web.RequestHandler):
             "preempting": bool(row.preempting),
             "queue_position": ex.positions.get(row.id) if row.state == "pending" else None,
             "reason": self.why_text(row, ex),
+            "usage": self.pool.usage.meter.holder_now("job", f"{row.id}/{row.attempt}")
+            if row.state == "running" else None,
             # Why this is not the first attempt ("preempted; requeued to resume ..."), for
             # front ends that follow a job across attempts.
             "requeued": (row.message or None) if row.attempt > 1 and row.state in
@@ -195,6 +197,7 @@ def list_key(who: Who, arguments: dict) -> tuple:
 
 class PoolInfoHandler(PoolHandler):
     def get(self):
+        from .api_usage import pool_gpus
         ex = self.pool.scheduler.explained
         nodes = [{"name": n.name, "gpus": n.gpus, "pool": n.pool, "labels": dict(n.labels)}
                  for n in ex.nodes]
@@ -205,7 +208,8 @@ class PoolInfoHandler(PoolHandler):
                     "build": {"capacity": sum(n.gpus for n in build),
                               "in_use": sum(r.milli for r in self.pool.store.slices()) / GPU,
                               "allowance": self.pool.build_allowance,
-                              "nodes": [{"name": n.name, "gpus": n.gpus} for n in build]}})
+                              "nodes": [{"name": n.name, "gpus": n.gpus} for n in build]},
+                    **pool_gpus(self)})
 
 
 class QuotaHandler(PoolHandler):
@@ -224,7 +228,8 @@ class JobsHandler(PoolHandler):
         # Many clients poll the same lists: the answer only changes when the store is
         # written or a cycle explains positions anew, so it is kept until then.
         key = (*list_key(self.who, self.request.query_arguments), id(self.pool.store),
-               self.pool.store.version, self.pool.scheduler.explained.at)
+               self.pool.store.version, self.pool.scheduler.explained.at,
+               self.pool.usage.meter.version)
         body = _LISTS.get(key)
         if body is None:
             body = json.dumps(self._list())
@@ -507,6 +512,20 @@ class SlicesHandler(PoolHandler):
 
 
 class SliceHandler(PoolHandler):
+    def patch(self, slice_id):
+        """The spawner says which process is the slice's notebook server (usage attribution)."""
+        if not (self.who.admin or self.who.kind == "service"):
+            self.fail(403, "build slices are changed by the hub's spawner, not by users")
+        body = self.body()
+        pid = body.get("pid") if isinstance(body, dict) else None
+        if not isinstance(body, dict) or set(body) != {"pid"} or isinstance(pid, bool) or \
+                not isinstance(pid, int) or not 0 < pid < 2**31:
+            self.fail(400, "the body must be {\"pid\": N}, the notebook server's process id")
+        row = self.pool.store.set_slice_pid(slice_id, pid)
+        if row is None:
+            self.fail(404, f"there is no slice {slice_id}")
+        self.reply(slice_json(row, self.pool))
+
     def delete(self, slice_id):
         if not (self.who.admin or self.who.kind == "service"):
             self.fail(403, "build slices are released by the hub's spawner, not by users")
@@ -521,7 +540,9 @@ def slice_json(row, pool) -> dict:
     (pinned slices need it), else null."""
     return {"id": row.id, "user": row.user, "server": row.server, "gpus": row.milli / GPU,
             "node": row.node, "gpu": row.gpu, "uuid": pool.build_gpu_uuid(row.node, row.gpu),
-            "created": row.created}
+            "created": row.created, "pid": row.pid,
+            "usage": pool.usage.meter.holder_now("slice", row.id),
+            "cull": pool.usage.culler.warning_of(row.id) if pool.usage.culler else None}
 
 
 class MetricsHandler(PoolHandler):
@@ -539,6 +560,7 @@ class OpenAPIHandler(web.RequestHandler):
 
 
 def routes(prefix: str) -> list:
+    from .api_usage import ActivityHandler, SamplesHandler, UsageHandler
     p = prefix.rstrip("/")
     return [
         (rf"{p}/api/pool", PoolInfoHandler),
@@ -550,6 +572,9 @@ def routes(prefix: str) -> list:
         (rf"{p}/api/projects/([^/]+)", ProjectHandler),
         (rf"{p}/api/slices", SlicesHandler),
         (rf"{p}/api/slices/([^/]+)", SliceHandler),
+        (rf"{p}/api/usage", UsageHandler),
+        (rf"{p}/api/samples", SamplesHandler),
+        (rf"{p}/api/activity", ActivityHandler),
         (rf"{p}/metrics", MetricsHandler),
         (rf"{p}/api/openapi.json", OpenAPIHandler),
     ]

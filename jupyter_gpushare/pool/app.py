@@ -32,6 +32,7 @@ from .loop import Scheduler
 from .models import JobRow, ProjectRow
 from .store import Store
 from .sweep import release_stale
+from .usage_service import GPUUsage
 
 
 BACKENDS = {"local": "jupyter_gpushare.backends.local.LocalBackend",
@@ -58,7 +59,7 @@ class PoolService(Application):
     name = "gpushare-pool"
     version = __version__
     description = "The jupyter-gpushare pool service: a guaranteed-quota train pool in JupyterHub."
-    classes = [LocalBackend]
+    classes = [LocalBackend, GPUUsage]
 
     config_file = Unicode("gpushare_config.py", help="Python config file to load if it "
                           "exists (relative to the working directory).").tag(config=True)
@@ -221,6 +222,8 @@ class PoolService(Application):
             reclaim_fair_share=self.reclaim_fair_share),
             self.grace_period, self.launch_for, self.log)
         self.scheduler.explained.nodes = self.backend.nodes()  # api/pool before the first cycle
+        self.usage = GPUUsage(self, parent=self)
+        self.scheduler.idle_jobs = self.usage.idle_jobs
         api_url = os.environ.get("JUPYTERHUB_API_URL", "")
         self.directory = HubDirectory(api_url, os.environ.get("JUPYTERHUB_API_TOKEN", ""),
                                       self.rights_ttl, self.rights_max_stale)
@@ -364,6 +367,7 @@ class PoolService(Application):
                                                   f.exception()))
         # The loop adopts what still runs first (reconcile), while the API already answers.
         running = asyncio.ensure_future(self.scheduler.run(self.cycle_interval))
+        beside = [asyncio.ensure_future(c) for c in self.usage.coroutines()]
         try:
             await asyncio.wait([running, stopping], return_when=asyncio.FIRST_COMPLETED)
             if stopping.done():
@@ -371,9 +375,10 @@ class PoolService(Application):
                               "service starts again", stopping.result())
         finally:
             server.stop()
-            for task in (running, sweeping):
+            for task in (running, sweeping, *beside):
                 task.cancel()
-            await asyncio.gather(running, sweeping, return_exceptions=True)
+            await asyncio.gather(running, sweeping, *beside, return_exceptions=True)
+            await self.usage.close()
             await self.backend.shutdown()
 
 

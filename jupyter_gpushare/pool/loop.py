@@ -37,6 +37,7 @@ class Scheduler:
         self.launch_for = launch_for  # JobRow → Launch (the app knows users' homes, python)
         self.log = log or logging.getLogger("gpushare.pool")
         self.explained = Explanation()
+        self.idle_jobs = lambda: set()  # ids of jobs flagged idle (usage): victims first
         self.reserved: dict[str, tuple[str, ...]] = {}
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()
@@ -113,7 +114,8 @@ class Scheduler:
             rows = self.store.active()
             projects = tuple(Project(p.name, p.quota, p.over_quota_weight, p.limit, p.priority)
                              for p in self.store.projects())
-            jobs = tuple(self._train_job(r) for r in rows)
+            idle = self.idle_jobs()
+            jobs = tuple(self._train_job(r, r.id in idle) for r in rows)
             result = cycle(Snapshot(now, tuple(nodes), projects, jobs), self.config)
             by_id = {r.id: r for r in rows}
             for p in result.preemptions:
@@ -178,7 +180,7 @@ class Scheduler:
             else:
                 self.store.finish(row.id, now, ex.state, ex.exit_code, ex.reason)
 
-    def _train_job(self, row: JobRow) -> TrainJob:
+    def _train_job(self, row: JobRow, idle: bool = False) -> TrainJob:
         running = row.state == "running"
         return TrainJob(row.id, row.project, row.gpus, user=row.user, priority=row.priority,
                         submit_time=row.submitted,
@@ -186,4 +188,4 @@ class Scheduler:
                         attempt=row.attempt, placement=row.placement if running else {},
                         start_time=row.started if running else None,
                         preempting=row.preempting or row.cancel_requested,
-                        reserved=self.reserved.get(row.id, ()))
+                        reserved=self.reserved.get(row.id, ()), idle=idle and running)

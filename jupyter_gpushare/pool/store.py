@@ -265,6 +265,14 @@ class Store:
             s.commit()
             return row
 
+    def set_slice_pid(self, slice_id: str, pid: int) -> SliceRow | None:
+        with self.session() as s:
+            row = s.get(SliceRow, slice_id)
+            if row is not None:
+                row.pid = pid
+                s.commit()
+            return row
+
     def remove_slice(self, slice_id: str) -> SliceRow | None:
         with self.session() as s:
             row = s.get(SliceRow, slice_id)
