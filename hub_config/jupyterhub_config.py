@@ -88,15 +88,19 @@ c.JupyterHub.custom_scopes = {
 c.JupyterHub.load_roles = [
     {"name": "user", "scopes": ["self", "access:services!service=gpushare"]},
     {"name": "gpushare-admin", "users": ["admin"], "scopes": ["custom:gpushare:admin"]},
+    # read:servers: which servers the hub runs (stale slices), their activity (culling);
+    # servers: culling stops idle build sessions
     {"name": "gpushare-service", "services": ["gpushare"],
-     "scopes": ["read:users", "read:groups", "read:servers"]},
+     "scopes": ["read:users", "read:groups", "read:servers", "servers"]},
     # the spawner reserves build slices at the pool as a service of its own
     {"name": "gpushare-spawner", "services": ["gpushare-spawner"],
      "scopes": ["access:services!service=gpushare"]},
 ]
 c.Spawner.server_token_scopes = ["users:activity!user", "access:servers!user",
                                  "access:services!service=gpushare"]
-c.Spawner.environment = {}  # GPUSHARE_URL comes from the spawner: the hub's own address
+# GPUSHARE_URL comes from the spawner: the hub's own address. Servers tell the hub of activity
+# every 30 s (default 300), so that culling (gpushare_config.py) sees a session in use soon.
+c.Spawner.environment = {"JUPYTERHUB_ACTIVITY_INTERVAL": "30"}
 c.Spawner.default_url = "/lab"
 c.Spawner.http_timeout = 120  # JupyterLab can take a while to come up on a small machine
 
@@ -148,7 +152,9 @@ pool_config = HERE / "gpushare_config.py"
 c.JupyterHub.services = [{
     "name": "gpushare",
     "url": f"http://127.0.0.1:{SERVICE_PORT}",
-    "command": [sys.executable, "-m", "jupyter_gpushare.pool",
+    # The supervisor starts the service again at once if it dies (the hub would notice only
+    # at its 30 s poll); see the README's "Reliability".
+    "command": [sys.executable, "-m", "jupyter_gpushare.pool.supervisor",
                 f"--PoolService.config_file={pool_config}",
                 f"--PoolService.state_dir={STATE / 'pool'}"]
                + ([] if AS_ROOT else ["--LocalBackend.run_as_service_user=True"])

@@ -7,29 +7,9 @@ import json
 import os
 import sys
 
-from .policy.model import GPU, PolicyConfig
-
-
-class _Parser(argparse.ArgumentParser):
-    """Bad arguments get one sentence and exit status 2, never a usage dump or a traceback."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: {message}; see '{self.prog} --help'\n")
-
-
-class CommandError(Exception):
-    """A failure said in one line on stderr; ``status`` is the exit status."""
-
-    def __init__(self, message: str, status: int = 1):
-        super().__init__(message)
-        self.status = status
-
-
-class UsageError(CommandError):
-    """Input the user can fix; printed as one line, exit status 2."""
-
-    def __init__(self, message: str):
-        super().__init__(message, 2)
+from .cli_base import CommandError, UsageError, _Parser
+from .cli_pool import add_pool_commands
+from .policy.model import DEFAULT_MIN_RUNTIME_S, GPU, PolicyConfig
 
 
 def _positive_int(text):
@@ -83,16 +63,15 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--checkpoint-interval", type=_seconds, default=1800.0, metavar="S",
                      help="seconds of run time between a job's checkpoints; a preempted job loses "
                      "the work since its last one (default 1800; 0: no checkpoints)")
-    sim.add_argument("--min-runtime", type=_seconds, default=0.0, metavar="S",
-                     help="seconds a job runs before it may be preempted (default 0)")
+    sim.add_argument("--min-runtime", type=_seconds, default=DEFAULT_MIN_RUNTIME_S, metavar="S",
+                     help="seconds a job runs before it may be preempted (default "
+                     f"{DEFAULT_MIN_RUNTIME_S:g}, as the pool service; 0: any time)")
     sim.add_argument("--reserve-after", type=_seconds, default=PolicyConfig().reserve_after_s,
                      metavar="S", help="seconds a job waits before nodes are reserved for it "
                      f"(default {PolicyConfig().reserve_after_s:g})")
     sim.add_argument("--cycle-interval", type=_seconds, default=0.0, metavar="S",
                      help="least seconds between scheduling cycles (default 0: after every event)")
     sim.set_defaults(func=cmd_simulate)
-    # Imported here: cli_pool uses this module's errors, so it loads after them.
-    from .cli_pool import add_pool_commands
     add_pool_commands(sub)
     return parser
 

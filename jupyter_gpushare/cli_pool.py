@@ -1,4 +1,5 @@
-"""The ``gpushare`` commands that talk to the pool service: submit, jobs, logs, cancel, quota, pool.
+"""The ``gpushare`` commands that talk to the pool service: submit, jobs, logs, cancel, quota,
+pool, usage.
 
 Each command is argument parsing, one or two calls of :class:`~.client.PoolClient`, and text for
 people (or ``--json`` for scripts). The client's errors become one line and an exit status:
@@ -16,9 +17,11 @@ import shutil
 import sys
 import time
 
-from .cli import CommandError, UsageError
-from .client import (ACTIVE_STATES, FINAL_STATES, InvalidInput, NoCredentials, PoolClient,
-                     PoolError, PoolUnreachable, add_job_options, argument_type, job_spec)
+from .cli_base import CommandError, UsageError
+from .client import (ACTIVE_STATES, DEFAULT_RETRY_S, FINAL_STATES, InvalidInput, NoCredentials,
+                     PoolClient, PoolError, PoolUnreachable, add_job_options, argument_type,
+                     job_spec)
+from .usage_text import format_usage, idle_text, memory_cell, sm_cell
 
 # The option that gives each job-spec field, for sentences about a bad value.
 _OPTION = {"gpus": "--gpus", "priority": "--priority", "name": "--name", "env": "--env",
@@ -36,6 +39,11 @@ def add_pool_commands(sub) -> None:
     connection.add_argument("--token", metavar="TOKEN", help="a JupyterHub API token (default: "
                             "$JUPYTERHUB_API_TOKEN, which is better: options show in the process "
                             "list)")
+    connection.add_argument("--retry", type=argument_type(_retry), metavar="SECONDS",
+                            help="while the pool service is not answering (it restarts within "
+                            "seconds), keep trying reads and submits this long (default "
+                            f"$GPUSHARE_RETRY, else {DEFAULT_RETRY_S:g}; 0: fail at once); a "
+                            "submit is never made twice")
     as_json = argparse.ArgumentParser(add_help=False)
     as_json.add_argument("--json", action="store_true", help="print JSON for scripts")
 
@@ -91,6 +99,34 @@ def add_pool_commands(sub) -> None:
                        description="The train pool: its nodes, GPUs and their use.")
     p.set_defaults(func=cmd_pool)
 
+    p = sub.add_parser("usage", parents=[connection, as_json], help="allocation and utilization "
+                       "of the GPUs over a window",
+                       description="GPU-hours held, allocation (share of the pool held), "
+                       "utilization (share of what was held that was used) and idle-allocated "
+                       "share, by project (yours; admins: all), user, job, slice or GPU (admins).")
+    p.add_argument("--by", choices=("project", "user", "job", "slice", "gpu"),
+                   default="project", help="one row per project (default), user, job, slice "
+                   "or GPU")
+    p.add_argument("--since", default="7d", metavar="WHEN", help="start of the window: 7d "
+                   "(default: 7 days ago), 12h, 30m, epoch seconds or 2026-11-20T09:00")
+    p.add_argument("--until", metavar="WHEN", help="end of the window (default: now)")
+    p.add_argument("--sort", choices=("allocated", "idle", "utilization", "name"),
+                   help="allocated (default), idle (the most idle-allocated first), "
+                   "utilization or name")
+    p.add_argument("--limit", type=argument_type(_limit), metavar="N",
+                   help="at most N rows, 1 to 1000 (default 100)")
+    p.set_defaults(func=cmd_usage)
+
+
+def _retry(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 3600:
+        raise InvalidInput("retry", f"must be 0 to 3600 seconds, not {text!r}")
+    return value
+
 
 def _attempt(text):
     if not text.isdigit() or int(text) < 1:
@@ -114,7 +150,10 @@ def _pool_command(run):
     """Give ``run(args, client)`` a client and turn the client's errors into one line."""
     @functools.wraps(run)
     def command(args):
-        client = PoolClient(args.url or None, args.token or None)
+        client = PoolClient(args.url or None, args.token or None, retry_s=args.retry,
+                            on_retry=lambda sentence: print(f"gpushare {args.command}: "
+                                                            f"{sentence}", file=sys.stderr,
+                                                            flush=True))
         try:
             return run(args, client)
         except InvalidInput as e:
@@ -213,6 +252,14 @@ def cmd_quota(args, client) -> int:
 def cmd_pool(args, client) -> int:
     pool = client.pool()
     print(json.dumps(pool, indent=2) if args.json else format_pool(pool))
+    return 0
+
+
+@_pool_command
+def cmd_usage(args, client) -> int:
+    answer = client.usage(since=args.since, until=args.until, by=args.by, sort=args.sort,
+                          limit=args.limit)
+    print(json.dumps(answer, indent=2) if args.json else format_usage(answer, table))
     return 0
 
 
@@ -329,20 +376,26 @@ def format_jobs(jobs: list[dict], now: float | None = None, width: int | None = 
     the reason is cut to fit ``width`` characters (None: never cut)."""
     now = time.time() if now is None else now
     several_users = len({job.get("user") for job in jobs}) > 1
+    measured = any(job.get("usage") for job in jobs)  # running jobs the pool has read
     headers = ["ID", "NAME"] + (["USER"] if several_users else []) + [
-        "STATE", "GPUS", "PROJECT", "POSITION", "REASON", "ATTEMPT", "AGE"]
+        "STATE", "GPUS", "PROJECT", "POSITION"] + (["SM NOW (1H)", "GPU MEM"] if measured
+                                                    else []) + ["REASON", "ATTEMPT", "AGE"]
     rows = []
     for job in jobs:
         state = job.get("state") or "-"
         if state == "running" and job.get("preempting"):
             state = "preempting"
         submitted = job.get("submitted")
+        usage = job.get("usage") if job.get("state") == "running" else None
+        reason = " ".join((job.get("reason") or "").split())
+        idle = idle_text((usage or {}).get("idle_for_s"))
+        reason = "; ".join(r for r in (idle, reason) if r) or "-"
         rows.append([job.get("id", "-"), _cut(job.get("name") or "-", 24)]
                     + ([job.get("user") or "-"] if several_users else [])
                     + [state, gpus(job.get("gpus")), job.get("project") or "-",
-                       job.get("queue_position") if job.get("queue_position") is not None else "-",
-                       " ".join((job.get("reason") or "-").split()),
-                       job.get("attempt") if job.get("attempt") is not None else "-",
+                       job.get("queue_position") if job.get("queue_position") is not None else "-"]
+                    + ([sm_cell(usage), memory_cell(usage)] if measured else [])
+                    + [reason, job.get("attempt") if job.get("attempt") is not None else "-",
                        age(now - submitted if submitted is not None else None)])
     if width is not None:
         col = headers.index("REASON")
@@ -351,7 +404,7 @@ def format_jobs(jobs: list[dict], now: float | None = None, width: int | None = 
         room = max(width - others, 24)
         for row in rows:
             row[col] = _cut(row[col], room)
-    return table(headers, rows, numeric={"GPUS", "POSITION", "ATTEMPT", "AGE"})
+    return table(headers, rows, numeric={"GPUS", "POSITION", "ATTEMPT", "AGE", "GPU MEM"})
 
 
 def format_quota(quota: dict) -> str:

@@ -18,16 +18,21 @@ import os
 import re
 import socket
 import ssl
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Iterator
+import uuid
+from typing import Callable, Iterator
 
 from . import __version__
 
 URL_VARIABLE = "GPUSHARE_URL"
 TOKEN_VARIABLE = "JUPYTERHUB_API_TOKEN"
 EXAMPLE_URL = "http://127.0.0.1:8000/services/gpushare/"
+RETRY_VARIABLE = "GPUSHARE_RETRY"  # seconds reads and submits keep trying (default 60)
+DEFAULT_RETRY_S = 60.0
+RETRY_PAUSE_MAX_S = 2.0  # longest pause between two tries while the service is away
 ACTIVE_STATES = ("pending", "running")
 FINAL_STATES = ("succeeded", "failed", "cancelled")
 
@@ -295,11 +300,19 @@ class PoolClient:
     wait for data, except while following a job's logs, which may be quiet for hours.
     """
 
-    def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0):
+    def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0,
+                 retry_s: float | None = None, on_retry: Callable[[str], None] | None = None):
+        """``retry_s``: how long reads and submits keep trying while the service cannot be
+        reached (a restart takes a few seconds), with a pause that grows from 0.1 s to
+        ``RETRY_PAUSE_MAX_S``; 0 tries once; default ``$GPUSHARE_RETRY``, else 60.
+        ``on_retry(sentence)`` hears, once per outage, that the service is not answering
+        and is being tried again."""
         self._url_from = "the URL" if url else URL_VARIABLE
         self._url = url if url else os.environ.get(URL_VARIABLE, "")
         self._token = token if token else os.environ.get(TOKEN_VARIABLE, "")
         self.timeout = timeout
+        self.retry_s = _retry_from_environment() if retry_s is None else retry_s
+        self.on_retry = on_retry
         self._opener = urllib.request.build_opener(_NoRedirect())
 
     def __repr__(self):
@@ -333,9 +346,16 @@ class PoolClient:
                  "limit": None if limit is None else str(limit)}
         return self._json("GET", "api/jobs", query=query)["jobs"]
 
-    def submit(self, spec: dict) -> dict:
-        """Submit a train job (see :func:`job_spec`); returns the job, with its ``reason``."""
-        return self._json("POST", "api/jobs", body=spec)
+    def submit(self, spec: dict, request_id: str | None = None) -> dict:
+        """Submit a train job (see :func:`job_spec`); returns the job, with its ``reason``.
+
+        The submit carries a key (``request_id``, or one made here) in the
+        ``Idempotency-Key`` header, so it is retried through a restart of the service: a try
+        that reached the service before it died gets its job back, and no second job is
+        made. Pass the same ``request_id`` to submit again safely from a new process."""
+        key = request_id or spec.get("request_id") or str(uuid.uuid4())
+        return self._json("POST", "api/jobs", body=spec, headers={"Idempotency-Key": key},
+                          retry=True)
 
     def job(self, job_id: str) -> dict:
         return self._json("GET", f"api/jobs/{_segment(job_id)}")
@@ -357,7 +377,7 @@ class PoolClient:
                  "attempt": str(attempt) if attempt is not None else None,
                  "rank": str(rank) if rank else None}
         path = f"api/jobs/{_segment(job_id)}/logs"
-        with self._open("GET", path, query=query) as response:
+        with self._retrying(lambda: self._open("GET", path, query=query), True) as response:
             if follow:
                 _wait_forever(response)
             decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -385,6 +405,28 @@ class PoolClient:
     def slices(self) -> list[dict]:
         return self._json("GET", "api/slices")["slices"]
 
+    def set_slice_pid(self, slice_id: str, pid: int) -> dict:
+        """Tell the pool which process is the slice's notebook server (the spawner)."""
+        return self._json("PATCH", f"api/slices/{_segment(slice_id)}", body={"pid": pid})
+
+    def usage(self, since: str | None = None, until: str | None = None, by: str | None = None,
+              step: str | None = None, sort: str | None = None, limit: int | None = None) -> dict:
+        """Allocation and utilization over a window (``since`` e.g. "7d", "12h", epoch seconds
+        or ISO 8601; ``until`` default now) by project, user, job, slice or gpu (admins)."""
+        query = {"since": since, "until": until, "by": by, "step": step, "sort": sort,
+                 "limit": None if limit is None else str(limit)}
+        return self._json("GET", "api/usage", query=query)
+
+    def report_kernels(self, server: str, kernels: int, busy: int) -> None:
+        """A notebook server says how many of its kernels are busy (culling spares it then)."""
+        with self._open("POST", "api/activity", body={"server": server, "kernels": kernels,
+                                                      "busy": busy}) as response:
+            self._read(response, "api/activity")
+
+    def post_samples(self, reading: dict) -> dict:
+        """A node agent's reading of its GPUs (only the agent's service token may)."""
+        return self._json("POST", "api/samples", body=reading)
+
     def slice(self) -> dict:
         """A notebook server's build slice and its slice watchdog's latest report
         (``slice``, ``watchdog``, ``watchdog_off``). Only the server extension answers it: give
@@ -403,22 +445,48 @@ class PoolClient:
 
     # -- HTTP --
 
-    def _json(self, method, path, *, query=None, body=None, auth=True):
-        with self._open(method, path, query=query, body=body, auth=auth) as response:
-            data = self._read(response, path)
-            try:
-                return json.loads(data)
-            except ValueError:
-                raise PoolError(response.status, self._not_the_service(
-                    f"answered {path} with something that is not JSON")) from None
+    def _json(self, method, path, *, query=None, body=None, auth=True, headers=None,
+              retry=None):
+        """One call; reads (and submits, which carry a key) are tried again while the
+        service cannot be reached, for up to ``retry_s``."""
+        def call():
+            with self._open(method, path, query=query, body=body, auth=auth,
+                            headers=headers) as response:
+                return response.status, self._read(response, path)
 
-    def _open(self, method, path, *, query=None, body=None, auth=True):
+        status, data = self._retrying(call, method == "GET" if retry is None else retry)
+        try:
+            return json.loads(data)
+        except ValueError:
+            raise PoolError(status, self._not_the_service(
+                f"answered {path} with something that is not JSON")) from None
+
+    def _retrying(self, call, retry: bool):
+        """``call()``, tried again while the service cannot be reached (PoolUnreachable:
+        refused, reset, or 502/503/504 from the hub's proxy) until ``retry_s`` is over."""
+        deadline, pause, told = time.monotonic() + self.retry_s, 0.1, False
+        while True:
+            try:
+                return call()
+            except PoolUnreachable:
+                left = deadline - time.monotonic()
+                if not retry or left <= 0:
+                    raise
+                if not told and self.on_retry is not None:
+                    self.on_retry(f"the pool service is not answering (it may be restarting);"
+                                  f" trying again for up to {self.retry_s:g} s")
+                    told = True
+                time.sleep(min(pause, left))
+                pause = min(pause * 2, RETRY_PAUSE_MAX_S)
+
+    def _open(self, method, path, *, query=None, body=None, auth=True, headers=None):
         base = self._base()
         url = base + path
         query = {k: v for k, v in (query or {}).items() if v is not None}
         if query:
             url += "?" + urllib.parse.urlencode(query)
-        headers = {"Accept": "application/json", "User-Agent": f"jupyter-gpushare/{__version__}"}
+        headers = {"Accept": "application/json", "User-Agent": f"jupyter-gpushare/{__version__}",
+                   **(headers or {})}
         if auth:
             headers["Authorization"] = f"token {self._checked_token()}"
         data = None
@@ -506,6 +574,14 @@ class PoolClient:
     def _not_the_service(self, what: str) -> str:
         return (f"{display_url(self.url)} {what}; is {self._url_from} the pool service's "
                 f"address, like {EXAMPLE_URL}?")
+
+
+def _retry_from_environment() -> float:
+    try:
+        value = float(os.environ.get(RETRY_VARIABLE, DEFAULT_RETRY_S))
+    except ValueError:
+        return DEFAULT_RETRY_S
+    return value if 0 <= value <= 3600 else DEFAULT_RETRY_S
 
 
 def _segment(value) -> str:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_gpushare.backends import BackendError, Launch
+from jupyter_gpushare.backends.base import Exit, Handle
 from jupyter_gpushare.backends.local import SIMULATED_LABEL, LocalBackend
 from jupyter_gpushare.backends.shim import members
 from jupyter_gpushare.gpus import SimulatedInventory, detect
@@ -324,6 +325,23 @@ async def test_restart_reports_jobs_that_ended_meanwhile(make_backend, launch):
     exits = sorted(await after.adopt([done, vanished]), key=lambda e: e.job_id)
     assert [(e.job_id, e.state) for e in exits] == [("done", "succeeded"), ("vanished", "lost")]
     assert await after.poll() == []
+
+
+@pytest.mark.asyncio
+async def test_restart_finds_an_attempt_whose_handle_was_never_stored(make_backend, launch):
+    # The service died between starting it and storing its handle: adopt() gets an empty
+    # handle, finds the attempt by job and attempt, and it runs (and ends) once.
+    before = make_backend()
+    await before.start(launch("unsaved", WAIT_FOR_GO + "exit 5",
+                              placement={"sim-node-0": 3 * GPU}))
+    after = make_backend()
+    assert await after.adopt([Handle("unsaved", 1, {}), Handle("never", 1, {})]) == [
+        Exit("never", 1, "lost", reason="its record does not say where it ran")]
+    with pytest.raises(BackendError, match="only 1 GPU free"):  # it keeps its devices
+        await after.start(launch("other", "true", placement={"sim-node-0": 2 * GPU}))
+    await go(after, launch, "unsaved")
+    [exit] = await ended(after)
+    assert (exit.job_id, exit.state, exit.exit_code) == ("unsaved", "failed", 5)
 
 
 @pytest.mark.asyncio

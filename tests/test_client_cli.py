@@ -200,12 +200,12 @@ def test_no_url_and_no_token_say_what_to_set(capsys, monkeypatch):
 def test_closed_port_is_unreachable(capsys, monkeypatch):
     url = f"http://127.0.0.1:{closed_port()}/services/gpushare/"
     with pytest.raises(PoolUnreachable) as e:
-        PoolClient(url.rstrip("/"), TOKEN).jobs()
+        PoolClient(url.rstrip("/"), TOKEN, retry_s=0).jobs()
     assert str(e.value) == (f"the pool service at {url} cannot be reached (connection refused); "
                             f"is JupyterHub running and the URL right?")
     monkeypatch.setenv("GPUSHARE_URL", url)
     monkeypatch.setenv("JUPYTERHUB_API_TOKEN", TOKEN)
-    code, out, err = run(capsys, "pool")
+    code, out, err = run(capsys, "pool", "--retry", "0")
     assert code == 1 and out == ""
     assert err == (f"gpushare pool: the pool service at {url} cannot be reached (connection "
                    f"refused); is JupyterHub running and GPUSHARE_URL right?\n")
@@ -214,7 +214,8 @@ def test_closed_port_is_unreachable(capsys, monkeypatch):
 def test_console_script_unreachable_has_no_traceback():
     exe = Path(sys.executable).with_name("gpushare")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "jupyter_gpushare"]
-    proc = subprocess.run([*cmd, "jobs", "--url", f"http://127.0.0.1:{closed_port()}/"],
+    proc = subprocess.run([*cmd, "jobs", "--retry", "0", "--url",
+                           f"http://127.0.0.1:{closed_port()}/"],
                           capture_output=True, text=True,
                           env={**os.environ, "JUPYTERHUB_API_TOKEN": TOKEN})
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1
@@ -237,7 +238,7 @@ def test_console_script_unreachable_has_no_traceback():
 ], ids=["json-403", "hub-403", "login-redirect", "html-404", "proxy-503", "json-500", "html-200"])
 def test_error_answers_are_sentences_without_the_token(service, route, kind, words):
     service.routes[("GET", "api/jobs")] = route
-    client = PoolClient(service.url + f"?token={TOKEN}", TOKEN)
+    client = PoolClient(service.url + f"?token={TOKEN}", TOKEN, retry_s=0)
     with pytest.raises(kind) as e:
         client.jobs()
     assert words in str(e.value) and TOKEN not in str(e.value) and TOKEN not in repr(client)
@@ -250,6 +251,49 @@ def test_a_token_that_cannot_be_a_header_is_refused_unshown(service):
         PoolClient(service.url, bad).pool()
     assert "not a JupyterHub token" in str(e.value) and TOKEN not in str(e.value)
     assert service.requests == []
+
+
+def restarting(times, then):
+    """A route that answers 503 from the hub's proxy ``times`` times, then ``then``."""
+    tries = []
+
+    def answer(handler):
+        tries.append(1)
+        status, payload = (503, b"<html>down</html>") if len(tries) <= times else then
+        data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+        handler.send_response(status)
+        handler.send_header("Content-Type", "text/html" if status == 503 else
+                            "application/json")
+        handler.send_header("Content-Length", str(len(data)))
+        handler.end_headers()
+        handler.wfile.write(data)
+    return answer
+
+
+def test_a_submit_survives_a_restart_with_one_line_and_one_key(capsys, env):
+    env.routes[("POST", "api/jobs")] = restarting(2, (201, {"id": "j-1", "state": "pending"}))
+    code, out, err = run(capsys, "submit", "--", "python", "t.py")
+    assert code == 0 and "j-1" in out
+    assert err == ("gpushare submit: the pool service is not answering (it may be restarting); "
+                   "trying again for up to 60 s\n")
+    keys = {r["headers"]["Idempotency-Key"] for r in env.requests}
+    assert len(env.requests) == 3 and len(keys) == 1 and None not in keys
+
+
+def test_reads_are_retried_and_give_up_after_the_retry_time(capsys, env):
+    env.routes[("GET", "api/quota")] = restarting(1, (200, {"user": "u", "projects": []}))
+    assert run(capsys, "quota", "--json")[0] == 0
+    env.routes[("GET", "api/pool")] = restarting(1000, (200, {}))
+    code, out, err = run(capsys, "pool", "--retry", "0.5")
+    assert code == 1 and "trying again for up to 0.5 s" in err and "not answering" in err
+    assert err.count("\n") == 2  # the notice, then the failure
+
+
+def test_a_cancel_is_not_retried(env):
+    env.routes[("DELETE", "api/jobs/j-1")] = restarting(1, (200, {"id": "j-1"}))
+    with pytest.raises(PoolUnreachable):
+        PoolClient(env.url, TOKEN).cancel("j-1")
+    assert len(env.requests) == 1
 
 
 @pytest.mark.parametrize("status, code", [(409, 2), (400, 2), (500, 1)])

@@ -81,7 +81,7 @@ def stop(hub: Hub) -> None:
     hub.stop()
     proxy = subprocess.run(["pgrep", "-f", f"configurable-http-proxy --ip 127.0.0.1 --port "
                                            f"{hub.port} "], capture_output=True, text=True)
-    for pid in hub.service_pids() + [int(p) for p in proxy.stdout.split()]:
+    for pid in hub.pool_pids() + [int(p) for p in proxy.stdout.split()]:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:

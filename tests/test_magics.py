@@ -36,6 +36,7 @@ c.LocalBackend.simulated_gpus_per_node = 4
 c.PoolService.projects = {{"vision": {{"quota": 2, "groups": ["vision"]}},
                           "nlp": {{"quota": 2, "groups": ["nlp"]}}}}
 c.PoolService.grace_period = 3
+c.PoolService.min_runtime = 0  # preempt at once: these tests watch preemption
 """
 # carol is in two projects, dave in none.
 GROUPS = {"vision": ["alice", "carol"], "nlp": ["bob", "carol"], "others": ["dave"]}
@@ -297,7 +298,8 @@ def test_bad_input_prints_one_sentence_and_submits_nothing(hub, kernel, workdir,
     ("os.environ['JUPYTERHUB_API_TOKEN'] = 'not-a-token'",
      "this needs a JupyterHub token that may use the gpushare service"),
     ("del os.environ['GPUSHARE_URL']", "this kernel does not know the pool service's address"),
-    ("os.environ['GPUSHARE_URL'] = 'http://127.0.0.1:{closed}/services/gpushare/'",
+    ("os.environ['GPUSHARE_URL'] = 'http://127.0.0.1:{closed}/services/gpushare/'; "
+     "os.environ['GPUSHARE_RETRY'] = '1'",
      "cannot be reached (connection refused)"),
 ], ids=["several-projects", "no-project", "no-token", "bad-token", "no-url", "pool-down"])
 def test_who_and_where_problems_print_one_sentence(hub, kernel, setup, words):
@@ -311,6 +313,9 @@ def test_who_and_where_problems_print_one_sentence(hub, kernel, setup, words):
     assert cell.status == "error" and "Traceback" not in cell.text, cell.text
     assert words in cell.error_line, cell.error_line
     assert job_count(hub) == before
+    if "GPUSHARE_RETRY" in setup:  # tried again for a second, saying so once
+        assert cell.text.count("not answering (it may be restarting); trying again for up "
+                               "to 1 s") == 1, cell.text
 
 
 def test_the_pool_refuses_a_relative_workdir(hub):

@@ -2,7 +2,9 @@
 
 A random world is driven through many cycles the way the service drives the policy
 (``builders.apply``): jobs finish after their run time, preempted jobs release their GPUs
-after a grace of one cycle and are requeued. Every cycle is checked against DESIGN.md's
+after a grace of one cycle and are requeued, unless their run time ended within that grace:
+then they exited 0 by themselves and have finished, never to run again (contract 9,
+``policy/outcome.py``). Every cycle is checked against DESIGN.md's
 scheduling contract; the checks use their own brute-force arithmetic, never the policy's.
 """
 
@@ -18,6 +20,7 @@ from builders import GPU, apply, finish
 from jupyter_gpushare.policy import (CycleResult, JobState, Node, PolicyConfig, Project, Snapshot,
                                      TrainJob, cycle)
 from jupyter_gpushare.policy import reasons as R
+from jupyter_gpushare.policy.outcome import SUCCEEDED, after_stop
 
 DT = 10.0  # seconds between cycles; the grace period is one cycle
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -58,14 +61,15 @@ def worlds(draw, max_jobs=20, arrive_until=12, finite=True):
                 job = TrainJob(f"r{len(arrivals)}", draw(st.sampled_from(projects)).name,
                                gpus * GPU, priority=draw(st.integers(0, 2)), submit_time=since,
                                state=JobState.RUNNING, placement={f"n{node}": gpus * GPU},
-                               start_time=since)
+                               start_time=since, idle=draw(st.booleans()))
                 arrivals.append(Arrival(0, job, duration))
     for i in range(draw(st.integers(1, max_jobs))):
         gpus = draw(st.one_of(st.integers(1, biggest), st.integers(1, capacity + 1)))
         step = draw(st.integers(0, arrive_until))
         duration = draw(st.one_of(st.none(), st.integers(1, 8))) if finite else None
         job = TrainJob(f"j{i}", draw(st.sampled_from(projects)).name, gpus * GPU,
-                       priority=draw(st.integers(0, 2)), submit_time=step * DT)
+                       priority=draw(st.integers(0, 2)), submit_time=step * DT,
+                       idle=draw(st.booleans()))  # idle once it runs (GPUs measured unused)
         arrivals.append(Arrival(step, job, duration))
     nodes = tuple(Node(f"n{i}", g) for i, g in enumerate(sizes))
     return World(nodes, tuple(projects), tuple(arrivals), draw(configs()))
@@ -121,7 +125,8 @@ def snapshots(draw, now=100.0):
                             sum(placement.values()) * GPU, priority=draw(st.integers(0, 2)),
                             submit_time=since, state=JobState.RUNNING,
                             placement={n: g * GPU for n, g in placement.items()},
-                            start_time=since, preempting=draw(st.integers(0, 9)) == 0))
+                            start_time=since, preempting=draw(st.integers(0, 9)) == 0,
+                            idle=draw(st.booleans())))
     for i in range(draw(st.integers(1, 4))):
         gpus = draw(st.one_of(st.integers(1, max(sizes)), st.integers(1, capacity + 1)))
         out.append(TrainJob(f"q{i}", draw(st.sampled_from(names)), gpus * GPU,
@@ -136,7 +141,7 @@ def snapshots(draw, now=100.0):
 
 
 @st.composite
-def full_pools(draw, now=100.0):
+def full_pools(draw, now=100.0, young=False):
     """A full pool of small jobs of three projects and a claimant ``z`` within its quota.
 
     Quotas fit the pool, so the others run at least the claimant's gang beyond their quotas;
@@ -151,12 +156,15 @@ def full_pools(draw, now=100.0):
             left -= gpus
             project = draw(st.sampled_from(sorted(usage)))
             usage[project] += gpus
-            since = now - draw(st.sampled_from([10.0, 20.0, 30.0, 40.0, 50.0]))
+            since = now if young else now - draw(st.sampled_from([10.0, 20.0, 30.0, 40.0,
+                                                                  50.0]))
             jobs.append(TrainJob(f"r{len(jobs)}", project, gpus * GPU, submit_time=since,
                                  state=JobState.RUNNING, placement={f"n{node}": gpus * GPU},
-                                 start_time=since))
+                                 start_time=since, idle=draw(st.booleans())))
     gpus = draw(st.integers(1, 2 * size))
-    quotas = {p: draw(st.integers(0, u)) for p, u in sorted(usage.items())}
+    # young: every running job just started, and they all borrow (quota 0), so that a
+    # requeued victim never keeps its project within quota and takes the room back first
+    quotas = {p: 0 if young else draw(st.integers(0, u)) for p, u in sorted(usage.items())}
     excess = sum(quotas.values()) + gpus - size * count
     for p in sorted(quotas):
         cut = min(quotas[p], max(0, excess))
@@ -444,12 +452,20 @@ def run(world: World, cycles: int, contract: Contract | None = None):
     """Yield (result, snapshot before the cycle) for ``cycles`` cycles of ``world``."""
     duration = {a.job.id: a.duration for a in world.arrivals}
     snap = Snapshot(0.0, world.nodes, world.projects, ())
+    ended: set[str] = set()
     for t in range(cycles):
         snap = replace(snap, now=t * DT)
-        done = [j.id for j in snap.jobs if j.running and not j.preempting
-                and duration[j.id] is not None and snap.now - j.start_time >= duration[j.id] * DT]
+        # Run time over, even during a grace period: exit 0, which ends the job.
+        done = [j.id for j in snap.jobs if j.running and duration[j.id] is not None
+                and snap.now - j.start_time >= duration[j.id] * DT]
+        for j in snap.jobs:
+            if j.id in done and j.preempting:
+                assert after_stop(0) == SUCCEEDED
+                event("a preempted job finished within its grace")
         snap = finish(snap, *done)
+        ended.update(done)
         snap = replace(snap, jobs=snap.jobs + tuple(a.job for a in world.arrivals if a.step == t))
+        assert not ended & {j.id for j in snap.jobs}, "a job that finished runs again"
         before = snap
         if contract is not None:
             result, snap = contract.check(snap)
@@ -510,6 +526,42 @@ def test_no_flapping_once_arrivals_stop(world):
     assert not restless, f"still changing after {history[-10][0]} s: {history}"
 
 
+@st.composite
+def idle_and_busy(draw, now=100.0):
+    """One node full of 1-GPU jobs, some idle, of projects within and over their quotas, and a
+    claimant ``z`` within its quota that needs some of them back."""
+    size = draw(st.integers(2, 8))
+    owners = draw(st.lists(st.sampled_from(["x", "y", "w"]), min_size=size, max_size=size))
+    jobs = tuple(TrainJob(f"r{i}", p, GPU, submit_time=now - 10 * (i + 1),
+                          state=JobState.RUNNING, placement={"n0": GPU},
+                          start_time=now - 10 * (i + 1), idle=draw(st.booleans()))
+                 for i, p in enumerate(owners))
+    w_quota = owners.count("w")  # w runs within its quota: never a victim
+    over = size - w_quota
+    need = draw(st.integers(0, over))
+    projects = (Project("x", 0), Project("y", 0), Project("w", w_quota * GPU),
+                Project("z", need * GPU))
+    claim = (TrainJob("z1", "z", need * GPU, submit_time=now),) if need else ()
+    return Snapshot(now, (Node("n0", size),), projects, jobs + claim), need
+
+
+@SETTINGS
+@given(idle_and_busy(), configs())
+def test_idle_jobs_are_reclaimed_before_busy_ones(drawn, config):
+    """``reclaim_idle_first``: a reclaim takes over-quota projects' idle jobs before their
+    busy ones, and still only over-quota projects' jobs (the guarantee is unchanged)."""
+    snap, need = drawn
+    note(f"snapshot: {snap}")
+    config = replace(config, min_runtime_s=0.0)
+    result, _ = Contract(config).check(snap)
+    victims = [j for j in snap.jobs if j.id in {p.job for p in result.preemptions}]
+    assert all(v.project in ("x", "y") for v in victims)
+    assert len(victims) == need
+    idle = [j for j in snap.jobs if j.project in ("x", "y") and j.idle]
+    assert sum(v.idle for v in victims) == min(len(idle), need)
+    event(f"idle and busy over quota: {0 < len(idle) < need}")
+
+
 def test_the_guarantee_check_is_exercised():
     """The contested world below makes the guarantee check reclaim, so it is not vacuous."""
     nodes = tuple(Node(f"n{i}", g) for i, g in enumerate((8, 8, 4)))
@@ -528,3 +580,32 @@ def test_the_guarantee_check_is_exercised():
         pass
     assert contract.stats["guarantees_by_reclaim"] >= 3, contract.stats
     assert contract.stats["preemptions"] >= 3, contract.stats
+
+
+@SETTINGS
+@given(full_pools(young=True), st.sampled_from([15.0, 40.0, 60.0, 100.0]))
+def test_the_guarantee_bound_is_min_runtime_plus_a_cycle_plus_the_grace(snap, min_runtime):
+    """Every job that could give GPUs back has just started: the claimant waits out the
+    minimum runtime, the first cycle after it claims the GPUs (at most one cycle later), and
+    it starts once the victims are gone: min_runtime + cycle + grace after it arrived. Here
+    the grace is a cycle and a release is seen at the next cycle (the contract check above:
+    "the grace cycle and one more"), so the grace counts two cycles; the service sees an
+    exit within 0.1 s."""
+    config = PolicyConfig(min_runtime_s=min_runtime)
+    claimant = next(j for j in snap.jobs if j.pending)
+    if not room_for(claimant, snap, PolicyConfig()):  # no room on few enough nodes at all
+        event("no room for the claimant")
+        return
+    bound = min_runtime + DT + 2 * DT
+    arrived, now = snap.now, snap.now
+    while now <= arrived + bound:
+        result = cycle(snap, config)
+        if any(s.job == claimant.id for s in result.starts):
+            event("claimant started within the bound")
+            return
+        if now < arrived + min_runtime:
+            assert not result.preemptions, "a job was preempted before its minimum runtime"
+        snap = replace(apply(snap, result), now=now + DT)
+        now = snap.now
+    raise AssertionError(f"{claimant.id} had not started {bound:g} s after it arrived "
+                         f"(min_runtime {min_runtime:g} s, cycle and grace {DT:g} s)")

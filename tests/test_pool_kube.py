@@ -26,6 +26,7 @@ c.PoolService.projects = {{"vision": {{"quota": 2, "groups": ["vision"]}},
                           "nlp": {{"quota": 2, "groups": ["nlp"]}}}}
 c.PoolService.cycle_interval = 0.2
 c.PoolService.grace_period = 3
+c.PoolService.min_runtime = 0  # preempt at once: these tests watch preemption
 c.KubernetesBackend.kubeconfig = {kubeconfig!r}
 c.KubernetesBackend.namespace = {namespace!r}
 c.KubernetesBackend.train_node_selector = {{"pool-kube-test": {namespace!r}}}

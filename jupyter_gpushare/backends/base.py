@@ -71,6 +71,18 @@ class Exit:
     reason: str = ""
 
 
+@dataclass(frozen=True)
+class LocalAttempt:
+    """An attempt running on the service's own machine: its process group (also its session)
+    and the GPU UUIDs it was given, by node. How the pool tells whose the processes NVML
+    lists are, where it reads this machine's GPUs itself."""
+
+    job_id: str
+    attempt: int
+    pgid: int
+    devices: Mapping[str, tuple[str, ...]]
+
+
 class Backend(LoggingConfigurable):
     """Runs train jobs where the policy placed them."""
 
@@ -160,6 +172,16 @@ class Backend(LoggingConfigurable):
                 return b"".join(parts)
             parts.append(data)
             offset = start + len(data)
+
+    def local_attempts(self) -> list[LocalAttempt]:
+        """The attempts running as process groups on this machine (no I/O). Backends whose
+        jobs run elsewhere return [] (on Kubernetes, node agents report GPU use)."""
+        return []
+
+    def local_gpus(self) -> dict[str, list]:
+        """This machine's train GPUs by node (``gpus.GPUInfo``, simulated ones included), for
+        reading their use here; {} where the train pool is elsewhere."""
+        return {}
 
     async def shutdown(self) -> None:
         """The service is stopping: release resources, but leave running jobs running."""

@@ -31,7 +31,7 @@ from traitlets import Bool, Float, Integer, List, Unicode, default, validate
 from .. import gpus as gpu_inventory
 from ..policy.model import GPU, Node, gpus_text
 from . import ranks, shim
-from .base import Backend, BackendError, Exit, Handle, Launch, private_dir
+from .base import Backend, BackendError, Exit, Handle, Launch, LocalAttempt, private_dir
 
 SIMULATED_LABEL = "gpushare.io/simulated"
 ORPHAN_GRACE_S = 10.0
@@ -172,6 +172,14 @@ class LocalBackend(Backend):
                      labels={SIMULATED_LABEL: "true"} if source == "simulated" else {})
                 for name, (source, found) in self._gpus().items()]
 
+    def local_gpus(self) -> dict[str, list[gpu_inventory.GPUInfo]]:
+        return {name: list(found) for name, (_source, found) in self._gpus().items()}
+
+    def local_attempts(self) -> list[LocalAttempt]:
+        # One per node's process group: the processes of a group use that node's GPUs.
+        return [LocalAttempt(a.job_id, a.attempt, g.pgid, {g.node: tuple(a.devices[g.node])})
+                for a in self._running.values() for g in a.groups if g.node in a.devices]
+
     def _service_is_root(self) -> bool:
         return os.geteuid() == 0
 
@@ -294,8 +302,10 @@ class LocalBackend(Backend):
             group = _Group(lay.nodes[node_rank][0], proc.pid, stat and stat[2], exit_path,
                            tuple(r.rank for r in mine), proc)
             _write_json(pid_path, {"job_id": launch.job_id, "attempt": launch.attempt,
-                                   "node_rank": node_rank, "pgid": group.pgid,
-                                   "start": group.start})
+                                   "node_rank": node_rank, "node": group.node,
+                                   "ranks": list(group.ranks), "world": lay.world_size,
+                                   "pgid": group.pgid,
+                                   "start": group.start, "devices": {group.node: uuids}})
         except OSError as exc:
             _signal_group(proc.pid, None, signal.SIGKILL)
             proc.wait()
@@ -387,12 +397,20 @@ class LocalBackend(Backend):
             key = (handle.job_id, handle.attempt)
             if key in self._running:
                 continue
+            if "pgid" not in handle.data and "groups" not in handle.data:
+                # The service died before it stored the handle: what was written at start.
+                handle = Handle(*key, self._record_of(*key) or handle.data)
             try:
                 running = _from_handle(handle)
             except (KeyError, TypeError, ValueError):
                 exits.append(Exit(handle.job_id, handle.attempt, "lost",
                                   reason="its record does not say where it ran"))
                 continue
+            if handle.data.get("partial"):  # some of its ranks were never started: it ends
+                running.failure = Exit(*key, "lost", reason="the service stopped while "
+                                                            "starting its ranks")
+                for group in running.groups:
+                    self._stop_group(group.pgid, group.start, ORPHAN_GRACE_S, running.timers)
             exit = self._judge(running)
             if exit is None:
                 self._running[key] = running
@@ -408,6 +426,31 @@ class LocalBackend(Backend):
                                  key[1], key[0])
                 self._stop_group(record["pgid"], record.get("start"), ORPHAN_GRACE_S, [])
         return exits
+
+    def _record_of(self, job_id: str, attempt: int) -> dict | None:
+        """What this backend wrote when it started the attempt's groups, as a handle's data;
+        None when nothing was (never started, or its end already reported and forgotten)."""
+        if not _SAFE_ID.match(job_id):
+            return None
+        groups, devices, world = [], {}, 0
+        for record in self._records():
+            if (record.get("job_id"), record.get("attempt")) != (job_id, attempt):
+                continue
+            try:
+                world = int(record.get("world", 1))
+                node_rank = int(record.get("node_rank", 0))
+                node = str(record["node"])
+                groups.append((node_rank, {"node": node, "pgid": int(record["pgid"]),
+                                           "start": record.get("start"),
+                                           "exit": record["exit"],
+                                           "ranks": [int(r) for r in record["ranks"]]}))
+                devices.update(record.get("devices") or {})
+            except (KeyError, TypeError, ValueError):
+                return None
+        if not groups:
+            return None
+        return {"devices": devices, "groups": [g for _, g in sorted(groups, key=lambda x: x[0])],
+                "partial": sum(len(g["ranks"]) for _, g in groups) < world}
 
     def _records(self) -> list[dict]:
         """The process records of groups whose end has not been reported yet."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import queue
 import shutil
+import sys
 import threading
 import time
 from typing import Callable, Iterator
@@ -23,6 +24,13 @@ from ..client import (ACTIVE_STATES, FINAL_STATES, ClientError, InvalidInput, Po
 from . import runner
 
 RETRY_MAX_S = 5.0  # longest pause between tries while the pool service cannot be reached
+
+
+def notebook_client() -> PoolClient:
+    """The client of a kernel: settings from the environment; while the pool service is
+    restarting it keeps trying and says so once in the cell (stderr)."""
+    return PoolClient(on_retry=lambda sentence: print(f"gpushare: {sentence}", file=sys.stderr,
+                                                      flush=True))
 
 
 class JobError(ClientError):
@@ -36,7 +44,7 @@ class JobTimeout(JobError, TimeoutError):
 def submit(command=None, *, source: str | None = None, gpus=1, project: str | None = None,
            name: str | None = None, priority=None, env=None, workdir: str | None = None,
            with_vars: dict | None = None, out=None, per_gpu: bool = False,
-           client: PoolClient | None = None) -> "Job":
+           client: PoolClient | None = None, request_id: str | None = None) -> "Job":
     """Submit a train job and return its :class:`Job` at once.
 
     ``command`` (a list of words) runs as given; ``source`` (Python code) runs in a fresh
@@ -48,8 +56,10 @@ def submit(command=None, *, source: str | None = None, gpus=1, project: str | No
     The job gets this kernel's ``PATH`` unless ``env`` gives one.
     Bad values raise :class:`~jupyter_gpushare.client.InvalidInput`, and the pool's refusals
     :class:`~jupyter_gpushare.client.ClientError`, each with one sentence; nothing is submitted.
+    The submit goes through a restart of the pool service and never makes two jobs; give
+    ``request_id`` (e.g. a UUID) to submit again safely from elsewhere.
     """
-    client = client or PoolClient()
+    client = client or notebook_client()
     workdir = os.getcwd() if workdir is None else workdir
     out = _names(out, "out")
     if (with_vars or out) and source is None:
@@ -85,7 +95,7 @@ def submit(command=None, *, source: str | None = None, gpus=1, project: str | No
                               f"({e.strerror}); run from a directory you can write") from None
         spec["command"] = runner.command(folder)
     try:
-        info = client.submit(spec)
+        info = client.submit(spec, request_id=request_id)
     except BaseException:
         _remove(folder)
         raise
@@ -98,7 +108,7 @@ class Job:
     def __init__(self, info: dict, client: PoolClient | None = None, *,
                  folder: str | None = None, out=()):
         self.id = info["id"]
-        self.client = client or PoolClient()
+        self.client = client or notebook_client()
         self._info = info
         self._folder = folder  # the runner's files, removed once nothing more is needed
         self._out = tuple(out)
@@ -110,7 +120,7 @@ class Job:
     def get(cls, job_id: str, client: PoolClient | None = None) -> "Job":
         """A handle on an existing job of yours (no ``result()`` values: those belong to the
         kernel that submitted it)."""
-        client = client or PoolClient()
+        client = client or notebook_client()
         return cls(client.job(job_id), client)
 
     def __repr__(self):

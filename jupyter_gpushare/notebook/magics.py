@@ -17,8 +17,8 @@ import sys
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.display import display
 
-from ..client import ClientError, InvalidInput, NoCredentials, PoolClient, add_job_options
-from .job import Job, JobError, describe, submit
+from ..client import ClientError, InvalidInput, NoCredentials, add_job_options
+from .job import Job, JobError, describe, notebook_client, submit
 
 USAGE = ("%%train [--gpus N] [--project P] [--name NAME] [--priority P] [--env K=V ...] "
          "[--per-gpu] [--all-ranks] [--with VAR,...] [--out VAR,...] [--no-wait]")
@@ -140,7 +140,7 @@ def one_sentence(e: ClientError) -> str:
 class GPUShareMagics(Magics):
     """``%%train``, ``%train`` and ``%gpushare``."""
 
-    def __init__(self, shell=None, client_factory=PoolClient):
+    def __init__(self, shell=None, client_factory=notebook_client):
         super().__init__(shell)
         self.client_factory = client_factory  # made per call: the environment may change
 

@@ -10,6 +10,8 @@ keeps trying.
 
 from __future__ import annotations
 
+import copy
+
 import html
 import os
 import threading
@@ -223,6 +225,16 @@ class Panel(widgets.VBox):
     ``interval`` seconds once displayed (or after :meth:`start`) until :meth:`close`.
     """
 
+    @property
+    def client(self) -> PoolClient:
+        return self._client
+
+    @client.setter
+    def client(self, value: PoolClient) -> None:
+        # The panel polls and says when the pool is away: its calls are not retried inside.
+        self._client = copy.copy(value)
+        self._client.retry_s = 0
+
     def __init__(self, client: PoolClient | None = None, interval: float = 5.0, *,
                  server: PoolClient | None | bool = True, max_jobs: int = 20, **kwargs):
         if not interval > 0:
@@ -230,7 +242,7 @@ class Panel(widgets.VBox):
         self.client = client or PoolClient(timeout=10.0)
         if server is True:
             url = server_url()
-            server = PoolClient(url, timeout=5.0) if url else None
+            server = PoolClient(url, timeout=5.0, retry_s=0) if url else None
         self.server = server or None
         self.interval = interval
         self.max_jobs = max_jobs

@@ -37,6 +37,7 @@ from traitlets.config import LoggingConfigurable
 from .. import client as pool_client
 from ..client import ClientError, NoCredentials, PoolClient, PoolError
 from ..gpus import Inventory, NVMLInventory
+from .activity import KernelActivity
 from .watchdog import BuildSlice, SliceWatchdog
 
 AUTH_RESOURCE = "gpushare"
@@ -64,6 +65,12 @@ class GPUShareExtension(LoggingConfigurable):
         Seconds to wait for the pool to connect and answer (followed logs excepted).
         """).tag(config=True)
 
+    retry_timeout = Float(10.0, min=0.0, help="""
+        Seconds a read or a submit keeps trying while the pool service is not answering (it
+        is back within seconds of a crash), before the browser gets a 502. Submits carry the
+        browser's Idempotency-Key (or one made here), so a retry never makes a second job.
+        """).tag(config=True)
+
     max_log_followers = Integer(16, min=1, help="""
         Streams of followed logs (GET api/jobs/{id}/logs?follow=1) this server serves at once;
         each holds a thread until its job's attempt ends. More are refused with a 503.
@@ -74,6 +81,13 @@ class GPUShareExtension(LoggingConfigurable):
         warns (server log, api/slice, the %gpushare panel) when the server's processes use
         more than their build slice. 0 turns it off. It is off anyway without a build slice
         ($GPUSHARE_SLICE_GPUS) or without NVML.
+        """).tag(config=True)
+
+    activity_interval = Float(30.0, min=0.0, help="""
+        Seconds between two reports of this server's kernels (how many, how many busy) to the
+        pool, which never culls a server with a busy kernel; busy kernels also count as
+        activity in the hub's records. 0 turns the reports off. Only servers with a build
+        slice report.
         """).tag(config=True)
 
     inventory = Instance(Inventory, help="""
@@ -96,13 +110,16 @@ class GPUShareExtension(LoggingConfigurable):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.client = PoolClient(self.pool_url or None, self.pool_token or None,
-                                 timeout=self.request_timeout)
+                                 timeout=self.request_timeout, retry_s=self.retry_timeout,
+                                 on_retry=lambda sentence: self.log.warning("gpushare: %s",
+                                                                            sentence))
         self.executor = ThreadPoolExecutor(8, thread_name_prefix="gpushare-pool")
         self.following = 0  # streams of followed logs now
         self._following_lock = threading.Lock()
         self.slice: BuildSlice | None = None
         self.watchdog: SliceWatchdog | None = None
         self.watchdog_off: str | None = None
+        self.activity: KernelActivity | None = None  # started with the server, with a slice
         self._timer: PeriodicCallback | None = None
         try:
             self.slice = BuildSlice.from_environment()
@@ -259,7 +276,9 @@ class JobsHandler(GPUShareHandler):
             env = spec.setdefault("env", {})
             if isinstance(env, dict):
                 env.setdefault("PATH", os.environ["PATH"])
-        self.reply(await self.pool(lambda c: c.submit(spec)), 201)
+        # The browser's key, so that its retries and ours make one job between them.
+        key = self.request.headers.get("Idempotency-Key") or None
+        self.reply(await self.pool(lambda c: c.submit(spec, request_id=key)), 201)
 
 
 class JobHandler(GPUShareHandler):
@@ -383,4 +402,9 @@ def _load_jupyter_server_extension(serverapp):
 
 
 async def _start_jupyter_server_extension(serverapp):
-    serverapp.web_app.settings["gpushare"].start_watchdog()
+    extension = serverapp.web_app.settings["gpushare"]
+    extension.start_watchdog()
+    if extension.slice is not None and extension.activity_interval and extension.pool_url:
+        extension.activity = KernelActivity(serverapp, extension.client, extension.executor,
+                                            extension.activity_interval, extension.log)
+        extension.activity.start()

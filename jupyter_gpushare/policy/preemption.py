@@ -1,8 +1,9 @@
 """Victims: which running jobs give GPUs back so that a claimant fits.
 
 Contract (DESIGN.md §Scheduling contract, point 6): only over-quota projects lose jobs;
-prefer victims that leave their project at or above its quota; then the project most over
-its deserved share, then the lowest priority, then the most recently started job. Remove
+prefer victims that leave their project at or above its quota; then idle jobs (``idle``:
+their GPUs stayed unused) before busy ones; then the project most over its deserved share,
+then the lowest priority, then the most recently started job. Remove
 greedily until the claimant fits, then put back every victim that was not needed.
 """
 
@@ -39,7 +40,7 @@ class VictimPool:
     def __init__(self, jobs: list[TrainJob], usage: Mapping[str, int],
                  projects: Mapping[str, Project], deserved: Mapping[str, int], floor: Floor):
         self.by_project: dict[str, list[TrainJob]] = {}
-        for job in sorted(jobs, key=lambda j: (-(j.start_time or 0.0), j.id)):
+        for job in sorted(jobs, key=lambda j: (not j.idle, -(j.start_time or 0.0), j.id)):
             self.by_project.setdefault(job.project, []).append(job)
         self.used = dict(usage)
         self.projects, self.deserved, self.floor = projects, deserved, floor
@@ -52,7 +53,7 @@ class VictimPool:
             return None
         keep, prefer = floor.keep(name), floor.prefer(name)
         choice = None
-        for job in self.by_project[name]:  # most recently started first
+        for job in self.by_project[name]:  # idle first, then most recently started
             if job.id in taken:
                 continue
             left = used - job.gpus
@@ -66,8 +67,8 @@ class VictimPool:
         if choice is None:
             return None
         below, job = choice
-        return (below, -(used - self.deserved.get(name, 0)), self.projects[name].priority,
-                -(job.start_time or 0.0), job.id, name, job)
+        return (below, not job.idle, -(used - self.deserved.get(name, 0)),
+                self.projects[name].priority, -(job.start_time or 0.0), job.id, name, job)
 
     def jobs(self) -> list[TrainJob]:
         return [j for jobs in self.by_project.values() for j in jobs]

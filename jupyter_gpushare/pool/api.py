@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 
 from jupyterhub.services.auth import HubAuthenticated, UserNotAllowed
@@ -22,9 +23,12 @@ from ..policy.model import GPU
 from .directory import HubUnavailable, TooManyFailures, Who
 from .models import JobRow, ProjectRow
 from .openapi import SPEC
-from .validate import Invalid, job_spec, project_name, project_update
+from .validate import Invalid, job_spec, project_name, project_update, request_id
 
 STATES = ("pending", "running", "succeeded", "failed", "cancelled")
+MAX_DEPTH = 32  # nesting of a JSON body: specs are two levels deep
+_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}\Z")  # job and slice ids (j-…, s-…)
+_PROJECT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}\Z")
 _LISTS: dict[tuple, str] = {}  # rendered job lists, by caller, query and store version
 LIST_ARGUMENTS = ("all", "limit", "project", "state")  # the rest say nothing: not in the key
 
@@ -94,10 +98,27 @@ class PoolHandler(HubAuthenticated, web.RequestHandler):
         raise web.HTTPError(status, reason=message)
 
     def body(self):
+        """The request's JSON body, or a 400 with a sentence: bytes that are not UTF-8, text
+        that is not JSON, nesting deeper than MAX_DEPTH, text no store can hold."""
+        raw = self.request.body or b"null"
         try:
-            return json.loads(self.request.body or b"null")
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            self.fail(400, f"the body is not UTF-8 text (byte {e.start} is not); send JSON "
+                           f"encoded as UTF-8")
+        try:
+            value = json.loads(text)
+        except RecursionError:
+            self.fail(400, f"the body nests deeper than {MAX_DEPTH} levels; send a flatter "
+                           f"JSON object")
         except ValueError as e:
-            self.fail(400, f"the body is not valid JSON ({e.msg} at character {e.pos})")
+            where = f" ({e.msg} at character {e.pos})" if isinstance(e, json.JSONDecodeError) \
+                else ""
+            self.fail(400, f"the body is not valid JSON{where}")
+        problem = _unstorable(value)
+        if problem:
+            self.fail(400, problem)
+        return value
 
     def reply(self, obj, status: int = 200):
         self.set_status(status)
@@ -111,7 +132,7 @@ class PoolHandler(HubAuthenticated, web.RequestHandler):
         return [p for p in self.pool.store.projects() if self.member_of(p)]
 
     def own_job(self, job_id: str) -> JobRow:
-        row = self.pool.store.job(job_id)
+        row = self.pool.store.job(job_id) if _ID.match(job_id) else None
         if row is None:
             self.fail(404, f"there is no job {job_id}")
         if not (self.who.is_user(row.user) or self.who.admin):
@@ -131,6 +152,8 @@ class PoolHandler(HubAuthenticated, web.RequestHandler):
             "ranks": world_size(row.placement, row.per_gpu) if row.placement else None,
             "queue_position": ex.positions.get(row.id) if row.state == "pending" else None,
             "reason": self.why_text(row, ex),
+            "usage": self.pool.usage.meter.holder_now("job", f"{row.id}/{row.attempt}")
+            if row.state == "running" else None,
             # Why this is not the first attempt ("preempted; requeued to resume ..."), for
             # front ends that follow a job across attempts.
             "requeued": (row.message or None) if row.attempt > 1 and row.state in
@@ -140,6 +163,7 @@ class PoolHandler(HubAuthenticated, web.RequestHandler):
             out["command"] = row.command
             out["env"] = row.env
             out["workdir"] = row.workdir
+            out["request_id"] = row.request_id
         return out
 
     @staticmethod
@@ -176,6 +200,7 @@ def list_key(who: Who, arguments: dict) -> tuple:
 
 class PoolInfoHandler(PoolHandler):
     def get(self):
+        from .api_usage import pool_gpus
         ex = self.pool.scheduler.explained
         nodes = [{"name": n.name, "gpus": n.gpus, "pool": n.pool, "labels": dict(n.labels)}
                  for n in ex.nodes]
@@ -186,7 +211,8 @@ class PoolInfoHandler(PoolHandler):
                     "build": {"capacity": sum(n.gpus for n in build),
                               "in_use": sum(r.milli for r in self.pool.store.slices()) / GPU,
                               "allowance": self.pool.build_allowance,
-                              "nodes": [{"name": n.name, "gpus": n.gpus} for n in build]}})
+                              "nodes": [{"name": n.name, "gpus": n.gpus} for n in build]},
+                    **pool_gpus(self)})
 
 
 class QuotaHandler(PoolHandler):
@@ -205,7 +231,8 @@ class JobsHandler(PoolHandler):
         # Many clients poll the same lists: the answer only changes when the store is
         # written or a cycle explains positions anew, so it is kept until then.
         key = (*list_key(self.who, self.request.query_arguments), id(self.pool.store),
-               self.pool.store.version, self.pool.scheduler.explained.at)
+               self.pool.store.version, self.pool.scheduler.explained.at,
+               self.pool.usage.meter.version)
         body = _LISTS.get(key)
         if body is None:
             body = json.dumps(self._list())
@@ -221,7 +248,7 @@ class JobsHandler(PoolHandler):
             self.fail(400, f"state must be one of {', '.join(STATES)}, not {state!r}")
         states = (state,) if state else None
         limit = self.get_argument("limit", "100")
-        if not limit.isdigit() or not 1 <= int(limit) <= 1000:
+        if not re.fullmatch(r"[0-9]{1,4}", limit) or not 1 <= int(limit) <= 1000:
             self.fail(400, f"limit must be a whole number from 1 to 1000, not {limit!r}")
         limit = int(limit)
         project = self.get_argument("project", None)
@@ -230,7 +257,7 @@ class JobsHandler(PoolHandler):
                 self.fail(403, "only admins can list every job; leave out all=1 for yours")
             rows = store.jobs(states=states, limit=limit)
         elif project is not None:
-            row = store.project(project)
+            row = store.project(project) if _PROJECT.match(project) else None
             if row is None:
                 self.fail(400, f"there is no project {project!r}")
             if not self.member_of(row):
@@ -248,6 +275,11 @@ class JobsHandler(PoolHandler):
             self.fail(403, "train jobs are submitted by users, not by services")
         try:
             spec = job_spec(self.body(), self.pool.max_job_size)
+            spec["request_id"] = self._request_id(spec["request_id"])
+            if spec["request_id"] is not None:  # a retry: the job the first try made
+                row = self.pool.store.job_for_request(self.who.name, spec["request_id"])
+                if row is not None:
+                    return self._again(row, spec)
             project = self._project(spec.pop("project"), spec["gpus"], spec["priority"])
         except Invalid as e:
             self.fail(e.status, str(e))
@@ -255,8 +287,33 @@ class JobsHandler(PoolHandler):
         if self.pool.store.state_counts(self.who.name).get("pending", 0) >= cap:
             self.fail(429, f"you have {cap} jobs waiting, the most one user may; wait for some "
                            f"to start, or cancel some")
-        row = self.pool.submit(self.who.name, project, spec)
+        row, created = self.pool.submit(self.who.name, project, spec)
+        if not created:  # a concurrent try of the same request won
+            return self._again(row, spec)
         self.reply(self.job_json(row, True), 201)
+
+    def _request_id(self, in_body: str | None) -> str | None:
+        header = self.request.headers.get("Idempotency-Key")
+        if header is None:
+            return in_body
+        header = request_id(header)
+        if in_body is not None and in_body != header:
+            raise Invalid("the Idempotency-Key header and request_id differ; send one of them")
+        return header
+
+    def _again(self, row: JobRow, spec: dict) -> None:
+        """Answer a retried submit with its job (200, not 201), unless the key was used for a
+        different job: then 409, since a key names one submit."""
+        asked = {"gpus": spec["gpus"], "name": spec["name"], "priority": spec["priority"],
+                 "env": spec["env"], "workdir": spec.get("workdir"),
+                 "command": self.pool.command_for(spec)}
+        had = {"gpus": row.gpus, "name": row.name, "priority": row.priority, "env": row.env,
+               "workdir": row.workdir, "command": row.command}
+        project = spec.get("project")
+        if asked != had or project not in (None, row.project):
+            self.fail(409, f"request_id {row.request_id} was used for job {row.id}, which "
+                           f"asked for something else; use a new request_id for a new job")
+        self.reply(self.job_json(row, True), 200)
 
     def _project(self, name, gpus: int, priority: int = 0) -> ProjectRow:
         mine = self.my_projects()
@@ -482,10 +539,24 @@ class SlicesHandler(PoolHandler):
 
 
 class SliceHandler(PoolHandler):
+    def patch(self, slice_id):
+        """The spawner says which process is the slice's notebook server (usage attribution)."""
+        if not (self.who.admin or self.who.kind == "service"):
+            self.fail(403, "build slices are changed by the hub's spawner, not by users")
+        body = self.body()
+        pid = body.get("pid") if isinstance(body, dict) else None
+        if not isinstance(body, dict) or set(body) != {"pid"} or isinstance(pid, bool) or \
+                not isinstance(pid, int) or not 0 < pid < 2**31:
+            self.fail(400, "the body must be {\"pid\": N}, the notebook server's process id")
+        row = self.pool.store.set_slice_pid(slice_id, pid)
+        if row is None:
+            self.fail(404, f"there is no slice {slice_id}")
+        self.reply(slice_json(row, self.pool))
+
     def delete(self, slice_id):
         if not (self.who.admin or self.who.kind == "service"):
             self.fail(403, "build slices are released by the hub's spawner, not by users")
-        row = self.pool.store.remove_slice(slice_id)
+        row = self.pool.store.remove_slice(slice_id) if _ID.match(slice_id) else None
         if row is None:
             self.fail(404, f"there is no slice {slice_id}")
         self.reply(slice_json(row, self.pool))
@@ -496,7 +567,9 @@ def slice_json(row, pool) -> dict:
     (pinned slices need it), else null."""
     return {"id": row.id, "user": row.user, "server": row.server, "gpus": row.milli / GPU,
             "node": row.node, "gpu": row.gpu, "uuid": pool.build_gpu_uuid(row.node, row.gpu),
-            "created": row.created}
+            "created": row.created, "pid": row.pid,
+            "usage": pool.usage.meter.holder_now("slice", row.id),
+            "cull": pool.usage.culler.warning_of(row.id) if pool.usage.culler else None}
 
 
 class MetricsHandler(PoolHandler):
@@ -514,6 +587,7 @@ class OpenAPIHandler(web.RequestHandler):
 
 
 def routes(prefix: str) -> list:
+    from .api_usage import ActivityHandler, SamplesHandler, UsageHandler
     p = prefix.rstrip("/")
     return [
         (rf"{p}/api/pool", PoolInfoHandler),
@@ -525,6 +599,32 @@ def routes(prefix: str) -> list:
         (rf"{p}/api/projects/([^/]+)", ProjectHandler),
         (rf"{p}/api/slices", SlicesHandler),
         (rf"{p}/api/slices/([^/]+)", SliceHandler),
+        (rf"{p}/api/usage", UsageHandler),
+        (rf"{p}/api/samples", SamplesHandler),
+        (rf"{p}/api/activity", ActivityHandler),
         (rf"{p}/metrics", MetricsHandler),
         (rf"{p}/api/openapi.json", OpenAPIHandler),
     ]
+
+
+def _unstorable(value) -> str | None:
+    """Why a parsed JSON body cannot be taken (too deep, or a string with a lone surrogate
+    such as "\\ud800", which is no text any database holds), or None. Iterative, so that
+    no nesting can exhaust the stack."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return f"the body nests deeper than {MAX_DEPTH} levels; send a flatter JSON object"
+        if isinstance(item, dict):
+            stack.extend((k, depth + 1) for k in item)
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+        elif isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return ("the body has a string with a lone UTF-16 surrogate (\\ud800 to "
+                        "\\udfff), which is not text; send valid Unicode")
+    return None

@@ -6,7 +6,8 @@ checks that the migrations build exactly these tables.
 
 from __future__ import annotations
 
-from sqlalchemy import JSON, Boolean, Float, ForeignKey, Integer, String, Text, false
+from sqlalchemy import (JSON, BigInteger, Boolean, Float, ForeignKey, Index, Integer, String,
+                        Text, UniqueConstraint, false)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -32,6 +33,8 @@ class ProjectRow(Base):
 
 class JobRow(Base):
     __tablename__ = "jobs"
+    # A client-chosen key (Idempotency-Key or request_id): a retried submit finds its job.
+    __table_args__ = (UniqueConstraint("user", "request_id", name="uq_jobs_user_request_id"),)
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     user: Mapped[str] = mapped_column(String(255), index=True)
@@ -56,6 +59,7 @@ class JobRow(Base):
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     message: Mapped[str] = mapped_column(Text, default="")  # why it ended, in words
+    request_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class AttemptRow(Base):
@@ -93,3 +97,33 @@ class SliceRow(Base):
     node: Mapped[str] = mapped_column(String(255))
     gpu: Mapped[int] = mapped_column(Integer)
     created: Mapped[float] = mapped_column(Float)
+    pid: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the server's, once started
+
+
+class UsageRow(Base):
+    """GPU time of one row (a pool, GPU, project, job attempt or slice) in one time bucket of
+    ``step`` seconds from ``t``: 60 s rows for recent days, 3600 s rows for older ones. Amounts
+    are milli-GPU-seconds (``usage/rollup.py`` defines them); rows of the same bucket and key
+    add up (a restart may write a bucket twice)."""
+
+    __tablename__ = "usage"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    t: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(8))  # pool|gpu|project|job|slice
+    key: Mapped[str] = mapped_column(String(255))
+    node: Mapped[str] = mapped_column(String(255), default="")
+    project: Mapped[str] = mapped_column(String(100), default="")
+    user: Mapped[str] = mapped_column(String(255), default="")
+    job: Mapped[str] = mapped_column(String(32), default="")
+    capacity: Mapped[float] = mapped_column(Float, default=0.0)
+    allocated: Mapped[float] = mapped_column(Float, default=0.0)
+    measured: Mapped[float] = mapped_column(Float, default=0.0)
+    utilized: Mapped[float] = mapped_column(Float, default=0.0)
+    idle: Mapped[float] = mapped_column(Float, default=0.0)
+    seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    memory_peak: Mapped[int] = mapped_column(BigInteger, default=0)
+    memory_total: Mapped[int] = mapped_column(BigInteger, default=0)
+
+    __table_args__ = (Index("ix_usage_step_kind_t", "step", "kind", "t"),)

@@ -16,14 +16,55 @@ def _ok(schema_ref: str, description: str = "OK") -> dict:
 
 
 def _errors(*codes: int) -> dict:
-    words = {400: "bad input", 403: "not yours or not allowed", 404: "no such thing",
-             409: "quota or state conflict", 413: "body (or job) too large",
+    """Error answers. 403 (no token, a token the hub does not accept, or not allowed), 429
+    (too many unknown tokens lately) and 503 (JupyterHub does not answer, so rights cannot be
+    checked) can come from every operation but the document itself; 401 never does."""
+    words = {400: "bad input: a body that is not UTF-8, not JSON, nested too deep or not "
+                  "what the operation takes, or a bad parameter",
+             403: "no JupyterHub token, a token the hub does not accept, or not yours / not "
+                  "allowed",
+             404: "no such thing", 409: "quota or state conflict",
+             413: "body (or job) too large",
              429: "too many: your waiting jobs or followed logs, or unknown tokens lately",
              503: "JupyterHub does not answer, so your rights cannot be checked"}
-    return {str(c): {**_ERROR, "description": words[c]} for c in codes}
+    return {str(c): {**_ERROR, "description": words[c]} for c in sorted({403, 429, 503, *codes})}
+
+
+def _text(description: str) -> dict:
+    return {"description": description,
+            "content": {"text/plain": {"schema": {"type": "string"}}}}
 
 
 JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
+REQUEST_ID = {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,64}$",
+              "description": "a key of the client's choosing, e.g. a UUID: a submit retried "
+                             "with the same key returns the job the first try made (200) "
+                             "instead of making a second one"}
+SLICE_ID = {"name": "slice_id", "in": "path", "required": True, "schema": {"type": "string"}}
+_RATIO = {"type": "number", "nullable": True}
+_FIGURES = {
+    "allocated_gpu_seconds": {"type": "number"}, "utilized_gpu_seconds": {"type": "number"},
+    "idle_gpu_seconds": {"type": "number", "description": "held while the holder's SM "
+                         "utilization stayed below idle_threshold"},
+    "measured_gpu_seconds": {"type": "number", "description": "allocated while utilization "
+                             "could be measured (not on MIG or a lost GPU)"},
+    "allocation": {**_RATIO, "description": "allocated ÷ (GPUs of the pool drawn on × window)"},
+    "utilization": {**_RATIO, "description": "utilized ÷ measured; a slice's can pass 1 when it "
+                    "uses more than its share of a time-sliced GPU"},
+    "idle_ratio": {**_RATIO, "description": "idle ÷ allocated"},
+    "memory_peak_bytes": {"type": "integer"},
+}
+_HOLDER_NOW = {"type": "object", "nullable": True, "description": "null until the first reading "
+               "that saw it", "properties": {
+                   "sm_now": {**_RATIO, "description": "SM utilization of what it holds, 0–1"},
+                   "memory_now_bytes": {"type": "integer"},
+                   "sm_last_hour": _RATIO,
+                   "memory_peak_last_hour_bytes": {"type": "integer"},
+                   "idle_for_s": {"type": "number", "nullable": True, "description": "seconds "
+                                  "it has stayed below idle_threshold; null while in use"},
+                   "idle": {"type": "boolean", "description": "idle for GPUUsage.idle_job_after "
+                            "or longer"},
+                   "at": {"type": "number", "description": "when it was last read"}}}
 
 SPEC = {
     "openapi": "3.0.3",
@@ -51,12 +92,16 @@ SPEC = {
                     "env": {"type": "object", "additionalProperties": {"type": "string"}},
                     "workdir": {"type": "string", "description": "absolute path the job runs "
                                 "in; default: your home directory"},
+                    "request_id": REQUEST_ID,
                     "per_gpu": {"type": "boolean", "default": False,
                                 "description": "one rank per GPU (each with its LOCAL_RANK) "
                                 "instead of one per node (torchrun-style)"},
                 }},
             "Job": {
                 "type": "object",
+                "required": ["id", "name", "user", "project", "gpus", "priority", "state",
+                             "attempt", "submitted", "started", "finished", "exit_code",
+                             "placement", "preempting", "queue_position", "reason"],
                 "properties": {
                     "id": {"type": "string"}, "name": {"type": "string"},
                     "user": {"type": "string"}, "project": {"type": "string"},
@@ -71,6 +116,8 @@ SPEC = {
                     "exit_code": {"type": "integer", "nullable": True},
                     "placement": {"type": "object", "additionalProperties": {"type": "number"}},
                     "preempting": {"type": "boolean"},
+                    "usage": {**_HOLDER_NOW, "description": "running jobs: SM utilization and "
+                              "memory now and over the last hour, idle time"},
                     "requeued": {"type": "string", "nullable": True,
                                  "description": "while a later attempt waits or runs: why "
                                  "the one before it ended (preempted or lost)"},
@@ -83,11 +130,15 @@ SPEC = {
                     "env": {"type": "object", "description": "only for the owner and admins"},
                     "workdir": {"type": "string", "nullable": True,
                                 "description": "only for the owner and admins"},
+                    "request_id": {"type": "string", "nullable": True,
+                                   "description": "only for the owner and admins"},
                 }},
-            "JobList": {"type": "object", "properties": {
+            "JobList": {"type": "object", "required": ["jobs"], "properties": {
                 "jobs": {"type": "array", "items": {"$ref": "#/components/schemas/Job"}}}},
             "Project": {
                 "type": "object",
+                "required": ["name", "quota", "over_quota_weight", "limit", "priority",
+                             "groups", "in_use", "borrowed", "deserved", "pending"],
                 "properties": {
                     "name": {"type": "string"}, "quota": {"type": "number"},
                     "over_quota_weight": {"type": "integer"},
@@ -98,15 +149,16 @@ SPEC = {
                     "in_use": {"type": "number"}, "borrowed": {"type": "number"},
                     "deserved": {"type": "number"}, "pending": {"type": "integer"},
                 }},
-            "ProjectList": {"type": "object", "properties": {
+            "ProjectList": {"type": "object", "required": ["projects"], "properties": {
                 "projects": {"type": "array", "items": {"$ref": "#/components/schemas/Project"}}}},
             "ProjectUpdate": {
                 "type": "object", "additionalProperties": False,
                 "properties": {
-                    "quota": {"type": "number", "minimum": 0},
-                    "over_quota_weight": {"type": "integer", "minimum": 0},
-                    "limit": {"type": "number", "minimum": 0, "nullable": True},
-                    "priority": {"type": "integer"},
+                    "quota": {"type": "number", "minimum": 0, "maximum": 1_000_000},
+                    "over_quota_weight": {"type": "integer", "minimum": 0, "maximum": 1000},
+                    "limit": {"type": "number", "minimum": 0, "maximum": 1_000_000,
+                              "nullable": True},
+                    "priority": {"type": "integer", "minimum": -1000, "maximum": 1000},
                     "groups": {"type": "array", "items": {"type": "string"}},
                     "job_priority_min": {"type": "integer", "minimum": -100, "maximum": 100,
                                          "description": "lowest priority members may give "
@@ -117,32 +169,125 @@ SPEC = {
             "SliceRequest": {"type": "object", "additionalProperties": False,
                              "required": ["user", "gpus"], "properties": {
                                  "user": {"type": "string"}, "server": {"type": "string"},
-                                 "gpus": {"type": "number", "exclusiveMinimum": 0,
-                                          "maximum": 1}}},
-            "Slice": {"type": "object", "properties": {
+                                 "gpus": {"type": "number", "minimum": 0,
+                                          "exclusiveMinimum": True, "maximum": 1}}},
+            "Slice": {"type": "object", "required": ["id", "user", "server", "gpus", "node",
+                                                     "gpu", "uuid", "created"], "properties": {
                 "id": {"type": "string"}, "user": {"type": "string"},
                 "server": {"type": "string"}, "gpus": {"type": "number"},
                 "node": {"type": "string"}, "gpu": {"type": "integer"},
                 "uuid": {"type": "string", "nullable": True},
-                "created": {"type": "number"}}},
-            "SliceList": {"type": "object", "properties": {
+                "created": {"type": "number"},
+                "pid": {"type": "integer", "nullable": True,
+                        "description": "its notebook server's process, where the spawner says"},
+                "usage": _HOLDER_NOW,
+                "cull": {"type": "object", "nullable": True, "description": "set while its "
+                         "server is warned that it will be culled", "properties": {
+                             "warned_at": {"type": "number"}, "cull_at": {"type": "number"},
+                             "reason": {"type": "string"}}}}},
+            "SliceList": {"type": "object", "required": ["slices"], "properties": {
                 "slices": {"type": "array", "items": {"$ref": "#/components/schemas/Slice"}}}},
-            "Pool": {"type": "object", "properties": {
+            "Pool": {"type": "object", "required": ["capacity", "in_use", "simulated", "nodes",
+                                                    "build"], "properties": {
                 "capacity": {"type": "number"}, "in_use": {"type": "number"},
                 "simulated": {"type": "boolean"},
-                "nodes": {"type": "array", "items": {"type": "object"}}}},
-            "Quota": {"type": "object", "properties": {
-                "user": {"type": "string"},
+                "nodes": {"type": "array", "items": {"type": "object"}},
+                "build": {"type": "object"},
+                "gpus": {"type": "array", "items": {"$ref": "#/components/schemas/PoolGPU"},
+                         "description": "the pool map: every GPU read, by node and index"},
+                "usage_notes": {"type": "array", "items": {"type": "string"}, "description":
+                                "one sentence per thing that could not be read (MIG, a lost "
+                                "GPU, no NVML, processes outside gpushare)"},
+                "usage_source": {"type": "string", "enum": ["nvml", "standin", "off"]},
+                "culling": {"type": "object", "description": "with culling on: its settings, "
+                            "servers stopped so far, and the latest warnings, stops and "
+                            "reprieves (yours; admins: all)", "properties": {
+                                "after": {"type": "number"}, "warning": {"type": "number"},
+                                "culled": {"type": "integer"},
+                                "events": {"type": "array", "items": {"type": "object"}}}}}},
+            "PoolGPU": {"type": "object", "properties": {
+                "node": {"type": "string"}, "index": {"type": "integer"},
+                "uuid": {"type": "string"}, "pool": {"type": "string"},
+                "name": {"type": "string"}, "lost": {"type": "boolean"},
+                "utilization": {**_RATIO, "description": "SM utilization now, 0–1"},
+                "memory_used_bytes": {"type": "integer", "nullable": True},
+                "memory_total_bytes": {"type": "integer"},
+                "held": {"type": "number", "description": "GPUs of it held"},
+                "holders": {"type": "array", "items": {"type": "object", "properties": {
+                    "kind": {"type": "string", "enum": ["job", "slice"]},
+                    "gpus": {"type": "number"}, "sm": _RATIO,
+                    "memory_bytes": {"type": "integer"},
+                    "idle_for_s": {"type": "number", "nullable": True},
+                    "project": {"type": "string"},
+                    "user": {"type": "string", "description": "admins, the holder, and (for "
+                             "jobs) members of its project"},
+                    "job": {"type": "string"}, "attempt": {"type": "integer"},
+                    "slice": {"type": "string"}}}},
+                "outside": {"type": "object", "properties": {
+                    "processes": {"type": "integer"}, "memory_bytes": {"type": "integer"}},
+                    "description": "processes on it that no job or slice of gpushare owns"},
+                "at": {"type": "number"}}},
+            "UsageRow": {"type": "object", "description": "one project, user, job, slice or GPU "
+                         "(the fields named by `by`) with its figures", "properties": {
+                "project": {"type": "string"}, "user": {"type": "string"},
+                "job": {"type": "string"}, "slice": {"type": "string"},
+                "gpu": {"type": "string"}, "node": {"type": "string"},
+                "t": {"type": "integer", "description": "series only: the bucket's start"},
+                **_FIGURES}},
+            "Usage": {"type": "object", "properties": {
+                "since": {"type": "integer"}, "until": {"type": "integer",
+                                                         "description": "the window, widened to "
+                                                         "whole minutes (hours where only hour "
+                                                         "rows are kept)"},
+                "by": {"type": "string"}, "step": {"type": "integer", "nullable": True},
+                "sort": {"type": "string"}, "idle_threshold": {"type": "number"},
+                "pools": {"type": "object", "additionalProperties": {"type": "object",
+                          "properties": {"capacity_gpu_seconds": {"type": "number"},
+                                         "average_utilization": {**_RATIO, "description":
+                                                                 "utilized ÷ capacity: the "
+                                                                 "average GPU utilization"},
+                                         **_FIGURES}}},
+                "rows": {"type": "array", "items": {"$ref": "#/components/schemas/UsageRow"}},
+                "series": {"type": "array", "items": {"$ref": "#/components/schemas/UsageRow"},
+                           "description": "with step: one point per bucket and row"},
+                "definitions": {"type": "object", "additionalProperties": {"type": "string"}}}},
+            "Samples": {"type": "object", "required": ["node", "gpus"], "description": "a node "
+                        "agent's reading of its GPUs", "properties": {
+                "node": {"type": "string"}, "at": {"type": "number"},
+                "problem": {"type": "string", "description": "why no GPU could be read"},
+                "gpus": {"type": "array", "maxItems": 64, "items": {"type": "object",
+                         "required": ["uuid"], "properties": {
+                    "index": {"type": "integer"}, "uuid": {"type": "string"},
+                    "name": {"type": "string"}, "memory_total": {"type": "integer"},
+                    "memory_used": {"type": "integer", "nullable": True},
+                    "utilization": {"type": "number", "nullable": True, "maximum": 100},
+                    "note": {"type": "string"}, "lost": {"type": "boolean"},
+                    "held_by": {"type": "array", "items": {"$ref": "#/components/schemas/Owner"}},
+                    "processes": {"type": "array", "maxItems": 512, "items": {
+                        "$ref": "#/components/schemas/SampledProcess"}},
+                    "mig": {"type": "array", "maxItems": 16, "items": {"type": "object"}}}}}}},
+            "SampledProcess": {"type": "object", "required": ["pid"], "properties": {
+                "pid": {"type": "integer"}, "memory": {"type": "integer", "nullable": True},
+                "sm": {"type": "number", "nullable": True, "maximum": 100},
+                "owner": {"$ref": "#/components/schemas/Owner"}}},
+            "Owner": {"type": "object", "nullable": True, "description": "{job, attempt} or "
+                      "{slice}; believed only where the pool agrees it runs on that node",
+                      "properties": {"job": {"type": "string"}, "attempt": {"type": "integer"},
+                                     "slice": {"type": "string"}}},
+            "Quota": {"type": "object", "required": ["user", "admin", "projects", "jobs"],
+                      "properties": {
+                "user": {"type": "string"}, "admin": {"type": "boolean"},
                 "projects": {"type": "array", "items": {"$ref": "#/components/schemas/Project"}},
                 "jobs": {"type": "object", "additionalProperties": {"type": "integer"}}}},
         },
     },
     "security": [{"hubToken": []}],
     "paths": {
-        "/api/pool": {"get": {"summary": "The train pool: nodes, GPUs, use",
-                              "responses": {"200": _ok("Pool")}}},
+        "/api/pool": {"get": {"summary": "The train pool: nodes, GPUs, use; the pool map "
+                                         "(each GPU's holders, utilization and memory now)",
+                              "responses": {"200": _ok("Pool"), **_errors()}}},
         "/api/quota": {"get": {"summary": "Your projects' quotas and use, your job counts",
-                               "responses": {"200": _ok("Quota")}}},
+                               "responses": {"200": _ok("Quota"), **_errors()}}},
         "/api/jobs": {
             "get": {"summary": "Your jobs; ?project=P: that project's queue (you must be a "
                                "member; other users' jobs without command or env); ?all=1: "
@@ -150,22 +295,30 @@ SPEC = {
                     "parameters": [
                         {"name": "project", "in": "query", "schema": {"type": "string"}},
                         {"name": "all", "in": "query", "schema": {"type": "string"}},
-                        {"name": "state", "in": "query", "schema": {"type": "string"}},
+                        {"name": "state", "in": "query", "schema": {
+                            "type": "string", "enum": ["pending", "running", "succeeded",
+                                                       "failed", "cancelled"]}},
                         {"name": "limit", "in": "query", "description": "newest first; "
                          "default 100, at most 1000",
                          "schema": {"type": "integer", "minimum": 1, "maximum": 1000}}],
-                    "responses": {"200": _ok("JobList"), **_errors(400, 403)}},
-            "post": {"summary": "Submit a train job",
+                    "responses": {"200": _ok("JobList"), **_errors(400)}},
+            "post": {"summary": "Submit a train job. With an Idempotency-Key header (or "
+                                "request_id) a retried submit returns the job the first try "
+                                "made, with 200, and never makes a second one",
+                     "parameters": [{"name": "Idempotency-Key", "in": "header",
+                                     "schema": REQUEST_ID}],
                      "requestBody": {"required": True, "content": {"application/json": {
                          "schema": {"$ref": "#/components/schemas/JobSpec"}}}},
                      "responses": {"201": _ok("Job", "accepted"),
-                                   **_errors(400, 403, 409, 413, 429)}},
+                                   "200": _ok("Job", "accepted before: a retry with the same "
+                                                     "key gets the job it made"),
+                                   **_errors(400, 409, 413)}},
         },
         "/api/jobs/{job_id}": {
             "get": {"summary": "One of your jobs", "parameters": [JOB_ID],
-                    "responses": {"200": _ok("Job"), **_errors(403, 404)}},
+                    "responses": {"200": _ok("Job"), **_errors(400, 404)}},
             "delete": {"summary": "Cancel one of your jobs", "parameters": [JOB_ID],
-                       "responses": {"200": _ok("Job"), **_errors(403, 404, 409)}},
+                       "responses": {"200": _ok("Job"), **_errors(400, 404, 409)}},
         },
         "/api/jobs/{job_id}/logs": {
             "get": {"summary": "The output of one rank of the job (rank 0 by default); "
@@ -174,45 +327,97 @@ SPEC = {
                                "a line says so",
                     "parameters": [JOB_ID,
                                    {"name": "follow", "in": "query", "schema": {"type": "string"}},
-                                   {"name": "attempt", "in": "query", "schema": {"type": "integer"}},
+                                   {"name": "attempt", "in": "query",
+                                    "schema": {"type": "integer", "minimum": 1}},
                                    {"name": "rank", "in": "query", "description": "0 to the "
                                     "attempt's ranks - 1 (the job's ranks field)",
                                     "schema": {"type": "integer", "minimum": 0, "default": 0}}],
-                    "responses": {"200": {"description": "text/plain output"},
-                                  **_errors(400, 403, 404, 429)}},
+                    "responses": {"200": _text("the output of one rank of the attempt (stdout "
+                                               "and stderr)"),
+                                  **_errors(400, 404)}},
         },
         "/api/projects": {"get": {"summary": "Every project with its quota and use",
-                                  "responses": {"200": _ok("ProjectList")}}},
+                                  "responses": {"200": _ok("ProjectList"), **_errors()}}},
         "/api/projects/{name}": {
-            "put": {"summary": "Change a project (admins); quotas may not exceed the train pool",
+            "put": {"summary": "Change or create a project (admins); quotas may not exceed the "
+                               "train pool",
                     "parameters": [{"name": "name", "in": "path", "required": True,
                                     "schema": {"type": "string"}}],
                     "requestBody": {"required": True, "content": {"application/json": {
                         "schema": {"$ref": "#/components/schemas/ProjectUpdate"}}}},
-                    "responses": {"200": _ok("Project"), **_errors(400, 403, 404, 409)}},
+                    "responses": {"200": _ok("Project"), **_errors(400, 409, 413)}},
         },
         "/api/slices": {
             "get": {"summary": "Build slices: yours, or all for admins and the spawner",
-                    "responses": {"200": _ok("SliceList")}},
+                    "responses": {"200": _ok("SliceList"), **_errors()}},
             "post": {"summary": "Reserve a build slice for a user's notebook server (the "
                                 "spawner, a JupyterHub service, or admins); packed best fit "
                                 "within the user's build allowance",
                      "requestBody": {"required": True, "content": {"application/json": {
                          "schema": {"$ref": "#/components/schemas/SliceRequest"}}}},
                      "responses": {"201": _ok("Slice", "reserved"),
-                                   **_errors(400, 403, 409, 413)}},
+                                   **_errors(400, 409, 413)}},
         },
         "/api/slices/{slice_id}": {
+            "patch": {"summary": "Say which process is the slice's notebook server (the "
+                                 "spawner or admins), so its GPU use is attributed to it",
+                      "parameters": [SLICE_ID],
+                      "requestBody": {"required": True, "content": {"application/json": {
+                          "schema": {"type": "object", "required": ["pid"], "properties": {
+                              "pid": {"type": "integer", "minimum": 1}}}}}},
+                      "responses": {"200": _ok("Slice"), **_errors(400, 403, 404)}},
             "delete": {"summary": "Release a build slice (the spawner or admins)",
-                       "parameters": [{"name": "slice_id", "in": "path", "required": True,
-                                       "schema": {"type": "string"}}],
-                       "responses": {"200": _ok("Slice"), **_errors(403, 404)}},
+                       "parameters": [SLICE_ID],
+                       "responses": {"200": _ok("Slice"), **_errors(400, 404)}},
+        },
+        "/api/usage": {
+            "get": {"summary": "Allocation and utilization over a window, by project, user, "
+                               "job, slice or GPU (admins: everything; users: their own and "
+                               "their projects'; by=gpu: admins)",
+                    "parameters": [
+                        {"name": "since", "in": "query", "description": "7d (default), 12h, "
+                         "30m, epoch seconds or ISO 8601", "schema": {"type": "string"}},
+                        {"name": "until", "in": "query", "description": "now (default), or as "
+                         "since", "schema": {"type": "string"}},
+                        {"name": "by", "in": "query", "schema": {"type": "string", "enum": [
+                            "project", "user", "job", "slice", "gpu"], "default": "project"}},
+                        {"name": "step", "in": "query", "description": "a time series too, one "
+                         "point per step (1m, 1h, 1d; whole minutes)", "schema": {"type":
+                                                                                "string"}},
+                        {"name": "sort", "in": "query", "description": "idle: the top "
+                         "idle-allocated first", "schema": {"type": "string", "enum": [
+                             "allocated", "idle", "utilization", "name"]}},
+                        {"name": "limit", "in": "query", "schema": {
+                            "type": "integer", "minimum": 1, "maximum": 1000, "default": 100}}],
+                    "responses": {"200": _ok("Usage"), **_errors(400, 403)}},
+        },
+        "/api/activity": {
+            "post": {"summary": "A notebook server says how many of its kernels are busy (its "
+                                "gpushare extension, with the server's token); culling never "
+                                "stops a server with a busy kernel",
+                     "requestBody": {"required": True, "content": {"application/json": {
+                         "schema": {"type": "object", "required": ["server", "kernels", "busy"],
+                                    "properties": {"server": {"type": "string"},
+                                                   "kernels": {"type": "integer", "minimum": 0},
+                                                   "busy": {"type": "integer", "minimum": 0}}}}}},
+                     "responses": {"204": {"description": "noted"}, **_errors(400, 403)}},
+        },
+        "/api/samples": {
+            "post": {"summary": "A node agent's reading of its GPUs (only the service "
+                                "GPUUsage.agent_service)",
+                     "requestBody": {"required": True, "content": {"application/json": {
+                         "schema": {"$ref": "#/components/schemas/Samples"}}}},
+                     "responses": {"202": {"description": "taken"},
+                                   **_errors(400, 403, 413)}},
         },
         "/metrics": {"get": {"summary": "Prometheus metrics (admins)",
-                             "responses": {"200": {"description": "text/plain; version=0.0.4"},
-                                           **_errors(403)}}},
+                             "responses": {"200": _text("Prometheus text format 0.0.4"),
+                                           **_errors()}}},
         "/api/openapi.json": {"get": {"summary": "This document", "security": [],
-                                      "responses": {"200": {"description": "OpenAPI 3"}}}},
+                                      "responses": {"200": {
+                                          "description": "OpenAPI 3.0.3",
+                                          "content": {"application/json": {
+                                              "schema": {"type": "object"}}}}}}},
     },
 }
 

@@ -21,7 +21,8 @@ from traitlets import Bool, Dict, Float, List, TraitError, Unicode, default, val
 from ..client import ClientError, PoolError, PoolUnreachable
 from . import profiles as build_profiles
 from .modes import Fragment
-from .reserve import Held, Refused, SliceClient, release, release_stale, reserve, sentence
+from .reserve import (Held, Refused, SliceClient, release, release_stale, reserve, sentence,
+                      tell_server_pid)
 
 POOL_DOWN = ("The GPU pool service is not answering, so no build slice can be reserved; try "
              "again in a minute, or choose CPU only.")
@@ -260,10 +261,14 @@ class GPUShareSpawnerBase(Spawner):
             # No await between settling and the parent's start: progress() hands over to
             # the parent's progress only once the parent's start has begun.
             try:
-                return await super().start()
+                started = await super().start()
             except BaseException:
                 await self._release()
                 raise
+            pid = getattr(self, "pid", None)  # local servers: the root of its process tree
+            if self._slices and pid:
+                await tell_server_pid(self._client(), self._slices, pid, self.log)
+            return started
         finally:
             self._starting = False
 

@@ -28,6 +28,18 @@ class SliceClient(PoolClient):
         return self.release_slice(slice_id)
 
 
+async def tell_server_pid(client: SliceClient, held: list[Held], pid: int, log=None) -> None:
+    """Tell the pool which process is the server of these slices, so that the GPU use of its
+    process tree is attributed to them. Failing costs only that attribution: logged."""
+    for h in held:
+        try:
+            await asyncio.to_thread(client.set_slice_pid, h.id, pid)
+        except ClientError as exc:
+            if log:
+                log.warning("The pool was not told the server process of slice %s (%s); its "
+                            "GPU use will show as outside gpushare", h.id, exc)
+
+
 @dataclass(frozen=True)
 class Held:
     """A reserved slice, as the pool answered: ``gpu`` of ``node``, ``uuid`` where known."""

@@ -8,7 +8,16 @@ import { Dialog, Notification, showDialog, showErrorMessage } from '@jupyterlab/
 import { Widget } from '@lumino/widgets';
 
 import { GpushareAPI, GpushareError } from './api';
-import { Job, TrainForm, TrainLimits, TrainTarget, gpuAmount, trainSpec } from './model';
+import {
+  Job,
+  RetryOptions,
+  TrainForm,
+  TrainLimits,
+  TrainTarget,
+  gpuAmount,
+  newRequestId,
+  trainSpec
+} from './model';
 
 class TrainJobBody extends Widget implements Dialog.IBodyWidget<TrainForm> {
   constructor(
@@ -115,9 +124,11 @@ class TrainJobBody extends Widget implements Dialog.IBodyWidget<TrainForm> {
 
 /** Ask, check, submit; resolves to the job, or null when the user gave up. */
 export async function runAsTrainJob(api: GpushareAPI, target: TrainTarget): Promise<Job | null> {
+  // While the pool restarts (seconds), reads and the submit are tried again, said in one line.
+  const retry: RetryOptions = { onRetry: text => Notification.info(text, { autoClose: 5000 }) };
   let limits: TrainLimits;
   try {
-    const [quota, pool] = await Promise.all([api.quota(), api.pool()]);
+    const [quota, pool] = await Promise.all([api.quota(retry), api.pool(retry)]);
     limits = { projects: quota.projects, capacity: pool.capacity };
   } catch (error) {
     await showErrorMessage('Cannot run a train job now', (error as Error).message);
@@ -142,7 +153,7 @@ export async function runAsTrainJob(api: GpushareAPI, target: TrainTarget): Prom
       continue;
     }
     try {
-      const job = await api.submit(checked.spec);
+      const job = await api.submit(checked.spec, newRequestId(), retry);
       Notification.success(`Train job ${job.name || job.id} submitted: ${job.state}.`, { autoClose: 5000 });
       return job;
     } catch (error) {

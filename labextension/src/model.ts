@@ -408,3 +408,58 @@ export function errorMessage(status: number, body: string): string {
   }
   return `The gpushare request failed (HTTP ${status}).`;
 }
+
+/** How a call is tried again while the pool (or this server) cannot be reached. */
+export interface RetryOptions {
+  /** Called once per outage with one sentence, e.g. to show a notification. */
+  onRetry?: (sentence: string) => void;
+  /** How long to keep trying, in milliseconds (default 20 s: the pool is back within seconds). */
+  budgetMs?: number;
+  /** The first pause; it doubles up to `maxPauseMs` (defaults 250 ms and 2 s). */
+  firstPauseMs?: number;
+  maxPauseMs?: number;
+  sleep?: (ms: number) => Promise<void>;
+  now?: () => number;
+}
+
+export const RESTARTING = 'The pool service is not answering (it may be restarting); trying again.';
+
+/**
+ * `call()`, tried again with a growing pause while it fails with an error for which
+ * `unreachable(error)` is true, for at most `budgetMs`; any other error is thrown at once. A
+ * submit retried this way carries the same Idempotency-Key, so it never makes two jobs.
+ */
+export async function retrying<T>(
+  call: () => Promise<T>,
+  unreachable: (error: unknown) => boolean,
+  options: RetryOptions = {}
+): Promise<T> {
+  const now = options.now ?? (() => Date.now());
+  const sleep = options.sleep ?? ((ms: number) => new Promise<void>(resolve => setTimeout(resolve, ms)));
+  const deadline = now() + (options.budgetMs ?? 20000);
+  let pause = options.firstPauseMs ?? 250;
+  let told = false;
+  for (;;) {
+    try {
+      return await call();
+    } catch (error) {
+      const left = deadline - now();
+      if (!unreachable(error) || left <= 0) {
+        throw error;
+      }
+      if (!told) {
+        options.onRetry?.(RESTARTING);
+        told = true;
+      }
+      await sleep(Math.min(pause, left));
+      pause = Math.min(pause * 2, options.maxPauseMs ?? 2000);
+    }
+  }
+}
+
+/** A new key for one submit (32 hex digits), from `random(n)` bytes (crypto by default). */
+export function newRequestId(
+  random: (n: number) => Uint8Array = n => globalThis.crypto.getRandomValues(new Uint8Array(n))
+): string {
+  return Array.from(random(16), b => b.toString(16).padStart(2, '0')).join('');
+}

@@ -15,7 +15,9 @@ import {
   fraction,
   gpuAmount,
   jobRow,
+  newRequestId,
   quotaBar,
+  retrying,
   sentence,
   sortJobs,
   statusText,
@@ -280,5 +282,67 @@ describe('error sentences', () => {
     assert.match(errorMessage(502, '<html>'), /pool cannot be reached \(HTTP 502\)/);
     assert.match(errorMessage(404, ''), /server extension is not enabled/);
     assert.equal(errorMessage(500, 'oops'), 'The gpushare request failed (HTTP 500).');
+  });
+});
+
+describe('retrying through a pool restart', () => {
+  const unreachable = (e: unknown) => (e as Error).message === 'down';
+  function clock() {
+    let t = 0;
+    return { now: () => t, sleep: async (ms: number) => void (t += ms), slept: () => t };
+  }
+
+  test('tries again while unreachable, tells once, and returns the answer', async () => {
+    const c = clock();
+    const told: string[] = [];
+    let calls = 0;
+    const answer = await retrying(
+      async () => {
+        calls += 1;
+        if (calls < 4) {
+          throw new Error('down');
+        }
+        return 'job';
+      },
+      unreachable,
+      { onRetry: text => told.push(text), now: c.now, sleep: c.sleep }
+    );
+    assert.equal(answer, 'job');
+    assert.equal(calls, 4);
+    assert.equal(told.length, 1);
+    assert.match(told[0], /restarting/);
+    assert.equal(c.slept(), 250 + 500 + 1000);
+  });
+
+  test('gives up after its budget, and never retries a refusal', async () => {
+    const c = clock();
+    await assert.rejects(
+      retrying(async () => Promise.reject(new Error('down')), unreachable, {
+        budgetMs: 3000,
+        now: c.now,
+        sleep: c.sleep
+      }),
+      /down/
+    );
+    assert.equal(c.slept(), 3000);
+    let calls = 0;
+    await assert.rejects(
+      retrying(
+        async () => {
+          calls += 1;
+          throw new Error('not yours');
+        },
+        unreachable,
+        { now: c.now, sleep: c.sleep }
+      ),
+      /not yours/
+    );
+    assert.equal(calls, 1);
+  });
+
+  test('request ids are 32 hex digits, new each time', () => {
+    assert.equal(newRequestId(n => new Uint8Array(n).fill(171)), 'ab'.repeat(16));
+    assert.match(newRequestId(), /^[0-9a-f]{32}$/);
+    assert.notEqual(newRequestId(), newRequestId());
   });
 });

@@ -221,8 +221,8 @@ async def test_an_admin_only_route_is_refused_for_the_servers_owner(call):
 # -- a pool that cannot be reached -------------------------------------------------------------
 
 @pytest.mark.parametrize("extension_config, status, words", [
-    ({"pool_url": f"http://127.0.0.1:{free_port()}/services/gpushare/", "pool_token": "t0ken"},
-     502, "cannot be reached (connection refused)"),
+    ({"pool_url": f"http://127.0.0.1:{free_port()}/services/gpushare/", "pool_token": "t0ken",
+      "retry_timeout": 0}, 502, "cannot be reached (connection refused)"),
     ({"pool_url": "", "pool_token": "t0ken"}, 503,
      "this notebook server cannot reach the pool: no pool service address: set GPUSHARE_URL "
      "(e.g. http://127.0.0.1:8000/services/gpushare/) or pass c.GPUShareExtension.pool_url"),
@@ -234,6 +234,19 @@ async def test_pool_down_or_not_configured_is_one_sentence(call, monkeypatch, st
         got, answer = await call("GET", path)
         assert got == status and words in answer["error"] and "\n" not in answer["error"]
         assert "t0ken" not in answer["error"]
+
+
+async def test_a_retried_submit_with_the_browsers_key_makes_one_job(hub, call):
+    spec = {"command": ["true"], "gpus": 1, "name": "retried"}
+    headers = {"Idempotency-Key": "lab-7f3e"}
+    status, first = await call("POST", "api/jobs", spec, headers=headers)
+    status2, again = await call("POST", "api/jobs", spec, headers=headers)
+    assert status == status2 == 201 and first["id"] == again["id"]
+    assert again["request_id"] == "lab-7f3e"
+    _, mine = hub.api("GET", "api/jobs", "alice")
+    assert [j["id"] for j in mine["jobs"] if j["name"] == "retried"] == [first["id"]]
+    status, third = await call("POST", "api/jobs", spec)  # no key: the extension makes one
+    assert status == 201 and third["id"] != first["id"] and third["request_id"]
 
 
 # -- authentication and XSRF -------------------------------------------------------------------

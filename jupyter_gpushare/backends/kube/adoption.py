@@ -40,6 +40,8 @@ def plan(handles: list[Handle], pods: Mapping[str, dict], recorded: Callable[[tu
         if ended is not None:
             out.exits.append(ended)
         elif not ranks or h.data.get("namespace", namespace) != namespace:
+            # e.g. the service died while starting it: any pods it made are deleted below
+            named.discard(key)
             out.exits.append(Exit(*key, "lost", reason="its record does not name its pods"))
         elif not any(p.name in pods for p in ranks):
             out.exits.append(Exit(*key, "lost", reason="its pods are gone"))

@@ -96,7 +96,9 @@ def judge(gang: Gang, states: Sequence[PodState]) -> Exit | None:
     if gang.stopping:
         if not settled:
             return None
-        code = next((s.exit_code for s in states if s.exit_code is not None), None)
+        if all(s.phase == "succeeded" for s in states):  # finished by itself within the grace
+            return Exit(gang.job_id, gang.attempt, "succeeded", 0)
+        code = next((s.exit_code for s in states if s.exit_code), None)
         return Exit(gang.job_id, gang.attempt, "failed", code, "stopped")
     if gang.failure is None:
         for pod, s in zip(gang.pods, states):

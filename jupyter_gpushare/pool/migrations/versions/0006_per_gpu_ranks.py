@@ -1,15 +1,15 @@
 """per-GPU ranks: a job runs one rank per GPU instead of one per node
 
-Revision ID: 0004
-Revises: 0003
+Revision ID: 0006
+Revises: 0005
 """
 
 import sqlalchemy as sa
 from alembic import op
 
 
-revision = '0004'
-down_revision = '0003'
+revision = '0006'
+down_revision = '0005'
 branch_labels = None
 depends_on = None
 
