@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_gpushare.backends import BackendError, Launch
+from jupyter_gpushare.backends import BackendError, Handle, Launch
 from jupyter_gpushare.backends.base import Exit, Handle
 from jupyter_gpushare.backends.local import SIMULATED_LABEL, LocalBackend
 from jupyter_gpushare.backends.shim import members
@@ -567,3 +567,29 @@ async def test_restart_adopts_every_rank_of_a_gang(make_backend, launch, scratch
     assert all(group_gone(g["pgid"]) for g in handle.data["groups"])
     for rank in range(3):
         assert f"rank {rank} got SIGTERM" in await log_of_rank(after, "ad", rank, "SIGTERM")
+
+
+@pytest.mark.asyncio
+async def test_a_gang_whose_handle_was_never_stored_is_found_by_its_records(make_backend,
+                                                                            launch, scratch):
+    hold = scratch / "go-on"
+    before = make_backend()
+    placement = {"sim-node-0": GPU, "sim-node-1": GPU}
+    whole = await before.start(allreduce(launch, "rec", "--hold", str(hold), placement=placement))
+    half = await before.start(allreduce(launch, "half", "--hold", str(hold),
+                                        placement=placement))
+    await rank_logs(before, "rec", 2, until="RANK-REPORT")
+    # "half" died with the service between starting its first and its second node's ranks
+    os.unlink(half.data["groups"][1]["exit"][:-len(".exit")] + ".pid")
+    os.killpg(half.data["groups"][1]["pgid"], signal.SIGKILL)
+    after = make_backend()  # the service died before it stored either handle
+    assert await after.adopt([Handle("rec", 1, {}), Handle("half", 1, {})]) == []
+    [exit] = await ended(after)
+    assert (exit.job_id, exit.state, exit.reason) == (
+        "half", "lost", "the service stopped while starting its ranks")
+    assert group_gone(half.data["groups"][0]["pgid"])
+    hold.touch()
+    [exit] = await ended(after)
+    assert (exit.job_id, exit.state) == ("rec", "succeeded")  # every rank of it was adopted
+    for rank in range(2):
+        assert f"rank {rank} done" in await log_of_rank(after, "rec", rank, "done")
