@@ -92,6 +92,12 @@ class PoolError(ClientError):
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _RESERVED_ENV = ("GPUSHARE_", "JUPYTERHUB_", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
                  "NVIDIA_VISIBLE_DEVICES")
+# The rendezvous variables every rank gets (backends/ranks.py RESERVED; a test keeps them equal).
+RANK_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK",
+            "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "GROUP_WORLD_SIZE",
+            "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID",
+            "JAX_LOCAL_DEVICE_IDS", "PET_NNODES", "PET_NODE_RANK", "PET_NPROC_PER_NODE",
+            "PET_MASTER_ADDR", "PET_MASTER_PORT")
 
 
 def _whole(value) -> int | None:
@@ -166,6 +172,8 @@ def parse_env(items) -> dict[str, str]:
             raise InvalidInput("env", f"name {name!r} is not a valid variable name")
         if name.startswith(_RESERVED_ENV):
             raise InvalidInput("env", f"may not set {name}: the pool sets it for each attempt")
+        if name in RANK_ENV:
+            raise InvalidInput("env", f"may not set {name}: the pool sets it for each rank")
         if not isinstance(value, str) or "\0" in value or len(value) > 32_768:
             raise InvalidInput("env", f"{name} must be a string of at most 32 KiB without NUL")
         env[name] = value
@@ -205,17 +213,21 @@ def add_job_options(parser) -> None:
     parser.add_argument("--env", type=argument_type(lambda text: parse_env([text])),
                         action="append", default=[], metavar="K=V",
                         help="an environment variable for the job; repeat for more")
+    parser.add_argument("--per-gpu", action="store_true",
+                        help="run one rank per GPU (each with its LOCAL_RANK) instead of one "
+                        "per node (torchrun-style)")
 
 
 def job_spec(command=None, *, source: str | None = None, gpus=1, project: str | None = None,
              name: str | None = None, priority=None, env=None, workdir: str | None = None,
-             path: str | None = None) -> dict:
+             path: str | None = None, per_gpu: bool = False) -> dict:
     """Build (and check) the JSON body of ``POST api/jobs`` from front-end arguments.
 
     ``command`` is a list of words to run, or ``source`` Python code; exactly one of them.
     ``workdir`` is the absolute directory it runs in (default: the user's home). ``path`` is
     the submitter's ``PATH`` (front ends pass their own), so that ``python`` in the job is the
-    ``python`` of the terminal or kernel that sent it; a ``PATH`` in ``env`` wins."""
+    ``python`` of the terminal or kernel that sent it; a ``PATH`` in ``env`` wins. ``per_gpu``
+    runs one rank per GPU instead of one per node."""
     if (command is None) == (source is None):
         raise InvalidInput("command", "", message="give either command (a list of strings) or "
                            "source (Python code), not both and not neither")
@@ -248,6 +260,10 @@ def job_spec(command=None, *, source: str | None = None, gpus=1, project: str | 
         spec["env"] = env
     if workdir is not None:
         spec["workdir"] = check_workdir(workdir)
+    if not isinstance(per_gpu, bool):
+        raise InvalidInput("per_gpu", f"must be True or False, not {per_gpu!r}")
+    if per_gpu:
+        spec["per_gpu"] = True
     return spec
 
 
@@ -347,16 +363,19 @@ class PoolClient:
     def cancel(self, job_id: str) -> dict:
         return self._json("DELETE", f"api/jobs/{_segment(job_id)}")
 
-    def logs(self, job_id: str, follow: bool = False, attempt: int | None = None) -> Iterator[str]:
+    def logs(self, job_id: str, follow: bool = False, attempt: int | None = None,
+             rank: int | None = None) -> Iterator[str]:
         """The job's output as text chunks, as they arrive.
 
-        ``attempt`` defaults to the job's current one. With ``follow`` the server keeps the
-        response open and sends output until that attempt ends (the job ends or is requeued as
-        the next attempt); the iterator ends when the server closes it. The request is made at
-        the first ``next()``.
+        ``attempt`` defaults to the job's current one, ``rank`` to 0 (a job with several ranks,
+        its ``ranks``, has a log for each). With ``follow`` the server keeps the response open
+        and sends output until that attempt ends (the job ends or is requeued as the next
+        attempt); the iterator ends when the server closes it. The request is made at the first
+        ``next()``.
         """
         query = {"follow": "1" if follow else None,
-                 "attempt": str(attempt) if attempt is not None else None}
+                 "attempt": str(attempt) if attempt is not None else None,
+                 "rank": str(rank) if rank else None}
         path = f"api/jobs/{_segment(job_id)}/logs"
         with self._retrying(lambda: self._open("GET", path, query=query), True) as response:
             if follow:

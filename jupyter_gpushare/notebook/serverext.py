@@ -297,15 +297,15 @@ class LogsHandler(GPUShareHandler):
     @web.authenticated
     @authorized
     async def get(self, job_id):
-        attempt = self.get_argument("attempt", None)
+        attempt, rank = self.get_argument("attempt", None), self.get_argument("rank", None)
         if self.get_argument("follow", "0") in ("0", "", "false"):
-            text = await self.pool(lambda c: "".join(c.logs(job_id, attempt=attempt)))
+            text = await self.pool(lambda c: "".join(c.logs(job_id, attempt=attempt, rank=rank)))
             self.set_header("Content-Type", "text/plain; charset=utf-8")
             self.finish(text)
             return
-        await self.follow(job_id, attempt)
+        await self.follow(job_id, attempt, rank)
 
-    async def follow(self, job_id, attempt):
+    async def follow(self, job_id, attempt, rank=None):
         """Stream the pool's followed logs. The blocking read may wait hours for output, so it
         gets its own thread, not one of the pool-call threads; it ends with the attempt, or at
         its next output once the browser has gone."""
@@ -325,7 +325,7 @@ class LogsHandler(GPUShareHandler):
 
         def pump():
             try:
-                for chunk in ext.client.logs(job_id, follow=True, attempt=attempt):
+                for chunk in ext.client.logs(job_id, follow=True, attempt=attempt, rank=rank):
                     if self._gone.is_set():
                         return
                     put(chunk)

@@ -17,6 +17,7 @@ from tornado import web
 from tornado.iostream import StreamClosedError
 
 from ..backends import logfile
+from ..backends.ranks import world_size
 from ..policy import SliceRefused
 from ..policy.model import GPU
 from .directory import HubUnavailable, TooManyFailures, Who
@@ -147,6 +148,8 @@ class PoolHandler(HubAuthenticated, web.RequestHandler):
             "finished": row.finished, "exit_code": row.exit_code,
             "placement": {n: m / GPU for n, m in (row.placement or {}).items()},
             "preempting": bool(row.preempting),
+            "per_gpu": bool(row.per_gpu),
+            "ranks": world_size(row.placement, row.per_gpu) if row.placement else None,
             "queue_position": ex.positions.get(row.id) if row.state == "pending" else None,
             "reason": self.why_text(row, ex),
             "usage": self.pool.usage.meter.holder_now("job", f"{row.id}/{row.attempt}")
@@ -392,6 +395,7 @@ class LogsHandler(PoolHandler):
                 self.fail(400, f"attempt must be a whole number, not {attempt!r}")
             if not 1 <= attempt <= row.attempt:
                 self.fail(400, f"job {job_id} has attempts 1 to {row.attempt}")
+        rank = self._rank(row, attempt)
         follow = self.get_argument("follow", "0") not in ("0", "", "false")
         if follow:
             followers, cap = self.pool.followers, self.pool.max_followers_per_user
@@ -403,18 +407,19 @@ class LogsHandler(PoolHandler):
         try:
             if follow:  # the answer starts now, even while the job prints nothing
                 await self.flush()
-            await self._stream(job_id, row, attempt, follow)
+            await self._stream(job_id, row, attempt, rank, follow)
         finally:
             self._unfollow()
         if not self._gone:
             self.finish()
 
-    async def _stream(self, job_id: str, row: JobRow, attempt: int, follow: bool) -> None:
-        """The log in bounded chunks; with ``follow``, then what the attempt prints, until
-        it ends or the client goes."""
+    async def _stream(self, job_id: str, row: JobRow, attempt: int, rank: int,
+                      follow: bool) -> None:
+        """The log of one rank in bounded chunks; with ``follow``, then what the attempt
+        prints, until it ends or the client goes."""
         backend, offset, pause = self.pool.backend, 0, 0.02
         while not self._gone:
-            start, chunk = await backend.read_log_from(row.id, attempt, offset)
+            start, chunk = await backend.read_log_from(row.id, attempt, offset, rank=rank)
             if start > offset:
                 self.write(logfile.dropped_note(start - offset))
             offset = start + len(chunk)
@@ -432,12 +437,34 @@ class LogsHandler(PoolHandler):
             if not (row.state in ("pending", "running") and row.attempt == attempt
                     or row.attempt < attempt):
                 # It ended: what it printed last may have come after the read above.
-                start, chunk = await backend.read_log_from(row.id, attempt, offset)
+                start, chunk = await backend.read_log_from(row.id, attempt, offset, rank=rank)
                 if chunk:
                     continue
                 return
             await asyncio.sleep(pause)
             pause = min(pause * 2, 0.2)
+
+    def _rank(self, row: JobRow, attempt: int) -> int:
+        """``?rank=N`` (default 0), checked against the ranks the attempt has."""
+        text = self.get_argument("rank", "0")
+        if not text.isdigit() or len(text) > 6:
+            self.fail(400, f"rank must be a whole number from 0, not {text!r}")
+        rank = int(text)
+        if rank == 0:
+            return 0
+        if attempt == row.attempt:
+            placement = row.placement if row.state != "pending" else None
+        else:
+            placement = next((a.placement for a in self.pool.store.attempts(row.id)
+                              if a.attempt == attempt), None)
+        if not placement:
+            self.fail(400, f"attempt {attempt} of job {row.id} has not started, so it has "
+                           f"only rank 0 for now; ask again once it runs")
+        count = world_size(placement, row.per_gpu)
+        if rank >= count:
+            self.fail(400, f"attempt {attempt} of job {row.id} has ranks 0 to {count - 1}, "
+                           f"not {rank}")
+        return rank
 
 
 class ProjectsHandler(PoolHandler):

@@ -299,7 +299,7 @@ class PoolService(Application):
             time.time(), spec.get("request_id"), user=user, project=project.name,
             name=spec["name"], gpus=spec["gpus"], priority=spec["priority"],
             command=self.command_for(spec), env=spec["env"], workdir=spec.get("workdir"),
-            checkpoint_dir="")
+            per_gpu=spec.get("per_gpu", False), checkpoint_dir="")
         if created:
             self.scheduler.wake()
         return row, created
@@ -320,7 +320,8 @@ class PoolService(Application):
             home = str(Path(self.state_dir) / "home" / row.user)
         checkpoint = self.checkpoint_dir_template.format(home=home, user=row.user, job_id=row.id)
         return Launch(row.id, row.attempt, row.user, row.project, tuple(row.command),
-                      dict(row.env), dict(row.placement), checkpoint, row.workdir)
+                      dict(row.env), dict(row.placement), checkpoint, row.workdir,
+                      per_gpu=bool(row.per_gpu))
 
     def metrics(self) -> str:
         from .metrics import render

@@ -7,7 +7,7 @@ checks that the migrations build exactly these tables.
 from __future__ import annotations
 
 from sqlalchemy import (JSON, BigInteger, Boolean, Float, ForeignKey, Index, Integer, String,
-                        Text, UniqueConstraint)
+                        Text, UniqueConstraint, false)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -45,6 +45,7 @@ class JobRow(Base):
     command: Mapped[list] = mapped_column(JSON)
     env: Mapped[dict] = mapped_column(JSON, default=dict)
     workdir: Mapped[str | None] = mapped_column(Text, nullable=True)
+    per_gpu: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     checkpoint_dir: Mapped[str] = mapped_column(Text, default="")
     state: Mapped[str] = mapped_column(String(16), index=True)
     attempt: Mapped[int] = mapped_column(Integer, default=1)

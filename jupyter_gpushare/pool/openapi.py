@@ -93,6 +93,9 @@ SPEC = {
                     "workdir": {"type": "string", "description": "absolute path the job runs "
                                 "in; default: your home directory"},
                     "request_id": REQUEST_ID,
+                    "per_gpu": {"type": "boolean", "default": False,
+                                "description": "one rank per GPU (each with its LOCAL_RANK) "
+                                "instead of one per node (torchrun-style)"},
                 }},
             "Job": {
                 "type": "object",
@@ -118,6 +121,10 @@ SPEC = {
                     "requeued": {"type": "string", "nullable": True,
                                  "description": "while a later attempt waits or runs: why "
                                  "the one before it ended (preempted or lost)"},
+                    "per_gpu": {"type": "boolean"},
+                    "ranks": {"type": "integer", "nullable": True,
+                              "description": "how many ranks (processes with their own log) "
+                              "the current attempt has; null until it is placed"},
                     "command": {"type": "array", "items": {"type": "string"},
                                 "description": "only for the job's owner and admins"},
                     "env": {"type": "object", "description": "only for the owner and admins"},
@@ -314,14 +321,19 @@ SPEC = {
                        "responses": {"200": _ok("Job"), **_errors(400, 404, 409)}},
         },
         "/api/jobs/{job_id}/logs": {
-            "get": {"summary": "The job's output; ?follow=1 streams until it ends (a few at "
-                               "once per user); where output was dropped (the log outgrew "
-                               "its limit), a line says so",
+            "get": {"summary": "The output of one rank of the job (rank 0 by default); "
+                               "?follow=1 streams until the attempt ends (a few at once per "
+                               "user); where output was dropped (the log outgrew its limit), "
+                               "a line says so",
                     "parameters": [JOB_ID,
                                    {"name": "follow", "in": "query", "schema": {"type": "string"}},
                                    {"name": "attempt", "in": "query",
-                                    "schema": {"type": "integer", "minimum": 1}}],
-                    "responses": {"200": _text("the attempt's output (stdout and stderr)"),
+                                    "schema": {"type": "integer", "minimum": 1}},
+                                   {"name": "rank", "in": "query", "description": "0 to the "
+                                    "attempt's ranks - 1 (the job's ranks field)",
+                                    "schema": {"type": "integer", "minimum": 0, "default": 0}}],
+                    "responses": {"200": _text("the output of one rank of the attempt (stdout "
+                                               "and stderr)"),
                                   **_errors(400, 404)}},
         },
         "/api/projects": {"get": {"summary": "Every project with its quota and use",

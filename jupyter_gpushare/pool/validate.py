@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import re
 
+from ..backends.ranks import RESERVED as RANK_ENV
 from ..policy.model import GPU
 
 JOB_FIELDS = {"project", "gpus", "command", "source", "name", "priority", "env", "workdir",
-              "request_id"}
+              "request_id", "per_gpu"}
 PROJECT_FIELDS = {"quota", "over_quota_weight", "limit", "priority", "groups",
                   "job_priority_min", "job_priority_max"}
 JOB_PRIORITY = (-100, 100)  # what a project's job priority range may span
@@ -99,6 +100,8 @@ def job_spec(body, max_size: int = MAX_JOB_SIZE) -> dict:
             raise Invalid(f"env name {key!r} is not a valid variable name")
         if key.startswith(_RESERVED_ENV):
             raise Invalid(f"env may not set {key}: the pool sets it for each attempt")
+        if key in RANK_ENV:
+            raise Invalid(f"env may not set {key}: the pool sets it for each rank")
         if not isinstance(value, str) or "\0" in value or len(value) > 32_768:
             raise Invalid(f"env {key} must be a string of at most 32 KiB without NUL")
     workdir = body.get("workdir")
@@ -106,6 +109,10 @@ def job_spec(body, max_size: int = MAX_JOB_SIZE) -> dict:
                                 or "\0" in workdir or len(workdir) > 4096):
         raise Invalid(f"workdir must be an absolute path like /home/you/project, not "
                       f"{workdir!r}; leave it out to run in your home directory")
+    per_gpu = body.get("per_gpu", False)
+    if not isinstance(per_gpu, bool):
+        raise Invalid(f"per_gpu must be true (one rank per GPU) or false (one rank per node, "
+                      f"the default), not {per_gpu!r}")
     size = sum(len(a.encode("utf-8", "surrogatepass")) for a in [
         *(command or ()), source or "", workdir or "", *env, *env.values()])
     if size > max_size:
@@ -115,7 +122,8 @@ def job_spec(body, max_size: int = MAX_JOB_SIZE) -> dict:
     key = body.get("request_id")
     return {"gpus": gpus * GPU, "command": command, "source": source, "name": name,
             "priority": priority, "env": dict(env), "project": body.get("project"),
-            "workdir": workdir, "request_id": None if key is None else request_id(key)}
+            "workdir": workdir, "request_id": None if key is None else request_id(key),
+            "per_gpu": per_gpu}
 
 
 def request_id(value) -> str:

@@ -69,16 +69,25 @@ export class GpushareAPI {
   }
 
   /**
-   * The job's output, passed to `onText` as it arrives; with `follow` until the job ends.
-   * Resolves when the stream ends; `signal` stops it.
+   * The output of one rank of the job (0 by default), passed to `onText` as it arrives; with
+   * `follow` until the attempt ends. Resolves when the stream ends; `signal` stops it.
    */
   async logs(
     id: string,
     follow: boolean,
     onText: (text: string) => void,
-    signal?: AbortSignal
+    signal?: AbortSignal,
+    rank = 0
   ): Promise<void> {
-    const path = `jobs/${encodeURIComponent(id)}/logs${follow ? '?follow=1' : ''}`;
+    const query = new URLSearchParams();
+    if (follow) {
+      query.set('follow', '1');
+    }
+    if (rank) {
+      query.set('rank', String(rank));
+    }
+    const search = query.toString();
+    const path = `jobs/${encodeURIComponent(id)}/logs${search ? `?${search}` : ''}`;
     const response = await this.request(path, { signal });
     const reader = response.body?.getReader();
     if (!reader) {

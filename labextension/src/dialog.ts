@@ -47,6 +47,9 @@ class TrainJobBody extends Widget implements Dialog.IBodyWidget<TrainForm> {
       );
     }
     this._project.value = form.project || (limits.projects.length === 1 ? limits.projects[0].name : '');
+    this._perGpu.type = 'checkbox';
+    this._perGpu.name = 'per_gpu';
+    this._perGpu.checked = form.perGpu === true;
     for (const node of [this._gpus, this._project, this._name]) {
       node.classList.add('jp-mod-styled');
     }
@@ -61,10 +64,17 @@ class TrainJobBody extends Widget implements Dialog.IBodyWidget<TrainForm> {
     runs.textContent = `Runs ${target.python} ${target.path.split('/').pop()} in its folder.`;
     this._error.className = 'jp-GpushareDialog-error';
     this._error.setAttribute('role', 'alert');
+    const perGpu = document.createElement('label');
+    perGpu.className = 'jp-GpushareDialog-perGpu';
+    perGpu.title =
+      'Without it, one process per node runs (start your own workers, e.g. with torchrun); ' +
+      'with it, one process per GPU, each with its RANK and LOCAL_RANK.';
+    perGpu.append(this._perGpu, ' One process per GPU');
     this.node.append(
       field(`GPUs${capacity}`, this._gpus),
       field('Project', this._project),
       field('Name', this._name),
+      perGpu,
       runs,
       this._error
     );
@@ -73,7 +83,12 @@ class TrainJobBody extends Widget implements Dialog.IBodyWidget<TrainForm> {
   }
 
   getValue(): TrainForm {
-    return { gpus: this._gpus.value, project: this._project.value, name: this._name.value };
+    return {
+      gpus: this._gpus.value,
+      project: this._project.value,
+      name: this._name.value,
+      perGpu: this._perGpu.checked
+    };
   }
 
   // Registered before the dialog's own listener, so its check sees this one's verdict.
@@ -102,6 +117,7 @@ class TrainJobBody extends Widget implements Dialog.IBodyWidget<TrainForm> {
   private _gpus = document.createElement('input');
   private _project = document.createElement('select');
   private _name = document.createElement('input');
+  private _perGpu = document.createElement('input');
   private _error = document.createElement('p');
   private _refusal: string;
 }

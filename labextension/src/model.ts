@@ -25,6 +25,10 @@ export interface Job {
   finished: number | null;
   exit_code: number | null;
   preempting?: boolean;
+  /** One rank per GPU instead of one per node. */
+  per_gpu?: boolean;
+  /** How many ranks (each with its own log) the current attempt has; null until placed. */
+  ranks?: number | null;
 }
 
 /** A project as `api/quota` answers it (openapi.py, `Project`). */
@@ -141,6 +145,8 @@ export interface JobRow {
   attempt: string;
   cancellable: boolean;
   followable: boolean;
+  /** Ranks whose logs can be chosen (1: only rank 0, no choice to offer). */
+  ranks: number;
 }
 
 export function jobRow(job: Job, now: number): JobRow {
@@ -163,7 +169,8 @@ export function jobRow(job: Job, now: number): JobRow {
     elapsed: elapsed(job, now),
     attempt: String(job.attempt),
     cancellable: live,
-    followable: job.state !== 'pending' || job.attempt > 1
+    followable: job.state !== 'pending' || job.attempt > 1,
+    ranks: Math.max(1, job.ranks ?? 1)
   };
 }
 
@@ -287,6 +294,7 @@ export interface TrainSpec {
   name?: string;
   command: string[];
   workdir?: string;
+  per_gpu?: boolean;
 }
 
 /** What the user typed into the dialog. */
@@ -294,6 +302,8 @@ export interface TrainForm {
   gpus: string;
   project: string;
   name: string;
+  /** One rank per GPU (each with its LOCAL_RANK) instead of one per node. */
+  perGpu?: boolean;
 }
 
 /** What the dialog knows of the pool to check the form against before sending it. */
@@ -363,6 +373,9 @@ export function trainSpec(
   }
   if (project) {
     spec.project = project.name;
+  }
+  if (form.perGpu) {
+    spec.per_gpu = true;
   }
   return { spec };
 }

@@ -123,6 +123,12 @@ describe('job table rows', () => {
     assert.equal(jobRow(job({ name: '', id: 'abc123' }), 0).name, 'abc123');
   });
 
+  test('a distributed job offers the logs of each of its ranks', () => {
+    assert.equal(jobRow(job({}), 0).ranks, 1);
+    assert.equal(jobRow(job({ ranks: null }), 0).ranks, 1);
+    assert.equal(jobRow(job({ state: 'running', started: 0, ranks: 8, per_gpu: true }), 0).ranks, 8);
+  });
+
   test('running first, then pending by position, then ended newest first', () => {
     const jobs = [
       job({ id: 'old', state: 'succeeded', submitted: 1 }),
@@ -217,6 +223,13 @@ describe('Run as train job: checking the form', () => {
         workdir: '/home/alice/work'
       }
     });
+  });
+
+  test('one process per GPU when asked', () => {
+    const out = trainSpec({ gpus: '4', project: 'vision', name: 'x', perGpu: true }, limits, target);
+    assert.ok('spec' in out && out.spec.per_gpu === true);
+    const plain = trainSpec({ gpus: '4', project: 'vision', name: 'x', perGpu: false }, limits, target);
+    assert.ok('spec' in plain && !('per_gpu' in plain.spec));
   });
 
   test('a script at the root runs in the root; without a root, in the home directory', () => {

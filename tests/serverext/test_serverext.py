@@ -179,6 +179,19 @@ async def test_logs_read_and_followed_as_they_are_printed(hub, call, jp_fetch):
     assert (status, refused["error"]) == (400, f"job {job['id']} has attempts 1 to 1")
 
 
+async def test_each_ranks_log_through_the_server(hub, call):
+    status, job = await call("POST", "api/jobs", {
+        "gpus": 2, "per_gpu": True, "source": "import os\nprint('rank', os.environ['RANK'])\n"})
+    assert status == 201 and job["per_gpu"] is True, job
+    hub.wait_job("alice", job["id"], ("succeeded",))
+    for rank in (0, 1):
+        status, text = await call("GET", f"api/jobs/{job['id']}/logs", params={"rank": str(rank)})
+        assert (status, text) == (200, f"rank {rank}\n")
+    status, refused = await call("GET", f"api/jobs/{job['id']}/logs", params={"rank": "5"})
+    assert (status, refused["error"]) == (400, f"attempt 1 of job {job['id']} has ranks 0 to 1, "
+                                               f"not 5")
+
+
 @pytest.mark.parametrize("method, path, body, status, error", [
     ("GET", "api/jobs/nope", None, 404, "there is no job nope"),
     ("GET", "api/jobs/nope/logs", None, 404, "there is no job nope"),
