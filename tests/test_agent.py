@@ -3,6 +3,7 @@
 protobuf library itself, pods to owners by their labels, and the body it posts, read back by
 the pool's own parser. The agent against the real control plane: test_agent_kube.py."""
 
+import asyncio
 import logging
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from jupyter_gpushare.agent import cgroup, pods, report
 from jupyter_gpushare.agent.app import NodeAgent, Problems
 from jupyter_gpushare.agent.podresources import PodDevices, PodResourcesError, decode_list
+from jupyter_gpushare.client import PoolClient, PoolError, PoolUnreachable
 from jupyter_gpushare.pool.api_usage import parse_samples
 from jupyter_gpushare.usage.sampler import GPUReading, MachineReading, ProcessReading
 from kube.podresources import encode_list
@@ -277,3 +279,38 @@ def test_the_options_are_documented_and_checked(monkeypatch):
         assert NodeAgent.class_traits()[name].help.strip(), name
     with pytest.raises(Exception, match="sample_interval must be more than 0"):
         NodeAgent(sample_interval=0)
+
+
+class DownPool(PoolClient):
+    """The pool service cannot be reached (it restarts)."""
+
+    def post_samples(self, reading):
+        raise PoolUnreachable("the pool service at http://hub/ cannot be reached (connection "
+                              "refused)")
+
+
+class RefusingPool(PoolClient):
+    def post_samples(self, reading):
+        raise PoolError(403, "GPU readings are posted only by the gpushare node agent")
+
+
+def test_a_pool_that_is_away_or_refuses_is_retried_with_backoff(caplog):
+    agent = NodeAgent(sample_interval=1, max_backoff=8)
+    agent.initialize([])
+    agent.problems = Problems(logging.getLogger("test-agent-post"))  # the app's log does not propagate
+    body = report.samples_body(reading(), {}, {}, {})
+    with caplog.at_level(logging.INFO, logger="test-agent-post"):
+        waits = []
+        backoff = 0.0
+        for _ in range(6):
+            backoff = asyncio.run(agent.post(DownPool("http://hub/", "t"), body, backoff))
+            waits.append(backoff)
+        assert waits == [1, 2, 4, 8, 8, 8]
+        assert asyncio.run(agent.post(RefusingPool("http://hub/", "t"), body, 8)) == 8
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "Readings are not reaching the pool: the pool service at http://hub/ cannot be "
+        "reached (connection refused). Trying again, waiting up to 8 s between tries.",
+        "The pool refuses this agent's readings (GPU readings are posted only by the gpushare "
+        "node agent); give the agent the token of the JupyterHub service that the pool's "
+        "c.GPUUsage.agent_service names. Trying again, waiting up to 8 s between tries."]

@@ -162,6 +162,10 @@ class NodeAgent(Application):
     aliases = {"node": "NodeAgent.node_name", "url": "NodeAgent.pool_url",
                "interval": "NodeAgent.sample_interval", "config": "NodeAgent.config_file"}
 
+    @default("log_level")
+    def _log_level(self):
+        return logging.INFO
+
     @default("node_name")
     def _default_node(self):
         return os.environ.get("NODE_NAME") or socket.gethostname()
@@ -191,7 +195,6 @@ class NodeAgent(Application):
         if self.config_file:
             self.load_config_file(self.config_file)
             self.update_config(self.config)
-        self.log.setLevel(logging.INFO)
         self.problems = Problems(self.log)
         self.sent = 0  # readings the pool took, for the log and tests
 
@@ -303,14 +306,15 @@ class NodeAgent(Application):
         except (PoolUnreachable, PoolError, NoCredentials, ClientError) as exc:
             backoff = min(self.max_backoff, max(self.sample_interval, backoff * 2))
             if isinstance(exc, PoolError) and exc.status == 403:
-                why = (f"the pool refused the reading ({exc}); is the token that of the "
-                       f"JupyterHub service the pool's c.GPUUsage.agent_service names?")
+                why = (f"The pool refuses this agent's readings ({exc}); give the agent the "
+                       f"token of the JupyterHub service that the pool's "
+                       f"c.GPUUsage.agent_service names.")
             elif isinstance(exc, PoolError):
-                why = f"the pool refused the reading (HTTP {exc.status}: {exc})"
+                why = f"The pool refused a reading (HTTP {exc.status}: {exc})."
             else:
-                why = str(exc)
-            self.problems.say("pool", f"Readings are not reaching the pool: {why}; trying "
-                              f"again every {backoff:g} s at most.")
+                why = f"Readings are not reaching the pool: {exc}."
+            self.problems.say("pool", f"{why} Trying again, waiting up to "
+                              f"{self.max_backoff:g} s between tries.")
             return backoff
         self.sent += 1
         if self.sent == 1:

@@ -8,9 +8,14 @@ protobuf library itself); ``PodResourcesServer`` answers with what ``pods()`` re
 
 from __future__ import annotations
 
+import os
 from concurrent import futures
 from pathlib import Path
 from typing import Callable
+
+# The simulator forks containers while its gRPC servers run; their exec follows at once, so
+# gRPC's fork handlers (and their warning on every fork) are not needed.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 Pods = list[tuple[str, str, list[tuple[str, dict[str, list[str]]]]]]
 """``[(namespace, name, [(container, {resource: [device ids]})])]``"""
