@@ -297,7 +297,8 @@ class RefusingPool(PoolClient):
 def test_a_pool_that_is_away_or_refuses_is_retried_with_backoff(caplog):
     agent = NodeAgent(sample_interval=1, max_backoff=8)
     agent.initialize([])
-    agent.problems = Problems(logging.getLogger("test-agent-post"))  # the app's log does not propagate
+    # the app's own log does not propagate to caplog
+    agent.problems = Problems(logging.getLogger("test-agent-post"))
     body = report.samples_body(reading(), {}, {}, {})
     with caplog.at_level(logging.INFO, logger="test-agent-post"):
         waits = []
