@@ -315,3 +315,13 @@ def test_a_pool_that_is_away_or_refuses_is_retried_with_backoff(caplog):
         "The pool refuses this agent's readings (GPU readings are posted only by the gpushare "
         "node agent); give the agent the token of the JupyterHub service that the pool's "
         "c.GPUUsage.agent_service names. Trying again, waiting up to 8 s between tries."]
+
+
+def test_a_kubelet_socket_that_is_not_there_is_a_sentence(tmp_path):
+    pytest.importorskip("grpc")
+    from jupyter_gpushare.agent.podresources import PodResources
+    kubelet = PodResources(str(tmp_path / "kubelet.sock"), timeout=1)
+    with pytest.raises(PodResourcesError, match=r"^The kubelet's pod-resources socket .* did not "
+                       r"answer \(UNAVAILABLE.*mount /var/lib/kubelet/pod-resources"):
+        kubelet.list()
+    kubelet.close()

@@ -235,6 +235,16 @@ def test_the_agent_attributes_real_pods_gpu_use_to_the_job_and_the_slice(hub, tm
              what="the library's return")
         build_log = hub.agents[1][1].read_text()
         assert hub.agents[1][0].poll() is None and "Traceback" not in build_log, build_log
+
+        # a reading that claims the job on more of the node's GPUs than the pool gave it:
+        # only as many are believed
+        claim = [{"job": job["id"], "attempt": 1}]
+        status, body = hub.request("POST", hub.pool_url + "api/samples", AGENT, {
+            "node": TRAIN, "gpus": [{"uuid": u, "memory_total": GiB, "utilization": 0,
+                                     "held_by": claim} for u in (*train_gpus, "GPU-extra")]})
+        assert status == 202, body
+        extra = next(g for g in pool_map(hub)["gpus"] if g["uuid"] == "GPU-extra")
+        assert extra["holders"] == []
     finally:
         stray.kill()
         stray.wait()

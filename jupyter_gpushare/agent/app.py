@@ -193,8 +193,7 @@ class NodeAgent(Application):
     def initialize(self, argv=None):
         super().initialize(argv)
         if self.config_file:
-            self.load_config_file(self.config_file)
-            self.update_config(self.config)
+            self.load_config_file(self.config_file)  # the command line still wins
         self.problems = Problems(self.log)
         self.sent = 0  # readings the pool took, for the log and tests
 
@@ -281,8 +280,8 @@ class NodeAgent(Application):
             listed = await asyncio.to_thread(kubelet.list)
             self.problems.over("kubelet", "The kubelet's pod-resources socket answers again.")
         except PodResourcesError as exc:
-            self.problems.say("kubelet", f"{str(exc)[0].upper()}{str(exc)[1:]}; GPUs are "
-                              f"counted as held only where a pod's processes run.")
+            self.problems.say("kubelet", f"{exc}; GPUs count as held only where a pod's "
+                              f"processes run.")
         wanted = [p for p in listed or () if not self.namespace or p.namespace == self.namespace]
         try:
             await node_pods.refresh(uids=set(pod_of_pid.values()),

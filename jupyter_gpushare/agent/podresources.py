@@ -50,7 +50,7 @@ def _varint(data: bytes, i: int) -> tuple[int, int]:
     value, shift = 0, 0
     while True:
         if i >= len(data) or shift > 63:
-            raise PodResourcesError("the kubelet's pod-resources answer is cut short")
+            raise PodResourcesError("The kubelet's pod-resources answer is cut short")
         byte = data[i]
         i += 1
         value |= (byte & 0x7F) << shift
@@ -72,7 +72,7 @@ def _fields(data: bytes):
         elif wire == 2:
             length, i = _varint(data, i)
             if i + length > len(data):
-                raise PodResourcesError("the kubelet's pod-resources answer is cut short")
+                raise PodResourcesError("The kubelet's pod-resources answer is cut short")
             yield number, data[i:i + length]
             i += length
         elif wire == 1:
@@ -80,7 +80,7 @@ def _fields(data: bytes):
         elif wire == 5:
             i += 4
         else:
-            raise PodResourcesError(f"the kubelet's pod-resources answer has a field of wire "
+            raise PodResourcesError(f"The kubelet's pod-resources answer has a field of wire "
                                     f"type {wire}, which these messages never use")
 
 
@@ -132,8 +132,8 @@ class PodResources:
             import grpc
         except ImportError:
             raise PodResourcesError(
-                "grpcio is not installed, so the kubelet cannot be asked which GPUs each pod "
-                "holds; install jupyter-gpushare[agent]") from None
+                "The grpcio package is not installed, so the kubelet cannot be asked which "
+                "GPUs each pod holds; install jupyter-gpushare[agent]") from None
         if self._channel is None:
             self._channel = grpc.insecure_channel(
                 f"unix://{self.path}", options=[("grpc.max_receive_message_length", MAX_MESSAGE)])
@@ -148,12 +148,12 @@ class PodResources:
                     continue  # a kubelet older than 1.20 has only v1alpha1
                 self.close()
                 raise PodResourcesError(
-                    f"the kubelet's pod-resources socket {self.path} did not answer "
+                    f"The kubelet's pod-resources socket {self.path} did not answer "
                     f"({_code(exc)}); mount /var/lib/kubelet/pod-resources into the agent "
                     f"and run it as root") from None
             self._method = method
             return decode_list(answer)
-        raise PodResourcesError(f"the kubelet at {self.path} serves no pod-resources List")
+        raise PodResourcesError(f"The kubelet at {self.path} serves no pod-resources List")
 
     def close(self) -> None:
         if self._channel is not None:
