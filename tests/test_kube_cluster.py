@@ -101,6 +101,7 @@ def test_containers_run_in_their_pods_cgroups_with_the_gpus_the_kubelet_reports(
     layout), NVIDIA_VISIBLE_DEVICES the GPUs, and the pod-resources socket which they are."""
     from jupyter_gpushare.agent import cgroup
     from jupyter_gpushare.agent.podresources import PodResources
+    pytest.importorskip("grpc")  # the simulated kubelet's pod-resources API
     sim = kube.kubelet
     if sim.cgroups is None or not sim.cgroups.available:
         pytest.skip("/sys/fs/cgroup is not writable here: containers run in no cgroup")
