@@ -11,7 +11,6 @@ real node, and the pool shows what the stand-in played: the job in api/usage and
 map, the notebook's slice too, a process of no pod as outside gpushare; a reading posted with
 any other token is refused."""
 
-import json
 import secrets
 import subprocess
 import sys
