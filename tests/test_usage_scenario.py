@@ -152,7 +152,9 @@ def test_usage_shows_what_the_standin_played(hub, capsys, monkeypatch):
     table = text.splitlines()
     vision = next(line.split() for line in table if line.startswith("vision"))
     nlp = next(line.split() for line in table if line.startswith("nlp"))
-    assert vision[2:4] == ["50%", "73%"] and nlp[2:4] == ["25%", "2%"], table
+    # The table says what the JSON said, in whole percents (73.3 % may print as 73 or 74).
+    shown = [int(cell.rstrip("%")) for cell in vision[2:4] + nlp[2:4]]
+    assert all(abs(a - b) <= 1 for a, b in zip(shown, [50, 73, 25, 2])), table
     assert table[0].startswith("train pool: allocation 75%, utilization"), table
     assert main(["usage", "--json", *window]) == 0
     train = json.loads(capsys.readouterr().out)["pools"]["train"]
