@@ -1,15 +1,24 @@
 """The local demo hub: ``jupyterhub -f hub_config/jupyterhub_config.py``.
 
 A complete JupyterHub on http://127.0.0.1:8000 with the real configurable-http-proxy, demo
-users alice (project vision), bob (project nlp) and admin (password: see DEMO_PASSWORD), and
-the gpushare pool service on the local backend: the GPUs NVML finds, or a labelled simulated
-train pool of 2 nodes x 4 GPUs where there are none. Every notebook server gets a build slice
-(¼ GPU by default, ½ GPU for the vision group, or CPU only) from the build pool of
-gpushare_config.py, through the gpushare-local spawner.
+users alice (project vision), bob (project nlp) and admin (the password is made on the first
+run, kept in .demo-state/demo-password and said in the log), and the gpushare pool service
+on the local backend: the GPUs NVML finds, or a labelled simulated train pool of 2 nodes x 4
+GPUs where there are none. Every notebook server gets a build slice (¼ GPU by default, ½ GPU
+for the vision group, or CPU only) from the build pool of gpushare_config.py, through the
+gpushare-local spawner.
 
 Run as root (as a real JupyterHub is), the demo users are system accounts (created here when
-missing) and every notebook server and train job runs as its user. Run as anyone else, it is
-a one-person demo: every server and job runs as you (the service says so in its log).
+missing) and every notebook server and train job runs as its user, never as root. Where other
+accounts cannot run the hub's Python (a pyenv under /root), servers and jobs run from a
+notebook environment built once from the system's python3 (demo_env.py). Run as anyone else,
+it is a one-person demo: every server and job runs as you (the service says so in its log).
+
+Environment: GPUSHARE_DEMO_STATE (state folder), GPUSHARE_DEMO_PORT (8000),
+GPUSHARE_DEMO_HUB_PORT (8081), GPUSHARE_DEMO_PROXY_API_PORT (8001), GPUSHARE_SERVICE_PORT
+(10101), GPUSHARE_DEMO_PASSWORD, GPUSHARE_DEMO_ENV (/opt/jupyter-gpushare/demo-env), and
+GPUSHARE_DEMO_HOMES (servers' homes and job checkpoints in <folder>/<user>, not the accounts'
+own homes).
 """
 
 import os
@@ -20,20 +29,42 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import demo_env  # noqa: E402
+
 STATE = Path(os.environ.get("GPUSHARE_DEMO_STATE", HERE.parent / ".demo-state"))
-STATE.mkdir(parents=True, exist_ok=True)
+STATE.mkdir(mode=0o700, parents=True, exist_ok=True)
+os.chmod(STATE, 0o700)  # the hub's database, cookie secret, tokens and password
 DEMO_USERS = {"alice": "vision", "bob": "nlp", "admin": None}
-DEMO_PASSWORD = os.environ.get("GPUSHARE_DEMO_PASSWORD", "gpushare")
 AS_ROOT = os.geteuid() == 0
-HUB_URL = "http://127.0.0.1:8000"
+PORT = int(os.environ.get("GPUSHARE_DEMO_PORT", "8000"))
 SERVICE_PORT = int(os.environ.get("GPUSHARE_SERVICE_PORT", "10101"))
+
+
+def _secret_file(path: Path, make) -> str:
+    """A file only the hub's user can read, made once."""
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(make())
+    return path.read_text().strip()
+
+
+# A password of this machine's own: on a published one, anyone who reaches the hub could log
+# in as the demo's admin.
+DEMO_PASSWORD = os.environ.get("GPUSHARE_DEMO_PASSWORD") or _secret_file(
+    STATE / "demo-password", lambda: secrets.token_urlsafe(9))
 
 c = get_config()  # noqa: F821 (JupyterHub provides it)
 
 c.JupyterHub.ip = "127.0.0.1"
-c.JupyterHub.port = 8000
+c.JupyterHub.port = PORT
+c.JupyterHub.hub_port = int(os.environ.get("GPUSHARE_DEMO_HUB_PORT", "8081"))
+c.ConfigurableHTTPProxy.api_url = \
+    f"http://127.0.0.1:{int(os.environ.get('GPUSHARE_DEMO_PROXY_API_PORT', '8001'))}"
 c.JupyterHub.db_url = f"sqlite:///{STATE / 'jupyterhub.sqlite'}"
 c.JupyterHub.cookie_secret_file = str(STATE / "jupyterhub_cookie_secret")
+c.ConfigurableHTTPProxy.pid_file = str(STATE / "jupyterhub-proxy.pid")
 
 # The real configurable-http-proxy: installed next to the venv by the README's set-up command.
 proxy = Path(sys.prefix) / "node_modules" / ".bin" / "configurable-http-proxy"
@@ -66,7 +97,7 @@ c.JupyterHub.load_roles = [
 ]
 c.Spawner.server_token_scopes = ["users:activity!user", "access:servers!user",
                                  "access:services!service=gpushare"]
-# GPUSHARE_URL comes from the spawner (gpushare_url below). Servers tell the hub of activity
+# GPUSHARE_URL comes from the spawner: the hub's own address. Servers tell the hub of activity
 # every 30 s (default 300), so that culling (gpushare_config.py) sees a session in use soon.
 c.Spawner.environment = {"JUPYTERHUB_ACTIVITY_INTERVAL": "30"}
 c.Spawner.default_url = "/lab"
@@ -80,41 +111,41 @@ c.LocalGPUShareSpawner.build_profiles = [
     {"gpus": 0.5, "groups": ["vision"]},
     {"gpus": 0},
 ]
-c.LocalGPUShareSpawner.gpushare_url = f"{HUB_URL}/services/gpushare/"
-token_file = STATE / "gpushare-spawner-token"
-if not token_file.exists():
-    token_file.touch(mode=0o600)
-    token_file.write_text(secrets.token_hex(32))
-c.LocalGPUShareSpawner.pool_api_token = token_file.read_text().strip()
+c.LocalGPUShareSpawner.pool_api_token = _secret_file(STATE / "gpushare-spawner-token",
+                                                     lambda: secrets.token_hex(32))
 
-
-
-def _usable_by_others(path: Path) -> bool:
-    """Whether other accounts can run this Python (a pyenv under /root, mode 700, cannot be)."""
-    for part in [path, *path.parents]:
-        if not part.stat().st_mode & 0o001:
-            return False
-    return True
-
-
-BIN = Path(sys.executable).parent
-c.Spawner.cmd = [str(BIN / "jupyterhub-singleuser")]
-c.Spawner.environment["PATH"] = f"{BIN}:/usr/local/bin:/usr/bin:/bin"  # gpushare in terminals
-
+# Which Python runs the notebook servers (and so the kernels, terminals and %%train jobs).
 if AS_ROOT:
     for user in DEMO_USERS:
         if subprocess.run(["id", "-u", user], capture_output=True).returncode != 0:
             subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", user], check=True)
-    python_ok = _usable_by_others(Path(os.path.realpath(sys.executable))) and \
-        _usable_by_others(Path(sys.base_prefix) / "lib")
-    if not python_ok:
-        # Notebook servers then run as the hub's user; train jobs still run as their users.
-        print(f"gpushare demo: {sys.base_prefix} cannot be used by other accounts, so notebook "
-              f"servers run as the hub's user, in /tmp/<user>; train jobs still run as their "
-              f"submitting users.", file=sys.stderr)
-    c.LocalGPUShareSpawner.run_as_hub_user = not python_ok
+    if demo_env.python_usable_by_others(sys.executable):
+        BIN = Path(sys.executable).parent
+        STARTUP = None  # the package the hub runs is the servers' package too
+    else:
+        try:
+            made = demo_env.ensure(Path(os.environ.get("GPUSHARE_DEMO_ENV",
+                                                       demo_env.DEFAULT_ENV)), HERE.parent)
+        except demo_env.DemoEnvError as exc:
+            sys.exit(f"gpushare demo: {exc}")
+        BIN = Path(made["bin"])
+        STARTUP = str(Path(made["spawner"]) / "pythonstartup.py")
+    c.LocalGPUShareSpawner.run_as_hub_user = False  # every server as its user, never as root
 else:
+    BIN, STARTUP = Path(sys.executable).parent, None
     c.LocalGPUShareSpawner.run_as_hub_user = True  # every server as you, in /tmp/<user>
+# Homes elsewhere than the accounts' own (the demo's test keeps everything in its folder).
+HOMES = os.environ.get("GPUSHARE_DEMO_HOMES")
+if HOMES:
+    c.LocalGPUShareSpawner.user_home_template = f"{HOMES}/{{username}}"
+    c.LocalGPUShareSpawner.hub_user_home_template = f"{HOMES}/{{username}}"
+c.Spawner.cmd = [str(BIN / "jupyterhub-singleuser")]
+c.Spawner.environment["PATH"] = f"{BIN}:/usr/local/bin:/usr/bin:/bin"
+if STARTUP:
+    c.LocalGPUShareSpawner.kernel_startup_file = STARTUP
+# Terminals as interactive, not login, shells: a login shell's /etc/profile resets PATH and
+# `gpushare` would not be found; ~/.bashrc is still read.
+c.Spawner.args = ['--ServerApp.terminado_settings={"shell_command": ["/bin/bash", "-i"]}']
 
 pool_config = HERE / "gpushare_config.py"
 c.JupyterHub.services = [{
@@ -123,7 +154,9 @@ c.JupyterHub.services = [{
     "command": [sys.executable, "-m", "jupyter_gpushare.pool",
                 f"--PoolService.config_file={pool_config}",
                 f"--PoolService.state_dir={STATE / 'pool'}"]
-               + ([] if AS_ROOT else ["--LocalBackend.run_as_service_user=True"]),
+               + ([] if AS_ROOT else ["--LocalBackend.run_as_service_user=True"])
+               + ([f"--PoolService.checkpoint_dir_template={HOMES}/{{user}}/.gpushare/"
+                   f"checkpoints/{{job_id}}"] if HOMES else []),
     "cwd": str(STATE),
     "display": True,
 }, {
@@ -131,3 +164,8 @@ c.JupyterHub.services = [{
     "api_token": c.LocalGPUShareSpawner.pool_api_token,
     "display": False,
 }]
+
+where = "GPUSHARE_DEMO_PASSWORD" if os.environ.get("GPUSHARE_DEMO_PASSWORD") else \
+    STATE / "demo-password"
+print(f"gpushare demo: log in at http://127.0.0.1:{PORT} as alice, bob or admin with the "
+      f"password {DEMO_PASSWORD} (from {where})", file=sys.stderr)

@@ -157,6 +157,9 @@ def cmd_simulate(args) -> int:
         print(json.dumps(summary, indent=2))
     else:
         print(format_summary(summary))
+    for what, path in (("events", args.events), ("plot", args.plot)):
+        if path:  # on stderr: --json keeps stdout one JSON object
+            print(f"wrote the {what} to {os.path.abspath(path)}", file=sys.stderr)
     return 0
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import shutil
 import sys
 import time
@@ -148,7 +149,7 @@ def cmd_submit(args, client) -> int:
         raise UsageError(_NO_COMMAND)
     env = {k: v for item in args.env for k, v in item.items()}
     spec = job_spec(command, gpus=args.gpus, project=args.project, name=args.name,
-                    priority=args.priority, env=env)
+                    priority=args.priority, env=env, path=os.environ.get("PATH"))
     job = client.submit(spec)
     if not args.wait:
         print(json.dumps(job, indent=2) if args.json else describe(job))
@@ -171,7 +172,14 @@ def cmd_submit(args, client) -> int:
 
 @_pool_command
 def cmd_jobs(args, client) -> int:
-    jobs = client.jobs(project=args.project, all=args.all, state=args.state, limit=args.limit)
+    try:
+        jobs = client.jobs(project=args.project, all=args.all, state=args.state,
+                           limit=args.limit)
+    except PoolError as e:
+        if args.all and e.status == 403:  # the API's sentence names its parameter, all=1
+            raise CommandError("only admins can list every job; leave out --all to list "
+                               "yours", 2) from None
+        raise
     if args.json:
         print(json.dumps({"jobs": jobs}, indent=2))
     elif jobs:
@@ -256,6 +264,8 @@ def follow_job(client, job: dict, out, note, poll_s: float = 5.0, sleep=time.sle
             wait = min(wait * 2, poll_s)
         job = client.job(job_id)
         if (job.get("state"), job.get("attempt")) != said:
+            if job.get("attempt") != said[1] and job.get("requeued"):
+                note(f"job {job_id} {job['requeued']} (attempt {job.get('attempt')})")
             said, wait = (job.get("state"), job.get("attempt")), first
             if job.get("state") in ACTIVE_STATES:
                 note(describe(job))

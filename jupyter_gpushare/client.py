@@ -203,11 +203,14 @@ def add_job_options(parser) -> None:
 
 
 def job_spec(command=None, *, source: str | None = None, gpus=1, project: str | None = None,
-             name: str | None = None, priority=None, env=None, workdir: str | None = None) -> dict:
+             name: str | None = None, priority=None, env=None, workdir: str | None = None,
+             path: str | None = None) -> dict:
     """Build (and check) the JSON body of ``POST api/jobs`` from front-end arguments.
 
     ``command`` is a list of words to run, or ``source`` Python code; exactly one of them.
-    ``workdir`` is the absolute directory it runs in (default: the user's home)."""
+    ``workdir`` is the absolute directory it runs in (default: the user's home). ``path`` is
+    the submitter's ``PATH`` (front ends pass their own), so that ``python`` in the job is the
+    ``python`` of the terminal or kernel that sent it; a ``PATH`` in ``env`` wins."""
     if (command is None) == (source is None):
         raise InvalidInput("command", "", message="give either command (a list of strings) or "
                            "source (Python code), not both and not neither")
@@ -233,8 +236,11 @@ def job_spec(command=None, *, source: str | None = None, gpus=1, project: str | 
         spec["name"] = check_name(name)
     if priority is not None:
         spec["priority"] = check_priority(priority)
+    env = parse_env(env) if env else {}
+    if path and "PATH" not in env:
+        env.update(parse_env({"PATH": path}))
     if env:
-        spec["env"] = parse_env(env)
+        spec["env"] = env
     if workdir is not None:
         spec["workdir"] = check_workdir(workdir)
     return spec

@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from urllib.error import HTTPError, URLError
@@ -38,7 +39,7 @@ c.JupyterHub.load_groups = {groups!r}
 c.JupyterHub.custom_scopes = {{"custom:gpushare:admin": {{"description": "pool admin"}}}}
 c.JupyterHub.load_roles = [
     {{"name": "user", "scopes": ["self", "access:services!service=gpushare"]}},
-    {{"name": "gpushare-service", "services": ["gpushare"], "scopes": ["read:users", "read:groups"]}},
+    {{"name": "gpushare-service", "services": ["gpushare"], "scopes": ["read:users", "read:groups", "read:servers"]}},
     {{"name": "tester", "services": ["tester"],
       "scopes": ["admin:users", "tokens", "read:users", "access:services!service=gpushare"]}},
 ]
@@ -73,7 +74,13 @@ class Hub:
         self.port = free_port()
         self.tester_token = secrets.token_hex(16)
         users = {"admin", *(u for members in groups.values() for u in members)}
-        (directory / "gpushare_config.py").write_text(pool_config)
+        # Jobs write their checkpoints here, not into the test users' real homes: a folder
+        # of this test's own that every job user can make a folder in (sticky, like /tmp).
+        self.scratch = Path(tempfile.mkdtemp(prefix="gpushare-test-scratch-"))
+        self.scratch.chmod(0o1777)
+        (directory / "gpushare_config.py").write_text(
+            f"get_config().PoolService.checkpoint_dir_template = "
+            f"{str(self.scratch) + '/{user}/{job_id}'!r}\n" + pool_config)
         (directory / "jupyterhub_config.py").write_text(HUB_CONFIG.format(
             port=self.port, hub_port=free_port(), proxy_api_port=free_port(), chp=str(CHP),
             dir=directory, secret=secrets.token_hex(32), users=users,
@@ -124,6 +131,7 @@ class Hub:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
     def token(self, user: str) -> str:
         if user not in self._tokens:

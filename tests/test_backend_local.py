@@ -10,6 +10,7 @@ import signal
 import subprocess
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -351,6 +352,7 @@ async def test_working_directory_is_entered_with_the_users_rights(backend, launc
     [exit] = await ended(backend)
     assert (exit.state, exit.exit_code) == ("failed", 126)
     assert "cannot enter the working directory /root" in await log_of(backend, "peek")
+    assert exit.reason == "cannot enter the working directory /root: Permission denied"
 
 
 @root_only
@@ -368,6 +370,32 @@ async def test_non_root_service_refuses_jobs_unless_allowed(make_backend, launch
     backend = make_backend(NonRootBackend, run_as_service_user=False)
     with pytest.raises(BackendError, match="run_as_service_user"):
         await backend.start(launch("x", "true"))
+
+
+@pytest.mark.asyncio
+async def test_a_command_that_cannot_run_says_why_in_its_exit(backend, launch):
+    # The sentence travels with the exit, so `--wait` and the cell can show it, not a code.
+    await backend.start(replace(launch("nope", ""), command=("no-such-program-xyz", "-v"),
+                                env={"PATH": "/usr/bin:/bin"}))
+    [exit] = await ended(backend)
+    assert (exit.state, exit.exit_code) == ("failed", 127)
+    assert exit.reason == "cannot run no-such-program-xyz: No such file or directory"
+
+
+@pytest.mark.asyncio
+async def test_the_program_is_found_on_the_jobs_own_path(backend, launch, job_user, scratch):
+    # A job runs the `python` of the terminal that submitted it: its spec's PATH is searched.
+    tools = scratch / "bin"
+    tools.mkdir(parents=True)
+    (tools / "hello-xyz").write_text("#!/bin/sh\necho hello from $0\n")
+    (tools / "hello-xyz").chmod(0o755)
+    if job_user[1] is not None:
+        shutil.chown(scratch, job_user[0])
+    await backend.start(replace(launch("path", ""), command=("hello-xyz",),
+                                env={"PATH": f"{tools}:/usr/bin:/bin"}))
+    [exit] = await ended(backend)
+    assert exit.state == "succeeded", exit
+    assert await log_of(backend, "path") == f"hello from {tools}/hello-xyz\n"
 
 
 @pytest.mark.asyncio

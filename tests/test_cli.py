@@ -27,12 +27,15 @@ def test_json_and_human_output(capsys, example):
 def test_events_and_plot_files(capsys, example, tmp_path):
     trace, quotas = example
     events, plot = tmp_path / "e.jsonl", tmp_path / "p.png"
-    code, _, _ = run(capsys, "simulate", "--trace", str(trace), "--quotas", str(quotas),
-                     "--events", str(events), "--plot", str(plot), "--json")
+    code, _, err = run(capsys, "simulate", "--trace", str(trace), "--quotas", str(quotas),
+                       "--events", str(events), "--plot", str(plot), "--json")
     assert code == 0
     lines = [json.loads(line) for line in events.read_text().splitlines()]
     assert {e["event"] for e in lines} == {"submit", "start", "preempt", "finish"}
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Where the files went, on stderr (stdout stays one JSON object).
+    assert err.splitlines() == [f"wrote the events to {events}",
+                                                     f"wrote the plot to {plot}"]
 
 
 def test_proportional_and_scaled_quotas(capsys, example):

@@ -148,6 +148,8 @@ def test_job_spec_checks_like_the_server():
     assert job_spec(source="print(1)", project="vision", name="n") == {
         "source": "print(1)", "gpus": 1, "project": "vision", "name": "n"}
     assert job_spec(["x"], workdir="/home/a/p")["workdir"] == "/home/a/p"
+    assert job_spec(["x"], path="/opt/env/bin:/usr/bin")["env"] == {"PATH": "/opt/env/bin:/usr/bin"}
+    assert job_spec(["x"], env=["PATH=/mine"], path="/opt/env/bin")["env"] == {"PATH": "/mine"}
     for kwargs, words in [({"workdir": "rel/dir"}, "workdir must be an absolute path"),
                           ({"workdir": 3}, "workdir must be an absolute path"),
 ({"gpus": 0}, "gpus must be 1 or more, not 0"),
@@ -251,6 +253,14 @@ def test_cli_prints_the_server_sentence(capsys, env, status, code):
     assert (got, out, err) == (code, "", "gpushare submit: project vision is at its limit\n")
 
 
+def test_a_non_admins_all_is_refused_in_the_clis_words(capsys, env):
+    env.routes[("GET", "api/jobs")] = (403, {"error": "only admins can list every job; leave "
+                                                     "out all=1 for yours"})
+    got, out, err = run(capsys, "jobs", "--all")
+    assert (got, out) == (2, "")
+    assert err == "gpushare jobs: only admins can list every job; leave out --all to list yours\n"
+
+
 # -- paths, headers and bodies: the contract of pool/openapi.py ----------------------------------
 
 def test_each_method_calls_its_path(service):
@@ -329,8 +339,9 @@ def _job(state, attempt):
 
 def test_follow_job_across_preemption_writes_each_line_once():
     client = ScriptedPool(
-        states=[_job("running", 1), _job("running", 1), _job("pending", 2), _job("running", 2),
-                _job("succeeded", 2)],
+        states=[_job("running", 1), _job("running", 1),
+                {**_job("pending", 2), "requeued": "preempted; requeued to resume from its "
+                 "checkpoint"}, _job("running", 2), _job("succeeded", 2)],
         output={1: [["a\n", "b\n"], ["a\nb\nc\n"]], 2: [["x\n"], ["x\ny\n"]]})
     out, notes = io.StringIO(), []
     final = follow_job(client, _job("pending", 1), out, note=notes.append, poll_s=0,
@@ -338,6 +349,8 @@ def test_follow_job_across_preemption_writes_each_line_once():
     # Attempt 1's stream closed early and was reopened: nothing twice, nothing lost.
     assert final["state"] == "succeeded" and out.getvalue() == "a\nb\nc\nx\ny\n"
     assert notes[0].startswith("job j running") and any("pending" in n for n in notes)
+    # --wait says so when the job is preempted, not only that it waits again.
+    assert "job j preempted; requeued to resume from its checkpoint (attempt 2)" in notes
     assert client.reads[-1] == (2, False)
 
 
@@ -366,8 +379,9 @@ def test_submit_wait_streams_output_and_exits_with_the_outcome(capsys, env, monk
                         "on one node")
     assert lines[1] == "job j1 running (2 GPUs on node-a, attempt 1)"
     assert lines[-1] == said
+    # The job gets the submitting shell's PATH, so `python` is the one this terminal runs.
     assert env.requests[0]["body"] == {"command": ["python", "t.py"], "gpus": 2,
-                                       "env": {"A": "1"}}
+                                       "env": {"A": "1", "PATH": os.environ["PATH"]}}
 
 
 def _reply(handler, payload):

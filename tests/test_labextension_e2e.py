@@ -24,6 +24,7 @@ from urllib.request import urlopen
 
 import pytest
 
+from browser import CHROMIUM_ARGS, chromium
 from hubtest import Hub, free_port, need_proxy, system_users
 
 ARTIFACTS = Path(__file__).parent / "artifacts" / "labextension"
@@ -48,21 +49,6 @@ print('done', flush=True)
 """
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
-
-
-def chromium() -> str:
-    """Debian's chromium, installed with apt-get where it is missing and we are root."""
-    path = Path("/usr/bin/chromium")
-    if not path.exists() and os.geteuid() == 0 and shutil.which("apt-get"):
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "chromium"]
-        if subprocess.run(install, env=env, capture_output=True).returncode != 0:
-            subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True)
-            subprocess.run(install, env=env, capture_output=True)
-    if not path.exists():
-        pytest.skip("SKIPPED LOUDLY: the JupyterLab end-to-end test needs Debian's chromium at "
-                    "/usr/bin/chromium; install it with `apt-get install -y chromium` (as root)")
-    return str(path)
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +152,7 @@ def page(lab, browser_path):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=browser_path, headless=True,
-                                    args=["--no-sandbox", "--disable-gpu"])
+                                    args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1500, "height": 900})
         errors: list[str] = []
         page.on("pageerror", lambda e: errors.append(str(e)))

@@ -6,6 +6,7 @@ other accounts. One hub for the module; the tests run in order and share its sta
 
 import json
 import secrets
+import signal
 import sys
 import threading
 import time
@@ -322,3 +323,22 @@ def test_cpu_only_servers_hold_no_slice_and_see_no_gpu(hub):
                        "GPUSHARE_SLICE_MODE": "cpu"}
     finally:
         hub_api(hub, "DELETE", "users/bob/server", "bob")
+
+
+def test_a_hub_that_stops_leaves_its_slices_to_the_pool_which_releases_them_on_start(hub):
+    # The hub stops its services before its servers, so alice's spawner cannot release her
+    # slice as the hub stops: it says so once, quietly, and the pool keeps the slice ...
+    status, body = spawn(hub, "alice")
+    assert status in (201, 202), body
+    wait_ready(hub, "alice")
+    assert sorted(s["user"] for s in slices(hub)) == ["alice"]
+    hub.proc.send_signal(signal.SIGTERM)  # a clean stop, as an admin's Ctrl-C or systemd
+    hub.proc.wait(60)
+    log = (hub.dir / "hub.log").read_text()
+    assert "is kept by the pool service, which is not running" in log
+    assert "was not released" not in log
+    # ... and releases it when it starts again, as the hub runs no server of alice's now.
+    hub.start()
+    wait_until(lambda: "alice" not in [s["user"] for s in slices(hub)], timeout=30,
+               what="the pool's release of alice's slice")
+    assert "Released build slice" in (hub.dir / "hub.log").read_text()

@@ -412,22 +412,26 @@ def _forget(running: _Attempt) -> None:
         pass
 
 
-def _read_exit(path: str) -> int | None:
+def _read_exit(path: str) -> tuple[int | None, str]:
+    """The exit code the shim recorded (None: none yet) and, when the command could not be
+    run at all, the shim's sentence on why."""
     try:
         with open(path) as f:
-            return int(json.load(f)["returncode"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+            record = json.load(f)
+        reason = record.get("reason")
+        return int(record["returncode"]), reason if isinstance(reason, str) else ""
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None, ""
 
 
 def _ended(running: _Attempt) -> Exit | None:
     """How the attempt ended, or None while it runs. A job killed by a signal gets exit
     code 128 + the signal's number, as a shell (and Kubernetes) would report it."""
-    code = _read_exit(running.exit_path)
+    code, said = _read_exit(running.exit_path)
     if code is None:
         if _alive(running.pgid, running.start):
             return None
-        code = _read_exit(running.exit_path)  # the shim may have written it meanwhile
+        code, said = _read_exit(running.exit_path)  # the shim may have written it meanwhile
     job, attempt = running.job_id, running.attempt
     if code is None:
         if running.stopping:
@@ -438,7 +442,7 @@ def _ended(running: _Attempt) -> Exit | None:
     if code == 0:
         return Exit(job, attempt, "succeeded", 0)
     if code > 0:
-        return Exit(job, attempt, "failed", code, f"exited with code {code}")
+        return Exit(job, attempt, "failed", code, said or f"exited with code {code}")
     try:
         name = signal.Signals(-code).name
     except ValueError:

@@ -25,6 +25,7 @@ import sys
 import warnings  # noqa: F401  os.get_exec_path imports it lazily; after setuid the stdlib may be unreadable
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+MAX_REASON = 1000  # bytes of the sentence on why the command could not be run
 
 
 def proc_stat(pid):
@@ -68,8 +69,10 @@ def signal_members(pgid, sig, spare=None):
     return found is not None
 
 
-def _run_child(argv, spec):
-    """In the forked child: become the user, enter the directory, exec. Never returns."""
+def _run_child(argv, spec, said):
+    """In the forked child: become the user, enter the directory, exec. Never returns. What
+    stops it is written to the log and to ``said`` (closed by a successful exec), so the exit
+    record carries the sentence, not only a code."""
     step = "reset signals"
     try:
         for sig in signal.Signals:
@@ -94,14 +97,22 @@ def _run_child(argv, spec):
         os.execvpe(argv[0], argv, spec["env"])
     except BaseException as exc:
         reason = getattr(exc, "strerror", None) or exc
-        os.write(2, f"gpushare: cannot {step}: {reason}\n".encode())
+        sentence = f"cannot {step}: {reason}"
+        os.write(2, f"gpushare: {sentence}\n".encode())
+        try:
+            os.write(said, sentence.encode()[:MAX_REASON])
+        except OSError:
+            pass
         os._exit(127 if isinstance(exc, FileNotFoundError) and step.startswith("run") else 126)
 
 
-def _write_exit(path, returncode):
+def _write_exit(path, returncode, reason=""):
     tmp = f"{path}.tmp"
+    record = {"returncode": returncode}
+    if reason:
+        record["reason"] = reason
     with open(tmp, "w") as f:
-        json.dump({"returncode": returncode}, f)
+        json.dump(record, f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -123,12 +134,31 @@ def main(args):
     os.dup2(devnull, 0)
     os.close(devnull)
     sys.stderr.flush()
+    heard, said = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()
     if pid == 0:
-        _run_child(argv, spec)
+        os.close(heard)
+        _run_child(argv, spec, said)
+    os.close(said)
+    reason = _read_all(heard)
     _, status = os.waitpid(pid, 0)  # retried after our no-op signal handlers (PEP 475)
     signal_members(os.getpgid(0), signal.SIGKILL, spare=os.getpid())
-    _write_exit(exit_path, os.waitstatus_to_exitcode(status))
+    _write_exit(exit_path, os.waitstatus_to_exitcode(status), reason)
+
+
+def _read_all(fd):
+    """What the child wrote before its exec (nothing when the exec succeeded)."""
+    data = b""
+    with os.fdopen(fd, "rb") as f:
+        while len(data) < MAX_REASON:
+            try:
+                chunk = f.read(MAX_REASON - len(data))
+            except InterruptedError:
+                continue
+            if not chunk:
+                break
+            data += chunk
+    return data.decode("utf-8", "replace")
 
 
 if __name__ == "__main__":

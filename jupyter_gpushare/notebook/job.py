@@ -42,6 +42,7 @@ def submit(command=None, *, source: str | None = None, gpus=1, project: str | No
     process of this kernel's Python. ``with_vars`` ({name: value}, picklable) are defined
     before ``source`` runs; ``out`` names variables that :meth:`Job.result` brings back.
     ``workdir`` (absolute) defaults to the current directory; ``project`` to your only one.
+    The job gets this kernel's ``PATH`` unless ``env`` gives one.
     Bad values raise :class:`~jupyter_gpushare.client.InvalidInput`, and the pool's refusals
     :class:`~jupyter_gpushare.client.ClientError`, each with one sentence; nothing is submitted.
     """
@@ -66,7 +67,8 @@ def submit(command=None, *, source: str | None = None, gpus=1, project: str | No
                                f"%magics or !commands)") from None
     # Checked in full before any file is written: bad input leaves nothing behind.
     spec = job_spec(["python"] if source is not None else command, source=None, gpus=gpus,
-                    project=project, name=name, priority=priority, env=env, workdir=workdir)
+                    project=project, name=name, priority=priority, env=env, workdir=workdir,
+                    path=os.environ.get("PATH"))
     folder = None
     if source is not None:
         try:

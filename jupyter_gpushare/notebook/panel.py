@@ -25,9 +25,18 @@ LOG_TAIL = 64 * 1024  # characters of a job's log shown in the panel
 ACTIVE = ("pending", "running")
 _STATE_COLOURS = {"pending": "#b26a00", "running": "#1565c0", "succeeded": "#2e7d32",
                   "failed": "#c62828", "cancelled": "#616161"}
-COLUMNS = (("name", "Job", "14em"), ("state", "State", "6em"), ("gpus", "GPUs", "3.5em"),
-           ("position", "Queue", "3.5em"), ("elapsed", "Elapsed", "5em"),
-           ("attempt", "Attempt", "4em"), ("reason", "Reason", "22em"))
+COLUMNS = (("name", "Job", "9.5em"), ("state", "State", "5.5em"), ("gpus", "GPUs", "3.5em"),
+           ("position", "Queue", "4em"), ("elapsed", "Elapsed", "4.5em"),
+           ("attempt", "Attempt", "5em"), ("reason", "Reason", None))
+
+
+def _cell(width: str | None) -> widgets.Layout:
+    """A table cell that keeps its width (an HBox would shrink it below its title, and the
+    titles would run into each other); the one without a width takes the room that is left,
+    so the row's buttons stay in view."""
+    if width is None:
+        return widgets.Layout(flex="1 1 auto", width="auto", min_width="10em")
+    return widgets.Layout(width=width, min_width=width, flex="0 0 auto", overflow="hidden")
 
 
 # -- what to show: pure functions of the pool's answers ----------------------------------------
@@ -171,15 +180,15 @@ class _JobRow:
     """The widgets of one table row, kept across refreshes so that only values change."""
 
     def __init__(self, panel: "Panel", job_id: str):
-        self.cells = {key: widgets.HTML(layout=widgets.Layout(width=width))
-                      for key, _, width in COLUMNS}
+        self.cells = {key: widgets.HTML(layout=_cell(width)) for key, _, width in COLUMNS}
         self.cancel = widgets.Button(description="Cancel", tooltip=f"cancel job {job_id}",
-                                     layout=widgets.Layout(width="5.5em"))
+                                     layout=widgets.Layout(width="5.5em", flex="0 0 auto"))
         self.logs = widgets.Button(description="Logs", tooltip=f"show the logs of job {job_id}",
-                                   layout=widgets.Layout(width="5em"))
+                                   layout=widgets.Layout(width="5em", flex="0 0 auto"))
         self.cancel.on_click(lambda _: panel.cancel(job_id))
         self.logs.on_click(lambda _: panel.show_logs(job_id))
-        self.box = widgets.HBox([*self.cells.values(), self.cancel, self.logs])
+        self.box = widgets.HBox([*self.cells.values(), self.cancel, self.logs],
+                                layout=widgets.Layout(width="100%"))
 
     def update(self, row: dict) -> None:
         for key, _, _ in COLUMNS:
@@ -219,9 +228,10 @@ class Panel(widgets.VBox):
         self.status = widgets.HTML("Asking the pool…")
         self.slice_line = widgets.HTML()
         self.quota_box = widgets.VBox()
-        header = [widgets.HTML(f"<b>{title}</b>", layout=widgets.Layout(width=width))
-                  for _, title, width in COLUMNS]
-        self.header = widgets.HBox(header)
+        header = [widgets.HTML(f"<b>{title}</b>", layout=_cell(width)) for _, title, width in COLUMNS]
+        # As wide as the rows' buttons, so the titles stand over their columns.
+        header.append(widgets.HTML(layout=widgets.Layout(width="10.5em", flex="0 0 auto")))
+        self.header = widgets.HBox(header, layout=widgets.Layout(width="100%"))
         self.jobs_box = widgets.VBox([self.header])
         self.logs = widgets.Output(layout=widgets.Layout(max_height="20em", overflow="auto"))
         self._no_projects = widgets.HTML("You are in no project.")

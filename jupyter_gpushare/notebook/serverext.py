@@ -248,6 +248,12 @@ class JobsHandler(GPUShareHandler):
             spec = json.loads(self.request.body or b"null")
         except ValueError as e:
             raise Failed(400, f"the body is not valid JSON ({e})") from None
+        # A job from the Lab dialog runs with this server's PATH, as one sent from its
+        # terminals or kernels does; the pool checks everything else.
+        if isinstance(spec, dict) and os.environ.get("PATH"):
+            env = spec.setdefault("env", {})
+            if isinstance(env, dict):
+                env.setdefault("PATH", os.environ["PATH"])
         self.reply(await self.pool(lambda c: c.submit(spec)), 201)
 
 

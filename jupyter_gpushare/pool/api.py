@@ -104,6 +104,10 @@ class PoolHandler(HubAuthenticated, web.RequestHandler):
             "reason": self.why_text(row, ex),
             "usage": self.pool.usage.meter.holder_now("job", f"{row.id}/{row.attempt}")
             if row.state == "running" else None,
+            # Why this is not the first attempt ("preempted; requeued to resume ..."), for
+            # front ends that follow a job across attempts.
+            "requeued": (row.message or None) if row.attempt > 1 and row.state in
+            ("pending", "running") else None,
         }
         if full:
             out["command"] = row.command

@@ -7,8 +7,10 @@ or command-line options; every option has a help text (``--help-all``).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import pwd
+import signal
 import time
 from pathlib import Path
 from urllib.parse import urlparse
@@ -29,6 +31,7 @@ from .directory import HubDirectory
 from .loop import Scheduler
 from .models import JobRow, ProjectRow
 from .store import Store
+from .sweep import release_stale
 from .usage_service import GPUUsage
 
 
@@ -98,6 +101,10 @@ class PoolService(Application):
     checkpoint_dir_template = Unicode("{home}/.gpushare/checkpoints/{job_id}", help="Checkpoint "
                                       "directory of a job, the same for all its attempts; "
                                       "{home} is the user's home, {user} and {job_id} too.").tag(config=True)
+
+    @default("log_level")
+    def _log_level(self):
+        return logging.INFO  # as JupyterHub's own: what the service did is worth a line
 
     @default("state_dir")
     def _state_dir(self):
@@ -266,19 +273,38 @@ class PoolService(Application):
 
     async def _serve(self):
         url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
+        loop = asyncio.get_running_loop()
+        stopping: asyncio.Future = loop.create_future()
+        for sig in (signal.SIGINT, signal.SIGTERM):  # the hub sends SIGINT, then SIGTERM
+            loop.add_signal_handler(sig, lambda s=sig: stopping.done() or
+                                    stopping.set_result(signal.Signals(s).name))
         await self.scheduler.reconcile()
         app = self.make_app()
-        app.listen(url.port, self.ip or url.hostname)
+        server = app.listen(url.port, self.ip or url.hostname)
         self.log.info("gpushare pool service on %s:%s, train pool of %g GPUs%s", url.hostname,
                       url.port, self.train_capacity() / GPU,
                       " (simulated)" if any(n.labels.get("gpushare.io/simulated")
                                             for n in self.backend.nodes()) else "")
         beside = [asyncio.ensure_future(c) for c in self.usage.coroutines()]
+        # Slices the spawners of a stopping hub could not release (the hub stops its
+        # services first) are released now, in the background (sweep.py).
+        sweeping = asyncio.ensure_future(release_stale(
+            self.store, os.environ.get("JUPYTERHUB_API_URL", ""),
+            os.environ.get("JUPYTERHUB_API_TOKEN", ""), self.log))
+        sweeping.add_done_callback(lambda f: f.cancelled() or f.exception() is None or
+                                   self.log.error("Releasing stale build slices failed: %s",
+                                                  f.exception()))
+        running = asyncio.ensure_future(self.scheduler.run(self.cycle_interval))
         try:
-            await self.scheduler.run(self.cycle_interval)
+            await asyncio.wait([running, stopping], return_when=asyncio.FIRST_COMPLETED)
+            if stopping.done():
+                self.log.info("Stopping on %s; running jobs go on and are adopted when the "
+                              "service starts again", stopping.result())
         finally:
-            for task in beside:
+            server.stop()
+            for task in (running, sweeping, *beside):
                 task.cancel()
+            await asyncio.gather(running, sweeping, *beside, return_exceptions=True)
             await self.usage.close()
             await self.backend.shutdown()
 

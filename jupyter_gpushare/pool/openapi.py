@@ -90,6 +90,9 @@ SPEC = {
                     "preempting": {"type": "boolean"},
                     "usage": {**_HOLDER_NOW, "description": "running jobs: SM utilization and "
                               "memory now and over the last hour, idle time"},
+                    "requeued": {"type": "string", "nullable": True,
+                                 "description": "while a later attempt waits or runs: why "
+                                 "the one before it ended (preempted or lost)"},
                     "command": {"type": "array", "items": {"type": "string"},
                                 "description": "only for the job's owner and admins"},
                     "env": {"type": "object", "description": "only for the owner and admins"},

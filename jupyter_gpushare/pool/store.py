@@ -186,6 +186,7 @@ class Store:
             self._end_attempt(s, row, now, outcome, None)
             row.state, row.attempt, row.pending_since = "pending", row.attempt + 1, now
             row.placement, row.handle, row.preempting, row.started = {}, {}, False, None
+            row.message = detail  # why there is a next attempt, until the job ends
             s.add(EventRow(job_id=job_id, t=now, kind="requeue", attempt=row.attempt,
                            detail=detail))
             s.commit()

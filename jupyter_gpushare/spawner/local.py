@@ -9,6 +9,8 @@ its labelled simulated ones).
 from __future__ import annotations
 
 import os
+import pwd
+import stat
 from pathlib import Path
 
 from jupyterhub.spawner import LocalProcessSpawner
@@ -36,6 +38,19 @@ class LocalGPUShareSpawner(GPUShareSpawnerBase, LocalProcessSpawner):
         the JupyterHub user's name. Created when missing.
         """).tag(config=True)
 
+    user_home_template = Unicode(help="""
+        Home (and working) directory of servers that run as their users, instead of the home
+        of the user's system account; {username} is the JupyterHub user's name. Made for the
+        user (theirs, mode 0700) when missing; its parent must exist. Empty: the account's
+        home. For test and demo set-ups that must not touch real homes.
+        """).tag(config=True)
+
+    kernel_startup_file = Unicode(help="""
+        The kernel start-up file (PYTHONSTARTUP) as the servers' Python sees it, when servers
+        run another installation of jupyter-gpushare than the hub (a notebook environment of
+        their own). Default: the file in the hub's installation.
+        """).tag(config=True)
+
     @default("options_form")
     def _default_options_form(self):
         def form(spawner):
@@ -61,16 +76,37 @@ class LocalGPUShareSpawner(GPUShareSpawnerBase, LocalProcessSpawner):
         return pinned(profile.milli, uuids)
 
     def kernel_startup_path(self) -> str:
-        return str(Path(__file__).with_name("pythonstartup.py"))
+        return self.kernel_startup_file or str(Path(__file__).with_name("pythonstartup.py"))
 
     # -- as the hub's user (JupyterHub's SimpleLocalProcessSpawner's behaviour) ------------
 
     def _hub_user_home(self) -> str:
         return self.hub_user_home_template.format(username=self.user.name)
 
+    def _user_home(self) -> str | None:
+        """The home a server run as its user gets instead of its account's, if any."""
+        if self.run_as_hub_user or not self.user_home_template:
+            return None
+        return self.user_home_template.format(username=self.user.name)
+
+    async def start(self):
+        home = self._user_home()
+        if home:
+            _make_home(home, self.user.name)
+        return await super().start()
+
     def make_preexec_fn(self, name):
         if not self.run_as_hub_user:
-            return super().make_preexec_fn(name)
+            become = super().make_preexec_fn(name)
+            home = self._user_home()
+            if home is None:
+                return become
+
+            def preexec_elsewhere():
+                become()
+                os.chdir(home)
+
+            return preexec_elsewhere
         home = self._hub_user_home()
 
         def preexec():
@@ -87,7 +123,10 @@ class LocalGPUShareSpawner(GPUShareSpawnerBase, LocalProcessSpawner):
 
     def user_env(self, env):
         if not self.run_as_hub_user:
-            return super().user_env(env)
+            env = super().user_env(env)
+            if self._user_home():
+                env["HOME"] = self._user_home()
+            return env
         env.update(USER=self.user.name, HOME=self._hub_user_home(), SHELL="/bin/bash")
         return env
 
@@ -96,3 +135,18 @@ class LocalGPUShareSpawner(GPUShareSpawnerBase, LocalProcessSpawner):
             return await super().move_certs(paths)
         return paths
 
+
+
+def _make_home(home: str, username: str) -> None:
+    """The user's own folder at ``home``: made (theirs, 0700) when missing, refused when it is
+    a link or someone else's."""
+    account = pwd.getpwnam(username)
+    try:
+        os.mkdir(home, 0o700)
+        os.chown(home, account.pw_uid, account.pw_gid)
+    except FileExistsError:
+        pass
+    st = os.lstat(home)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != account.pw_uid:
+        raise RuntimeError(f"{home} is not a folder of {username}'s own; remove it or change "
+                           f"LocalGPUShareSpawner.user_home_template")

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from ..client import ClientError, PoolClient, PoolError
+from ..client import ClientError, PoolClient, PoolError, PoolUnreachable
 from ..policy.model import GPU
 
 
@@ -98,7 +98,8 @@ async def reserve(client: SliceClient, user: str, server: str, milli: int, *, wa
 
 async def release(client: SliceClient, ids: list[str], log=None) -> list[str]:
     """Release slices; a slice the pool no longer has is released already. Returns the ids
-    that could not be released (logged), which the pool keeps until the server starts again
+    that could not be released (logged), which the pool keeps until it next starts (it then
+    releases the slices of servers the hub does not run), the server starts again
     (``release_stale``) or an admin deletes them."""
     kept = []
     for slice_id in ids:
@@ -109,6 +110,12 @@ async def release(client: SliceClient, ids: list[str], log=None) -> list[str]:
                 kept.append(slice_id)
                 if log:
                     log.error("Build slice %s was not released: %s", slice_id, exc)
+        except PoolUnreachable:
+            # The usual case when the hub stops: it stops its services before its servers.
+            kept.append(slice_id)
+            if log:
+                log.info("Build slice %s is kept by the pool service, which is not running; "
+                         "the pool releases it when it starts again", slice_id)
         except ClientError as exc:
             kept.append(slice_id)
             if log:

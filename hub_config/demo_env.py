@@ -1,0 +1,179 @@
+"""The demo's notebook environment: a Python that every demo account can run.
+
+A root hub runs each notebook server and train job as its user. The README's set-up installs
+the hub into ``.venv`` with whatever ``python3`` was at hand; where that Python lives in a
+folder other accounts cannot enter (a pyenv under /root, mode 700, as on this project's
+machines), alice could run neither her server nor her jobs. So the demo builds, once, an
+environment from the system's Python in a folder all accounts can read, installs this
+checkout into it as a wheel (the checkout may be unreadable to them too) and reuses it while
+the checkout is unchanged:
+
+    python3 -m venv ENV            (the system's python3, usable by every account)
+    pip wheel --no-deps CHECKOUT   (with the hub's pip; the Lab extension is already built)
+    ENV/bin/pip install WHEEL[demo]
+    ENV/.gpushare-demo.json        (what was installed: a digest of the checkout's files)
+
+Nothing here trusts a folder another account could write: every existing parent of ENV must
+belong to root and be closed to others (or sticky, like /tmp).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+DEFAULT_ENV = Path("/opt/jupyter-gpushare/demo-env")
+STAMP = ".gpushare-demo.json"
+BASE_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
+
+
+class DemoEnvError(Exception):
+    """The environment cannot be made; the message says what to do."""
+
+
+def usable_by_others(path: Path) -> bool:
+    """Whether an account other than the owner can reach ``path`` (every folder on the way
+    searchable by others) and read it."""
+    path = Path(os.path.realpath(path))
+    try:
+        for part in [*reversed(path.parents)]:
+            if not part.stat().st_mode & stat.S_IXOTH:
+                return False
+        return bool(path.stat().st_mode & stat.S_IROTH)
+    except OSError:
+        return False
+
+
+def python_usable_by_others(python: str) -> bool:
+    """Whether other accounts can run this interpreter and import its standard library."""
+    real = Path(os.path.realpath(python))
+    if not (usable_by_others(real) and real.stat().st_mode & stat.S_IXOTH):
+        return False
+    found = subprocess.run([str(real), "-I", "-c", "import sys; print(sys.base_prefix)"],
+                           capture_output=True, text=True, cwd="/")
+    return found.returncode == 0 and usable_by_others(Path(found.stdout.strip()) / "lib")
+
+
+def _check_safe(folder: Path) -> None:
+    """Refuse a folder that another account could change: the hub runs pip there as root."""
+    for part in [*reversed(folder.parents), folder]:
+        try:
+            st = part.lstat()
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            raise DemoEnvError(f"{part} is a symbolic link; give the demo environment a real "
+                               f"folder with GPUSHARE_DEMO_ENV")
+        open_to_others = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        if st.st_uid != 0 or (open_to_others and not st.st_mode & stat.S_ISVTX):
+            raise DemoEnvError(f"{part} may be changed by accounts other than root, so the "
+                               f"demo will not install software there; choose another folder "
+                               f"with GPUSHARE_DEMO_ENV")
+
+
+def base_python() -> str:
+    """The system's Python, which every account can run (with venv and ensurepip)."""
+    wanted = os.environ.get("GPUSHARE_DEMO_PYTHON")
+    for candidate in ([wanted] if wanted else BASE_PYTHONS):
+        if not candidate or not os.path.exists(candidate):
+            continue
+        if not python_usable_by_others(candidate):
+            continue
+        probe = subprocess.run([candidate, "-I", "-c", "import sys, venv, ensurepip; "
+                                "sys.exit(sys.version_info < (3, 10))"], capture_output=True,
+                               cwd="/")
+        if probe.returncode == 0:
+            return candidate
+    raise DemoEnvError(
+        "no Python that all accounts can run was found (tried "
+        + ", ".join([wanted] if wanted else BASE_PYTHONS) + "); install Debian's python3 and "
+        "python3-venv (apt-get install python3-venv), or name one with GPUSHARE_DEMO_PYTHON")
+
+
+def checkout_digest(checkout: Path) -> str:
+    """What the environment must hold: the package's files as they are now (the built Lab
+    extension included) and the project's metadata."""
+    h = hashlib.sha256()
+    files = [checkout / "pyproject.toml"]
+    for top in ("jupyter_gpushare", "jupyter-config"):
+        for root, dirs, names in os.walk(checkout / top):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            files += [Path(root) / n for n in sorted(names) if not n.endswith(".pyc")]
+    for path in files:
+        h.update(str(path.relative_to(checkout)).encode() + b"\0")
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def _say(message: str) -> None:
+    print(f"gpushare demo: {message}", file=sys.stderr, flush=True)
+
+
+def _run(argv: list[str], what: str) -> None:
+    done = subprocess.run(argv, capture_output=True, text=True, cwd="/")
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
+        raise DemoEnvError(f"{what} failed: " + " / ".join(tail))
+
+
+def ensure(env: Path, checkout: Path) -> dict:
+    """The environment at ``env``, made or brought up to date; returns its stamp
+    (``python``, ``bin``, ``site``, ``digest``)."""
+    env = Path(os.path.abspath(env))
+    _check_safe(env)
+    env.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    old_umask = os.umask(0o022)  # what is installed must be readable by every account
+    try:
+        with open(env.parent / f".{env.name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one hub builds at a time
+            return _ensure_locked(env, checkout)
+    finally:
+        os.umask(old_umask)
+
+
+def _ensure_locked(env: Path, checkout: Path) -> dict:
+    digest = checkout_digest(checkout)
+    stamp_path = env / STAMP
+    try:
+        stamp = json.loads(stamp_path.read_text())
+    except (OSError, ValueError):
+        stamp = {}
+    python = env / "bin" / "python"
+    if stamp.get("digest") == digest and python.exists():
+        return stamp
+    fresh = not python.exists()
+    if fresh:
+        base = base_python()
+        _say(f"building the notebook environment that every demo account can run, in {env} "
+             f"(once; a few minutes) from {base}")
+        if env.exists():
+            shutil.rmtree(env)
+        _run([base, "-m", "venv", str(env)], f"{base} -m venv {env}")
+    else:
+        _say(f"updating jupyter-gpushare in the notebook environment {env}")
+    with tempfile.TemporaryDirectory(prefix="gpushare-wheel-") as tmp:
+        _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", tmp,
+              str(checkout)], f"building a wheel of {checkout}")
+        [wheel] = Path(tmp).glob("jupyter_gpushare-*.whl")
+        pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+        if not fresh:  # same version number, new code: replace the package itself
+            _run(pip + ["--force-reinstall", "--no-deps", str(wheel)], "reinstalling the wheel")
+        _run(pip + [f"{wheel}[demo]"], f"installing jupyter-gpushare into {env}")
+    found = subprocess.run(
+        [str(python), "-I", "-c", "import jupyter_gpushare.spawner as s, os, sysconfig; "
+         "print(os.path.dirname(s.__file__)); print(sysconfig.get_path('scripts'))"],
+        capture_output=True, text=True, check=True, cwd="/").stdout.split("\n")
+    stamp = {"digest": digest, "python": str(python), "spawner": found[0], "bin": found[1]}
+    tmp_stamp = stamp_path.with_suffix(".tmp")
+    tmp_stamp.write_text(json.dumps(stamp))
+    tmp_stamp.replace(stamp_path)
+    _say(f"the notebook environment {env} is ready")
+    return stamp

@@ -1,0 +1,68 @@
+"""Build slices of servers that no longer run, released when the pool service starts.
+
+JupyterHub stops its services before its notebook servers, so the spawners of a stopping hub
+cannot release their slices: the pool keeps them. When the pool starts again:
+
+1. the slices in the store, by user;
+2. each user's active servers, asked from the hub with the service's own token (its role
+   needs ``read:users`` and ``read:servers``); a user the hub does not know runs nothing;
+3. ``stale()`` (pure): the slices whose server is not among them;
+4. those are released, each with one log line.
+
+Nothing is released for a user the hub cannot answer about (no ``read:servers`` scope, an
+error): a running server must keep its slice. Its spawner releases it at its next start.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from urllib.parse import quote
+
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+
+from .models import SliceRow
+from .store import Store
+
+UNKNOWN = None  # the hub could not say which servers the user runs
+
+
+def stale(slices: list[SliceRow], servers: dict[str, set[str] | None]) -> list[SliceRow]:
+    """The slices whose (user, server) the hub says does not run."""
+    return [s for s in slices
+            if servers.get(s.user, UNKNOWN) is not UNKNOWN and s.server not in servers[s.user]]
+
+
+async def active_servers(api_url: str, token: str, user: str) -> set[str] | None:
+    """The names of the user's active servers ("" is the default one), as the hub says;
+    an empty set for a user the hub does not know; None when it cannot be told."""
+    req = HTTPRequest(f"{api_url.rstrip('/')}/users/{quote(user, safe='')}",
+                      headers={"Authorization": f"token {token}"}, request_timeout=10)
+    try:
+        model = json.loads((await AsyncHTTPClient().fetch(req)).body)
+    except HTTPClientError as e:
+        return set() if e.code == 404 else UNKNOWN
+    except (OSError, ValueError):
+        return UNKNOWN
+    if model.get("name") != user or not isinstance(model.get("servers"), dict):
+        return UNKNOWN  # another user's answer, or no read:servers
+    return set(model["servers"])
+
+
+async def release_stale(store: Store, api_url: str, token: str,
+                        log: logging.Logger) -> list[SliceRow]:
+    slices = store.slices()
+    if not slices or not api_url:
+        return []
+    servers = {user: await active_servers(api_url, token, user)
+               for user in sorted({s.user for s in slices})}
+    unknown = sorted(u for u, names in servers.items() if names is UNKNOWN)
+    if unknown:
+        log.info("Keeping the build slices of %s: the hub does not say which servers they "
+                 "run (the service's role needs read:servers)", ", ".join(unknown))
+    gone = stale(slices, servers)
+    for row in gone:
+        store.remove_slice(row.id)
+        log.info("Released build slice %s of %s's server %r, which no longer runs",
+                 row.id, row.user, row.server)
+    return gone

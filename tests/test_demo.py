@@ -1,0 +1,210 @@
+"""The demo hub exactly as the README starts it (``jupyterhub -f hub_config/jupyterhub_config.py``,
+only its ports, state and homes moved into this test's folders), used as a person would in
+real headless Chromium: alice logs in, starts the default server, runs ``%%train --gpus 2``
+and gets two GPU ids back; no process of hers runs as root; her terminal finds ``gpushare``
+and ``python``, and a job submitted there runs the terminal's ``python``; the hub stops soon
+and without errors. Screenshots are kept in tests/artifacts/demo/.
+
+As root (as the demo is meant to run) the hub builds its notebook environment from the
+system's python3 into a folder of this test's own, once per run (about a minute)."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from urllib.error import URLError
+from urllib.request import urlopen
+
+import pytest
+
+from browser import CHROMIUM_ARGS, chromium, need_playwright
+from hubtest import free_port, need_proxy
+
+REPO = Path(__file__).resolve().parents[1]
+ARTIFACTS = Path(__file__).parent / "artifacts" / "demo"
+AS_ROOT = os.geteuid() == 0
+TRAIN_CELL = ('%%train --gpus 2\nimport os\nprint("devices", os.environ["CUDA_VISIBLE_DEVICES"],'
+              ' "uid", os.getuid())')
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    need_proxy()
+    need_playwright()
+    browser = chromium()
+    # Folders every demo account can enter (the pytest folder is root's alone).
+    top = Path(tempfile.mkdtemp(prefix="gpushare-demo-test-"))
+    top.chmod(0o755)
+    homes = top / "homes"
+    homes.mkdir(mode=0o755)
+    state = tmp_path_factory.mktemp("demo-state")
+    port, hub_port = free_port(), free_port()
+    env = {**os.environ, "GPUSHARE_DEMO_STATE": str(state), "GPUSHARE_DEMO_PORT": str(port),
+           "GPUSHARE_DEMO_HUB_PORT": str(hub_port),
+           "GPUSHARE_DEMO_PROXY_API_PORT": str(free_port()),
+           "GPUSHARE_SERVICE_PORT": str(free_port()),
+           "GPUSHARE_DEMO_PASSWORD": secrets.token_urlsafe(9),
+           "GPUSHARE_DEMO_ENV": str(top / "env"), "GPUSHARE_DEMO_HOMES": str(homes)}
+    log = open(state / "hub.log", "wb")
+    hub = subprocess.Popen([str(Path(sys.executable).with_name("jupyterhub")), "-f",
+                            "hub_config/jupyterhub_config.py"], cwd=REPO, env=env, stdout=log,
+                           stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_for(url + "/services/gpushare/api/openapi.json", hub, state, timeout=600)
+        yield {"url": url, "password": env["GPUSHARE_DEMO_PASSWORD"], "hub": hub,
+               "state": state, "homes": homes, "browser": browser, "hub_port": hub_port}
+    finally:
+        _stop(hub, hub_port)
+        log.close()
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def _wait_for(url, hub, state, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if hub.poll() is not None:
+            pytest.fail(f"the demo hub exited: {(state / 'hub.log').read_text()[-3000:]}")
+        try:
+            with urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except (URLError, OSError):
+            pass
+        time.sleep(0.5)
+    pytest.fail(f"the demo hub did not come up: {(state / 'hub.log').read_text()[-3000:]}")
+
+
+def _stop(hub, hub_port):
+    """Stop the hub and whatever of it is left: the service and proxy run in sessions of
+    their own, and servers outlive a hub that is killed."""
+    if hub.poll() is None:
+        hub.send_signal(signal.SIGTERM)
+        try:
+            hub.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(hub.pid, signal.SIGKILL)
+            hub.wait()
+    for pid in _processes_of(hub_port):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _processes_of(hub_port: int, user: str | None = None) -> dict[int, int]:
+    """pid -> real uid of every process of this hub (its service, servers, kernels and
+    terminals: they are told its API's address), or of its JupyterHub user ``user``."""
+    api = f"JUPYTERHUB_API_URL=http://127.0.0.1:{hub_port}/hub/api".encode()
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+            status = Path(f"/proc/{entry}/status").read_text()
+        except OSError:
+            continue
+        if api in environ and (user is None or f"JUPYTERHUB_USER={user}".encode() in environ):
+            found[int(entry)] = int(re.search(r"^Uid:\s+(\d+)", status, re.M).group(1))
+    return found
+
+
+TERMINAL_JS = """async ([base, command, marker]) => {
+  const xsrf = decodeURIComponent((document.cookie.split('; ')
+      .find(c => c.startsWith('_xsrf=')) || '_xsrf=').slice(6));
+  const made = await fetch(base + 'api/terminals', {method: 'POST',
+                                                    headers: {'X-XSRFToken': xsrf}});
+  const terminal = await made.json();
+  return await new Promise(resolve => {
+    const ws = new WebSocket(base.replace(/^http/, 'ws') + 'terminals/websocket/' + terminal.name);
+    let out = '';
+    ws.onopen = () => ws.send(JSON.stringify(['stdin', command + '\\r']));
+    ws.onmessage = event => {
+      const [kind, text] = JSON.parse(event.data);
+      if (kind === 'stdout') { out += text; if (out.includes(marker)) { ws.close(); resolve(out); } }
+    };
+    setTimeout(() => resolve(out), 90000);
+  });
+}"""
+
+
+def test_alice_trains_on_two_gpus_as_herself_and_her_terminal_finds_gpushare(demo):
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    user = "alice" if AS_ROOT else pwd.getpwuid(os.getuid()).pw_name
+    uid = pwd.getpwnam(user).pw_uid
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=demo["browser"], args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.goto(demo["url"] + "/hub/login")
+        page.fill("#username_input", "alice")
+        page.fill("#password_input", demo["password"])
+        page.click("#login_submit")
+        page.wait_for_url(re.compile(r".*/hub/spawn.*"))
+        assert page.is_checked("input[name=profile][value=quarter-gpu]")  # ¼ GPU, the default
+        page.screenshot(path=str(ARTIFACTS / "spawn.png"))
+        page.click("input[type=submit], button[type=submit]")
+        page.wait_for_url(re.compile(r".*/user/alice/lab.*"), timeout=180_000)
+        page.wait_for_selector(".jp-LauncherCard", timeout=180_000)
+
+        # A notebook: %%train --gpus 2 answers with two GPU ids, run as alice.
+        page.click(".jp-LauncherCard:has-text('Python 3') >> nth=0")
+        page.wait_for_selector(".jp-Notebook .jp-Cell .cm-content", timeout=120_000)
+        page.wait_for_selector(".jp-StatusBar-TextItem:has-text('| Idle')", timeout=120_000)
+        page.click(".jp-Notebook .jp-Cell .cm-content")
+        page.keyboard.type(TRAIN_CELL)
+        page.keyboard.press("Shift+Enter")
+        page.wait_for_selector("text=/devices \\S+ uid \\d+/", timeout=120_000)
+        page.wait_for_selector(".jp-OutputArea >> text=/succeeded after/", timeout=60_000)
+        output = page.inner_text(".jp-Notebook .jp-Cell .jp-OutputArea >> nth=0")
+        page.screenshot(path=str(ARTIFACTS / "train.png"))
+        devices, job_uid = re.search(r"devices (\S+) uid (\d+)", output).groups()
+        assert len(set(devices.split(","))) == 2, output
+        assert int(job_uid) == uid and "succeeded" in output, output
+
+        # No process of alice's runs as root: her server, kernel and the rest are hers.
+        mine = _processes_of(demo["hub_port"], "alice")
+        assert mine and set(mine.values()) == {uid}, mine
+
+        # Her terminal finds gpushare and python, and a job sent from it runs that python.
+        base = demo["url"] + "/user/alice/"
+        text = page.evaluate(TERMINAL_JS, [base, (
+            "command -v gpushare python; gpushare submit --gpus 2 --wait -- python -c "
+            "'import os, sys; print(\"ran\", sys.executable, os.environ[\"CUDA_VISIBLE_"
+            "DEVICES\"])'; echo DONE-$((40+2))"), "DONE-42"])
+        assert "DONE-42" in text, text
+        lines = [line.strip() for line in text.splitlines()]
+        gpushare = next(line for line in lines if line.endswith("/gpushare"))
+        python = next(line for line in lines if line.endswith("/python"))
+        assert Path(gpushare).parent == Path(python).parent, text
+        ran = next(line for line in lines if line.startswith("ran "))
+        assert ran.split()[1].startswith(str(Path(python).parent)) and "," in ran, text
+        assert "succeeded" in text, text
+        browser.close()
+    home = demo["homes"] / "alice"
+    assert home.stat().st_uid == uid  # her server ran in the test's home for her, not /home
+
+
+def test_the_demo_stops_soon_and_says_no_error(demo):
+    hub, log = demo["hub"], demo["state"] / "hub.log"
+    start = time.monotonic()
+    hub.send_signal(signal.SIGTERM)
+    hub.wait(60)
+    took = time.monotonic() - start
+    text = log.read_text()
+    assert "was not released" not in text and "Traceback" not in text, text[-3000:]
+    assert took < 20, f"the demo took {took:.1f} s to stop"
+    assert not _processes_of(demo["hub_port"], "alice"), "alice's server outlived the hub"
