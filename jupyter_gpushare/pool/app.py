@@ -264,8 +264,13 @@ class PoolService(Application):
 
     # -- run ------------------------------------------------------------------------------
     def make_app(self) -> web.Application:
+        from . import dashboard
         prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpushare/")
-        return web.Application(routes(prefix), pool=self, hub_auth=HubAuth(),
+        # The dashboard's login cookie is signed with a secret of this process: after a
+        # restart the browser logs in again through the hub, without a question.
+        return web.Application(routes(prefix) + dashboard.routes(prefix), pool=self,
+                               hub_auth=HubAuth(), dashboard_oauth=dashboard.OAuthSettings(),
+                               cookie_secret=os.urandom(32),
                                max_body_size=self.max_body_size * 4, xsrf_cookies=False)
 
     def start(self):
