@@ -7,7 +7,7 @@ from html.parser import HTMLParser
 import pytest
 
 from jupyter_gpushare.charts import Frame, Series, line_chart, sparkline, stacked_chart, time_ticks
-from jupyter_gpushare.dashboard import WINDOWS, choose_window, refusal, render
+from jupyter_gpushare.dashboard import WINDOWS, Window, choose_window, refusal, render
 from jupyter_gpushare.dashboard import poolmap, tables, usage
 from jupyter_gpushare.pool.validate import Invalid
 
@@ -60,7 +60,7 @@ def sample() -> dict:
              "reason": "no GPU use and no activity for 15 min, warned 5 min ago"},
             {"at": NOW - 60, "kind": "warn", "user": "bob", "server": "", "slice": "s-2",
              "reason": CULL_REASON}]}}
-    window = WINDOWS["6h"]
+    window = choose_window("6h", NOW)
     series = []
     for k in range(72):
         t = (NOW - window.span) // 300 * 300 + k * 300
@@ -271,17 +271,17 @@ def test_the_idlest_jobs_and_slices_with_what_they_do_now():
     d = sample()
     assert usage.idle_jobs_table(d["idle_jobs"], {j["id"]: j for j in d["jobs"]}) == (
         "<table class='idle-jobs'><thead><tr><th>Job</th><th>User</th><th>Project</th><th "
-        "class=num>Idle GPU-hours</th><th class=num>Idle share</th><th class=num>Utilization"
+        "class=num>Idle GPU time</th><th class=num>Idle share</th><th class=num>Utilization"
         "</th><th>Now</th></tr></thead><tbody><tr><td><b>bert &lt;b&gt;</b> <span "
-        "class=\"muted\">j-2</span></td><td>bob</td><td>nlp</td><td class=num>1.94</td><td "
+        "class=\"muted\">j-2</span></td><td>bob</td><td>nlp</td><td class=num>117 min</td><td "
         "class=num>97%</td><td class=num>2%</td><td>idle 25 min</td></tr></tbody></table>")
     assert usage.idle_slices_table(d["idle_slices"], {s["id"]: s for s in d["slices"]}, 0) == (
         "<table class='idle-slices'><thead><tr><th>Slice</th><th>User</th><th class=num>Idle "
-        "GPU-hours</th><th class=num>Idle share</th><th class=num>Utilization</th><th>Now</th>"
+        "GPU time</th><th class=num>Idle share</th><th class=num>Utilization</th><th>Now</th>"
         "</tr></thead><tbody><tr><td>¼ slice <span class=\"muted\">s-2</span></td><td><b>bob"
-        "</b></td><td class=num>0.50</td><td class=num>100%</td><td class=num>0%</td><td>idle "
+        "</b></td><td class=num>30 min</td><td class=num>100%</td><td class=num>0%</td><td>idle "
         "11 min, stopped at 14:50 unless used</td></tr><tr><td>slice <span class=\"muted\">s-7"
-        "</span></td><td><b>carol</b></td><td class=num>0.25</td><td class=num>100%</td><td "
+        "</span></td><td><b>carol</b></td><td class=num>15 min</td><td class=num>100%</td><td "
         "class=num>0%</td><td>released</td></tr></tbody></table>")
     assert usage.idle_jobs_table([], {}) == (
         '<p class="empty">No job held GPUs idle in this window.</p>')
@@ -302,7 +302,7 @@ def test_projects_over_the_window_in_the_apis_figures():
         '<div class="figures" data-pool="train"><b>train pool</b>: allocation <b>60%</b>, '
         'utilization <b>55%</b> of what was allocated (average GPU utilization 33%), '
         'idle-allocated <b>20%</b></div>')
-    charts = usage.charts(d["usage"], d["projects"], 4, d["window"], NOW, 0)
+    charts = usage.charts(d["usage"], d["projects"], 4, d["window"], 0)
     # one colour per project, in name order; vision holds 2 GPUs of 4, nlp 1 on top
     assert charts.startswith(
         '<div class="legend"><span class="key"><i style="background:#0072b2"></i>nlp</span>'
@@ -377,15 +377,26 @@ def test_the_page_has_every_section_nothing_from_outside_and_escapes_what_people
 def test_a_refusal_is_one_sentence_on_a_page():
     page = refusal(403, "Only <admins>.")
     check(page)
-    assert page.endswith('<body><div class="refusal"><h1>Not for you (403)</h1><p>Only '
+    assert page.endswith('<body><div class="refusal"><h1>Not allowed (403)</h1><p>Only '
                          '&lt;admins&gt;.</p><p><a href="/hub/home">Back to JupyterHub</a></p>'
                          '</div></body></html>\n')
     assert "<script" not in page
 
 
 def test_windows():
-    assert choose_window(None) == WINDOWS["6h"] and choose_window("7d").step == 7200
-    for w in WINDOWS.values():  # about 60 to 120 buckets, whole minutes
-        assert 60 <= w.span // w.step <= 120 and w.step % 60 == 0
-    with pytest.raises(Invalid, match=r"window must be one of 1h, 6h, 24h, 7d, 30d, not '2y'"):
-        choose_window("2y")
+    assert choose_window(None, NOW) == Window("6h", NOW - 6 * 3600, NOW, 300)
+    assert choose_window("7d", NOW).step == 7200
+    for name, (span, step) in WINDOWS.items():  # about 60 to 120 buckets, whole minutes
+        assert 60 <= span // step <= 120 and step % 60 == 0
+    assert choose_window("", NOW, NOW - 600, NOW - 60) == Window("", NOW - 600, NOW - 60, 60)
+    assert choose_window(None, NOW, NOW - 3 * 86400).step == 3600  # until now, 72 buckets
+    for args, words in (
+            (("2y", NOW), r"window must be one of 1h, 6h, 24h, 7d, 30d, not '2y'"),
+            (("6h", NOW, NOW - 60), r"a window \(window=6h\) or a period"),
+            ((None, NOW, None, NOW - 60), "a period needs since as well as until"),
+            ((None, NOW, NOW, NOW - 60), "since must be before until")):
+        with pytest.raises(Invalid, match=words):
+            choose_window(*args)
+    page = render({**sample(), "window": choose_window(None, NOW, NOW - 600, NOW - 60)})
+    assert "Allocation and utilization per project, Nov 20 14:36 to Nov 20 14:45" in page
+    assert " class=on" not in page  # no preset is the period shown

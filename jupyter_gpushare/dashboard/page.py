@@ -2,7 +2,8 @@
 
 ``render(data)`` takes one dict (``pool/dashboard.py`` gathers it; the tests write it by hand):
   ``now`` (epoch seconds), ``offset`` (the service's UTC offset, seconds) and ``zone`` (its
-  name), ``user`` (the admin reading), ``window`` (a ``Window``), ``refresh_s``;
+  name), ``user`` (the admin reading), ``window`` (a ``Window``: the usage's period),
+  ``refresh_s``;
   ``pool`` (``api/pool`` as an admin reads it), ``projects`` (``api/projects``' list),
   ``usage`` (``api/usage?by=project&step=…`` over the window), ``idle_jobs`` and
   ``idle_slices`` (the rows of ``api/usage?by=job|slice&sort=idle``), ``jobs`` (running and
@@ -11,12 +12,13 @@
 
 from __future__ import annotations
 
+import json
 from html import escape
 
 from ..usage_text import percent
 from . import poolmap, tables, usage
-from .markup import clock
-from .window import WINDOWS
+from .markup import clock, day_clock
+from .window import WINDOWS, Window
 
 STYLE = """
 :root{--fg:#212121;--muted:#616161;--line:#e0e0e0;--accent:#0072b2;--warn:#b35c00;--bad:#c62828}
@@ -57,6 +59,7 @@ svg.gpushare-chart{width:100%;height:auto;font-size:11px;fill:#424242}
 table{border-collapse:collapse;width:100%;margin:4px 0}
 th,td{text-align:left;padding:3px 8px;border-bottom:1px solid var(--line);vertical-align:top}
 th{font-weight:600;background:#f5f5f5}.num{text-align:right;white-space:nowrap}
+td .muted{white-space:nowrap}
 .event-cull{color:var(--bad);font-weight:600}.event-warn{color:var(--warn)}
 #refresh-note{color:var(--warn)}
 .refusal{max-width:640px;margin:60px auto;background:#fff;border:1px solid var(--line);
@@ -65,14 +68,17 @@ th{font-weight:600;background:#f5f5f5}.num{text-align:right;white-space:nowrap}
 
 # Refresh in place: fetch this page again and swap its <main>; say so when that fails (an
 # expired login is a redirect, which a fetch does not follow here: reloading logs in again).
+# A script's request with the login cookie carries the page's XSRF token, as JupyterHub
+# requires of every request that is not a plain page view.
 SCRIPT = """
 (function () {
-  var every = %d * 1000;
+  var every = %d * 1000, xsrf = %s;
   function say(text) { document.getElementById('refresh-note').textContent = text; }
   async function refresh() {
     if (document.hidden) { return; }
     try {
-      var r = await fetch(location.href, {credentials: 'same-origin', redirect: 'manual'});
+      var r = await fetch(location.href, {credentials: 'same-origin', redirect: 'manual',
+                                          headers: {'X-XSRFToken': xsrf}});
       if (!r.ok) { say('Not refreshed (HTTP ' + (r.status || 'redirect') + '): reload the page.'); return; }
       var doc = new DOMParser().parseFromString(await r.text(), 'text/html');
       var fresh = doc.querySelector('main');
@@ -110,14 +116,23 @@ def summary(pool: dict, jobs: list[dict]) -> str:
             "</div>")
 
 
-def render(data: dict, nonce: str = "") -> str:
-    """The page; ``nonce``: the Content-Security-Policy nonce of its one script."""
+def window_words(window: Window, offset: float) -> str:
+    """``last 6h``, or ``Nov 20 14:00 to Nov 20 14:10``."""
+    if window.name:
+        return f"last {window.name}"
+    return f"{day_clock(window.since, offset)} to {day_clock(window.until, offset)}"
+
+
+def render(data: dict, nonce: str = "", xsrf: str = "") -> str:
+    """The page; ``nonce``: the Content-Security-Policy nonce of its one script, ``xsrf``: the
+    XSRF token its refreshes send."""
     now, offset, window = data["now"], data.get("offset", 0.0), data["window"]
     pool, jobs, slices = data["pool"], data.get("jobs") or [], data.get("slices") or []
     running = {j["id"]: j for j in jobs}
     nav = "".join(f'<a href="?window={name}"{" class=on" if name == window.name else ""}>'
                   f"{name}</a>" for name in WINDOWS)
     threshold = (data.get("usage") or {}).get("idle_threshold") or 0.05
+    words = escape(window_words(window, offset))
     header = (f'<header><h1>GPU share: pool dashboard</h1><nav aria-label="window">{nav}</nav>'
               f'<span class="muted">signed in as {escape(data.get("user") or "?")}; times in '
               f'{escape(data.get("zone") or "UTC")}; refreshes every {data.get("refresh_s", 15)} s'
@@ -131,11 +146,11 @@ def render(data: dict, nonce: str = "") -> str:
         f'<section id="summary">{summary(pool, jobs)}</section>'
         f'<section id="pool-map"><h2>Pool map: every GPU now</h2>'
         f'{poolmap.pool_map(pool, running, threshold)}</section>'
-        f'<section id="projects"><h2>Allocation and utilization per project, last '
-        f'{escape(window.name)}</h2>{usage.pools_line(data.get("usage") or {})}'
-        f'{usage.charts(data.get("usage") or {}, data.get("projects") or [], pool.get("capacity") or 0, window, now, offset)}'
+        f'<section id="projects"><h2>Allocation and utilization per project, {words}</h2>'
+        f'{usage.pools_line(data.get("usage") or {})}'
+        f'{usage.charts(data.get("usage") or {}, data.get("projects") or [], pool.get("capacity") or 0, window, offset)}'
         f'{usage.project_table(data.get("usage") or {}, data.get("projects") or [])}</section>'
-        f'<section id="idle"><h2>Top idle-allocated, last {escape(window.name)}</h2>'
+        f'<section id="idle"><h2>Top idle-allocated, {words}</h2>'
         f'<h3>Train jobs</h3>{usage.idle_jobs_table(data.get("idle_jobs") or [], running)}'
         f'<h3>Build slices</h3>'
         f'{usage.idle_slices_table(data.get("idle_slices") or [], {s["id"]: s for s in slices}, offset)}'
@@ -144,12 +159,13 @@ def render(data: dict, nonce: str = "") -> str:
         f'<section id="culls"><h2>Culls of idle build sessions</h2>'
         f'{tables.culls(pool.get("culling"), slices, offset)}</section></main>')
     return _document("GPU share: pool dashboard", header + body,
-                     SCRIPT % int(data.get("refresh_s", 15)), nonce)
+                     SCRIPT % (int(data.get("refresh_s", 15)),
+                               json.dumps(xsrf).replace("</", "<\\/")), nonce)
 
 
 def refusal(status: int, sentence: str, home: str = "/hub/home") -> str:
     """A page with one sentence, for a refusal (403) or a mistake in the address (400)."""
-    titles = {400: "Not understood", 403: "Not for you", 404: "Not here",
+    titles = {400: "Not understood", 403: "Not allowed", 404: "Not here",
               503: "Not available now"}
     title = titles.get(status, "Refused")
     return _document(f"GPU share: {title}", (

@@ -8,6 +8,7 @@ from html import escape
 from typing import Sequence
 
 from ..charts import Frame, Series, colour, line_chart, stacked_chart
+from ..usage.cull import duration
 from ..usage_text import idle_text, percent, size
 from .markup import clock, fraction, table
 from .window import Window
@@ -30,7 +31,7 @@ def _gpu_ticks(top: float) -> list[tuple[float, str]]:
 PERCENT_TICKS = [(0.0, "0%"), (0.25, "25%"), (0.5, "50%"), (0.75, "75%"), (1.0, "100%")]
 
 
-def charts(usage: dict, projects: list[dict], capacity: float, window: Window, now: float,
+def charts(usage: dict, projects: list[dict], capacity: float, window: Window,
            offset: float) -> str:
     """Two charts over the window: GPUs held per project (stacked) against the train pool,
     and the utilization of what each project held."""
@@ -39,7 +40,7 @@ def charts(usage: dict, projects: list[dict], capacity: float, window: Window, n
     by_project: dict[str, list] = {}
     for pt in usage.get("series") or ():
         by_project.setdefault(pt["project"], []).append(pt)
-    frame = Frame(now - window.span, now, window.step, offset)
+    frame = Frame(window.since, window.until, window.step, offset)
     held = [Series(name, tuple((pt["t"], (pt.get("allocation") or 0.0) * capacity)
                                for pt in by_project[name]), colours[name])
             for name in sorted(by_project)]
@@ -108,7 +109,7 @@ def project_table(usage: dict, projects: list[dict]) -> str:
 
 def idle_jobs_table(rows: list[dict], jobs: dict[str, dict]) -> str:
     """``rows``: ``api/usage?by=job&sort=idle``; ``jobs``: jobs known now (running, waiting) by
-    id, for their names and state."""
+    id, for their names and state. Idle GPU time: GPU-seconds held idle, as a duration."""
     cells = []
     for r in rows:
         if not r.get("idle_gpu_seconds"):
@@ -122,9 +123,9 @@ def idle_jobs_table(rows: list[dict], jobs: dict[str, dict]) -> str:
         name = job.get("name") or r.get("job") or "?"
         cells.append([f'<b>{escape(name)}</b> <span class="muted">{escape(r.get("job") or "")}'
                       f'</span>', escape(r.get("user") or "?"), escape(r.get("project") or "?"),
-                      f'{r["idle_gpu_seconds"] / 3600:.2f}', percent(r.get("idle_ratio")),
+                      escape(duration(r["idle_gpu_seconds"])), percent(r.get("idle_ratio")),
                       percent(r.get("utilization")), now])
-    return table(["Job", "User", "Project", "Idle GPU-hours", "Idle share", "Utilization",
+    return table(["Job", "User", "Project", "Idle GPU time", "Idle share", "Utilization",
                   "Now"], cells, numeric={3, 4, 5}, empty="No job held GPUs idle in this window.",
                  cls="idle-jobs")
 
@@ -148,8 +149,8 @@ def idle_slices_table(rows: list[dict], slices: dict[str, dict], offset: float) 
         cells.append([f'{what} <span class="muted">{escape(r.get("slice") or "")}</span>'
                       + (f' (server {escape(server)})' if server else ""),
                       f'<b>{escape(r.get("user") or "?")}</b>',
-                      f'{r["idle_gpu_seconds"] / 3600:.2f}', percent(r.get("idle_ratio")),
+                      escape(duration(r["idle_gpu_seconds"])), percent(r.get("idle_ratio")),
                       percent(r.get("utilization")), escape(now)])
-    return table(["Slice", "User", "Idle GPU-hours", "Idle share", "Utilization", "Now"], cells,
+    return table(["Slice", "User", "Idle GPU time", "Idle share", "Utilization", "Now"], cells,
                  numeric={2, 3, 4}, empty="No build slice was held idle in this window.",
                  cls="idle-slices")

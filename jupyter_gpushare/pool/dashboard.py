@@ -1,7 +1,8 @@
 """The admin dashboard's HTTP side: browser login through the hub's OAuth, admins only, and
 the gathering of what ``jupyter_gpushare/dashboard/`` draws (the API's own answers).
 
-Routes under the service's prefix: ``dashboard`` (``?window=1h|6h|24h|7d|30d``), the prefix
+Routes under the service's prefix: ``dashboard`` (``?window=1h|6h|24h|7d|30d``, or
+``?since=…&until=…`` as ``api/usage`` reads them), the prefix
 itself (a redirect there: the hub's Services menu links to it), and ``oauth_callback``, where
 the hub sends the browser back after login. The service must be an OAuth client of the hub: a
 JupyterHub service with a ``url`` is one (the redirect URI defaults to
@@ -23,6 +24,7 @@ from tornado import web
 from ..dashboard import choose_window, refusal, render
 from ..usage.report import BY
 from .api import PoolHandler, pool_json, slice_json
+from .api_usage import MAX_WINDOW, parse_time
 from .usage_store import Scope
 from .validate import Invalid
 
@@ -98,10 +100,26 @@ class DashboardHandler(HubOAuthenticated, PoolHandler):
                            f"{self.who.name}. Your own jobs, quota and GPU use are in "
                            f"JupyterLab's GPU share panel, %gpushare and gpushare usage.")
         try:
-            window = choose_window(self.get_argument("window", None))
+            window = self.window(time.time())
         except Invalid as e:
             self.fail(400, f"{str(e)[:1].upper()}{str(e)[1:]}.")
-        self.finish(render(await gather(self, window), nonce=self.nonce))
+        xsrf = self.xsrf_token  # also sets the _xsrf cookie on a page view
+        self.finish(render(await gather(self, window), nonce=self.nonce,
+                           xsrf=xsrf.decode() if isinstance(xsrf, bytes) else xsrf))
+
+    def window(self, now: float):
+        """``?window=6h``, or ``?since=…&until=…`` as api/usage reads them."""
+        unknown = sorted(set(self.request.query_arguments) - {"window", "since", "until"})
+        if unknown:
+            raise Invalid(f"unknown parameter(s) {', '.join(unknown)[:80]}; the dashboard "
+                          f"takes window, or since and until")
+        since, until = self.get_argument("since", None), self.get_argument("until", None)
+        since = None if since is None else parse_time(since, now, "since")
+        until = None if until is None else parse_time(until, now, "until")
+        window = choose_window(self.get_argument("window", None), now, since, until)
+        if window.span > MAX_WINDOW:
+            raise Invalid(f"the period may be at most {MAX_WINDOW // 86400} days; ask for less")
+        return window
 
 
 class RootHandler(web.RequestHandler):
@@ -117,11 +135,13 @@ def _zone(now: float) -> tuple[float, str]:
 async def gather(handler: PoolHandler, window) -> dict:
     """What the dashboard shows, as the API shows it to an admin."""
     pool, now = handler.pool, time.time()
-    meter, since = pool.usage.meter, now - window.span
-    usage = await meter.query(since, now, BY["project"], Scope(), window.step, "allocated", 1000)
+    meter, since, until = pool.usage.meter, window.since, window.until
+    usage = await meter.query(since, until, BY["project"], Scope(), window.step, "allocated",
+                              1000)
     usage["idle_threshold"] = pool.usage.idle_threshold / 100
-    idle_jobs = (await meter.query(since, now, BY["job"], Scope(), None, "idle", IDLE_ROWS))["rows"]
-    idle_slices = (await meter.query(since, now, BY["slice"], Scope(), None, "idle",
+    idle_jobs = (await meter.query(since, until, BY["job"], Scope(), None, "idle",
+                                   IDLE_ROWS))["rows"]
+    idle_slices = (await meter.query(since, until, BY["slice"], Scope(), None, "idle",
                                      IDLE_ROWS))["rows"]
     rows = {r.id: r for r in pool.store.active()}
     for r in idle_jobs:  # ended jobs among the idlest: their names and how they ended
