@@ -88,7 +88,8 @@ c.JupyterHub.custom_scopes = {
 c.JupyterHub.load_roles = [
     {"name": "user", "scopes": ["self", "access:services!service=gpushare"]},
     {"name": "gpushare-admin", "users": ["admin"], "scopes": ["custom:gpushare:admin"]},
-    # (read:servers and servers: culling idle build sessions reads their activity, stops them)
+    # read:servers: which servers the hub runs (stale slices), their activity (culling);
+    # servers: culling stops idle build sessions
     {"name": "gpushare-service", "services": ["gpushare"],
      "scopes": ["read:users", "read:groups", "read:servers", "servers"]},
     # the spawner reserves build slices at the pool as a service of its own

@@ -483,6 +483,8 @@ class PoolClient:
             except (ValueError, AttributeError):
                 message = None
         if isinstance(message, str) and message.strip():
+            if status == 503:  # the service cannot ask the hub now: passes, like a restart
+                return PoolUnreachable(" ".join(message.split()))
             return PoolError(status, " ".join(message.split()))
         # Not the service's own words: the hub, its proxy or something else answered.
         if 300 <= status < 400:

@@ -16,7 +16,13 @@
    - lifts its own cap (any kernel may: the caps are soft) and allocates 120 % again: this
      succeeds, and the watchdog must report the slice overrun.
 
-Needs nvidia-ml-py (a dependency of the package) and, for step 2, PyTorch with CUDA
+3. Utilization as the pool measures it (``usage/``): the real sampler reads the GPU once a
+   second while a "job" (a child Python in a session of its own, on the whole GPU) runs a
+   matrix-multiply loop and a ¼ "slice" (a child of this script, standing for its notebook
+   server) holds a CUDA context and does nothing; attributed and summed as the pool does,
+   the job must be above 50 % utilized and the slice below 5 %. The numbers are printed.
+
+Needs nvidia-ml-py (a dependency of the package) and, for steps 2 and 3, PyTorch with CUDA
 (``pip install torch``; not a dependency of the package). Exit status 0 when every
 expectation held, 1 when one did not, 2 when the check could not run. Inside a container,
 NVML lists host PIDs that are not this container's, so the watchdog cannot attribute memory
@@ -89,6 +95,8 @@ def main(argv=None) -> int:
     parser.add_argument("--gpu", type=int, default=0, help="NVML index of the GPU to slice")
     parser.add_argument("--fraction", type=float, default=0.25, help="the slice (0 < f < 1)")
     parser.add_argument("--inventory-only", action="store_true", help="skip the slice check")
+    parser.add_argument("--seconds", type=float, default=8.0,
+                        help="how long the utilization check reads the GPU")
     args = parser.parse_args(argv)
     if not 0 < args.fraction < 1:
         parser.error(f"--fraction must be between 0 and 1, not {args.fraction}")
@@ -110,7 +118,8 @@ def main(argv=None) -> int:
         print(f"GPU {gpu.index} has MIG on: MIG slices are enforced by the hardware; run the "
               f"check on a GPU without MIG.")
         return 2
-    return check_slice(inventory, gpu, args.fraction)
+    status = check_slice(inventory, gpu, args.fraction)
+    return max(status, check_utilization(gpu, args.seconds))
 
 
 def print_inventory(samples) -> None:
@@ -203,6 +212,78 @@ def check_slice(inventory, gpu, fraction: float) -> int:
         return 1
     print("\nEvery expectation held." if not failures else
           f"\n{len(failures)} expectation(s) failed: {'; '.join(failures)}.")
+    return 1 if failures else 0
+
+
+BUSY = textwrap.dedent("""
+    import sys, time, torch
+    a = torch.randn(4096, 4096, device="cuda")
+    print("ready", flush=True)
+    end = time.time() + float(sys.argv[1])
+    while time.time() < end:
+        b = a @ a
+        torch.cuda.synchronize()
+""")
+IDLE = textwrap.dedent("""
+    import sys, time, torch
+    torch.zeros(1, device="cuda")  # a CUDA context, then nothing
+    print("ready", flush=True)
+    time.sleep(float(sys.argv[1]))
+""")
+
+
+def check_utilization(gpu, seconds: float) -> int:
+    """Step 3: the pool's sampler and attribution on this GPU (see the module's docstring)."""
+    import time
+
+    from jupyter_gpushare.usage.attribution import Holding, Owner, attribute
+    from jupyter_gpushare.usage.procs import LocalOwners
+    from jupyter_gpushare.usage.rollup import RowKey, Totals, figures, reading_totals
+    from jupyter_gpushare.usage.sampler import NVMLSampler
+
+    print(f"\nUtilization of GPU {gpu.index} as the pool measures it ({seconds:g} s):")
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu.uuid)
+    busy = subprocess.Popen([sys.executable, "-c", BUSY, str(seconds + 10)], env=env,
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    idle = subprocess.Popen([sys.executable, "-c", IDLE, str(seconds + 10)], env=env,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        for child in (busy, idle):
+            if child.stdout.readline().strip() != "ready":
+                print("  a child Python could not use the GPU through PyTorch (pip install "
+                      "torch with CUDA)")
+                return 2
+        job = Owner("job", "check/1", "check", "check", "check")
+        sl = Owner("slice", "check-slice", "check")
+        holdings = {gpu.uuid: [Holding(job, 1000), Holding(sl, 250)]}  # (one GPU for both)
+        sampler, owners = NVMLSampler("this machine"), LocalOwners()
+        totals: dict = {}
+        sampler.read()  # the first reading starts NVML's per-process sample window
+        for _ in range(int(seconds)):
+            time.sleep(1.0)
+            reading = sampler.read()
+            if reading.problem:
+                print(f"  NVML: {reading.problem}")
+                return 2
+            pids = {p.pid for g in reading.gpus for p in g.all_processes()}
+            found = owners.owners(pids, {busy.pid: job}, {os.getpid(): sl})
+            for key, t in reading_totals(attribute(reading, holdings, found, {}), 1.0,
+                                         5.0).items():
+                totals.setdefault(key, Totals()).merge(t)
+    finally:
+        for child in (busy, idle):
+            child.kill()
+            child.wait()
+    j = figures(totals.get(RowKey("job", "check/1", "", "check", "check", "check"), Totals()), 1)
+    s = figures(totals.get(RowKey("slice", "check-slice", user="check"), Totals()), 1)
+    print(f"  job (matrix multiply): utilization {j['utilization']}, slice (idle CUDA context): "
+          f"utilization {s['utilization']}")
+    failures = []
+    if j["utilization"] is None or j["utilization"] <= 0.5:
+        failures.append("the busy job was not measured above 50 %")
+    if s["utilization"] is None or s["utilization"] >= 0.05:
+        failures.append("the idle slice was not measured below 5 %")
+    print("  as expected" if not failures else "  " + "; ".join(failures))
     return 1 if failures else 0
 
 

@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 from urllib.error import HTTPError, URLError
+from urllib.parse import quote
 from urllib.request import Request, urlopen
 
 import pytest
@@ -72,7 +73,7 @@ class Hub:
         """``extra_config``: Python appended to the hub's jupyterhub_config.py (``{dir}`` in
         it is this hub's directory), e.g. a spawner and more services or roles."""
         self.dir = directory
-        self.port = free_port()
+        self.port, self.hub_port = free_port(), free_port()
         self.tester_token = secrets.token_hex(16)
         users = {"admin", *(u for members in groups.values() for u in members)}
         # Jobs write their checkpoints here, not into the test users' real homes: a folder
@@ -83,7 +84,7 @@ class Hub:
             f"get_config().PoolService.checkpoint_dir_template = "
             f"{str(self.scratch) + '/{user}/{job_id}'!r}\n" + pool_config)
         (directory / "jupyterhub_config.py").write_text(HUB_CONFIG.format(
-            port=self.port, hub_port=free_port(), proxy_api_port=free_port(), chp=str(CHP),
+            port=self.port, hub_port=self.hub_port, proxy_api_port=free_port(), chp=str(CHP),
             dir=directory, secret=secrets.token_hex(32), users=users,
             groups={g: {"users": m} for g, m in groups.items()},
             service_port=free_port(), tester_token=self.tester_token)
@@ -136,8 +137,9 @@ class Hub:
 
     def token(self, user: str) -> str:
         if user not in self._tokens:
-            status, body = self.request("POST", f"{self.url}/hub/api/users/{user}/tokens",
-                                        self.tester_token, {"note": "gpushare tests"})
+            status, body = self.request(
+                "POST", f"{self.url}/hub/api/users/{quote(user, safe='')}/tokens",
+                self.tester_token, {"note": "gpushare tests"})
             assert status == 201, body
             self._tokens[user] = body["token"]
         return self._tokens[user]

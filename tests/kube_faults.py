@@ -97,18 +97,20 @@ class FaultProxy:
         with self.lock:
             self.expiring += times
 
-    def open_streams(self) -> int:
+    def open_streams(self, kind: str | None = None) -> int:
+        """Open streaming answers: ``watch``es, followed ``log``s, or all."""
         with self.lock:
-            return len(self._streams)
+            return sum(1 for s in self._streams if kind in (None, s[2]))
 
-    def drop_streams(self) -> int:
-        """Cut every open streaming answer (watches, followed logs), as a broken connection
-        would; returns how many."""
+    def drop_streams(self, kind: str | None = None) -> int:
+        """Cut every open streaming answer (of ``kind``: ``watch`` or ``log``; all without),
+        as a broken connection would; returns how many."""
         with self.lock:
-            streams, self._streams = self._streams, set()
+            streams = {s for s in self._streams if kind in (None, s[2])}
+            self._streams -= streams
         # Shut the sockets down, both ways; the threads reading them close them (closing
         # a TLS socket another thread reads from would block).
-        for client, upstream in streams:
+        for client, upstream, _ in streams:
             for sock in (client, upstream):
                 try:
                     sock.shutdown(socket.SHUT_RDWR)
@@ -198,7 +200,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        entry = (self.connection, upstream.connection.sock)
+        entry = (self.connection, upstream.connection.sock,
+                 "watch" if "watch=true" in query else "log")
         with proxy.lock:
             proxy._streams.add(entry)
         try:

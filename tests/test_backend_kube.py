@@ -165,6 +165,42 @@ def test_without_a_notebook_pod_the_configured_template_is_used():
         "gpushare.jupyter.org/user"]
 
 
+def claim(name, user, server=""):
+    """A home volume claim as KubeSpawner makes it (labels and annotations)."""
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": name, "labels": {"component": "singleuser-storage"},
+                         "annotations": {"hub.jupyter.org/username": user,
+                                         **({"hub.jupyter.org/servername": server}
+                                            if server else {})}},
+            "spec": {"accessModes": ["ReadWriteMany"],
+                     "resources": {"requests": {"storage": "1Gi"}}}}
+
+
+def test_names_as_kubespawner_writes_them_under_each_slug_scheme():
+    from jupyter_gpushare.backends.kube.backend import user_names
+    # Under "escape" (KubeSpawner < 7) a.b is a-2eb; under "safe" a-2eb is itself: two users.
+    assert user_names("a.b", "escape")["username"] == "a-2eb"
+    assert user_names("a-2eb", "safe")["username"] == "a-2eb"
+    assert user_names("a.b", "safe")["username"] == "a-b---2e7336dc"
+    long = user_names("x" * 60)["username"]
+    assert len(long) == 48 and long.startswith("x" * 37)  # KubeSpawner's 48, not 63
+
+
+@pytest.mark.parametrize("claims, user, wanted, found", [
+    ([claim("claim-a-2eb", "a.b")], "a-2eb", "claim-a-2eb", None),  # the name is not enough
+    ([claim("claim-a-2eb", "a.b")], "a.b", "claim-a-b---2e7336dc", "claim-a-2eb"),  # kept name
+    ([claim("claim-alice", "alice"), claim("claim-alice-gpu", "alice", "gpu")], "alice",
+     "claim-alice", "claim-alice"),
+    ([claim("claim-alice-gpu", "alice", "gpu")], "alice", "claim-alice", None),
+    ([claim("claim-alice", "alice"), claim("home-alice", "alice")], "alice", "home-alice",
+     "home-alice"),
+    ([claim("claim-alice", "alice"), claim("home-alice", "alice")], "alice", "x", None),
+], ids=["same-name-other-user", "kept-from-escape", "default-server", "named-server-only",
+        "two-wanted", "two-neither"])
+def test_a_users_claim_is_known_by_its_annotation(claims, user, wanted, found):
+    assert k8s.claim_of(claims, user, wanted) == found
+
+
 @pytest.mark.parametrize("status, expected", [
     ({"phase": "Pending"}, k8s.PodState("pending")),
     ({"phase": "Running"}, k8s.PodState("running")),
@@ -539,16 +575,16 @@ async def test_dropped_and_expired_watches(kube, account, make_backend, proxy, t
         await log_of(backend, "j-watched", "up")
         await log_of(backend, "j-unseen", "up")
         # A dropped connection: each reflector watches again from where it was.
-        await until(lambda: proxy.open_streams() == 4, what="4 watches")  # pods, nodes, ...
+        await until(lambda: proxy.open_streams("watch") == 4, what="4 watches")  # pods, nodes...
         watches = backend.pods.watches
-        assert proxy.drop_streams() == 4
-        await until(lambda: backend.pods.watches > watches and proxy.open_streams() == 4,
+        assert proxy.drop_streams("watch") == 4
+        await until(lambda: backend.pods.watches > watches and proxy.open_streams("watch") == 4,
                     what="the watches back")
         assert backend.pods.relists == 0
         # Cut off while a pod is deleted: its DELETED event is never seen. The next watch is
         # told its version is too old (410): the reflector lists again and finds it gone.
         proxy.paused = True
-        assert proxy.drop_streams() == 4
+        assert proxy.drop_streams("watch") == 4
         kube.api.delete(f"/api/v1/namespaces/{account.namespace}/pods/gpushare-j-unseen-1-0",
                         {"gracePeriodSeconds": 0})
         proxy.expire_watches(4)
@@ -618,6 +654,60 @@ async def test_api_errors_are_retried_and_refusals_said_in_one_sentence(kube, ac
         await stop_all(*backend_list(locals()))
 
 
+@kube
+@pytest.mark.asyncio
+async def test_a_job_mounts_only_its_users_own_home_claim(kube, account, make_backend):
+    """a.b's claim was made by KubeSpawner < 7 (escape: claim-a-2eb); a-2eb, a user of the
+    safe scheme, would name the same claim. a-2eb's job is refused, a.b's mounts it."""
+    kube.add_node("bk-claim-a", gpus=2, labels=TRAIN)
+    claims = f"/api/v1/namespaces/{account.namespace}/persistentvolumeclaims"
+    account.cluster.api.post(claims, claim("claim-a-2eb", "a.b"))
+    backend = make_backend(use_notebook_pod=False, volumes=[
+        {"name": "home", "persistentVolumeClaim": {"claimName": "claim-{username}"}},
+        {"name": "data", "persistentVolumeClaim": {"claimName": "datasets"}}],
+        volume_mounts=[{"name": "home", "mountPath": "/home/jovyan"}])
+    try:
+        assert await backend.adopt([]) == []
+        with pytest.raises(BackendError, match=r"^You have no home volume yet: KubeSpawner "
+                                                 r"makes it when your notebook server first"):
+            await backend.start(launch("j-thief", "print(1)", {"bk-claim-a": GPU},
+                                       user="a-2eb"))
+        assert pods_of(account, "j-thief") == []
+        await backend.start(launch("j-owner", "print(1)", {"bk-claim-a": GPU}, user="a.b"))
+        volumes = pods_of(account, "j-owner")[0]["spec"]["volumes"]
+        assert volumes == [
+            {"name": "home", "persistentVolumeClaim": {"claimName": "claim-a-2eb"}},
+            {"name": "data", "persistentVolumeClaim": {"claimName": "datasets"}}]
+        await backend.stop("j-owner", 1, 0)
+    finally:
+        await stop_all(*backend_list(locals()))
+
+
+@kube
+@pytest.mark.asyncio
+async def test_an_endless_log_is_kept_capped(kube, account, make_backend, tmp_path):
+    """2 MB printed, 64 KiB kept: the beginning, the end, and a line where output was
+    dropped; followed into its file while it runs, never held whole."""
+    kube.add_node("bk-loud", gpus=1, labels=TRAIN)
+    backend = make_backend(log_limit=64 * 1024)
+    loud = ("import sys\nprint('the beginning', flush=True)\n"
+            "for i in range(20000): sys.stdout.write('%06d' % i + 'x' * 93 + '\\n')\n"
+            "print('the end')")
+    try:
+        await backend.adopt([])
+        await backend.start(launch("j-loud", loud, {"bk-loud": GPU}))
+        await log_of(backend, "j-loud", "the beginning")
+        (exit,) = await ended(backend, timeout=60)
+        assert exit.state == "succeeded"
+        log = (await backend.read_log("j-loud", 1)).decode()
+        assert log.startswith("the beginning\n") and log.rstrip().endswith("the end")
+        assert "bytes of output were dropped here" in log and len(log) < 64 * 1024 + 200
+        kept = list((tmp_path / "state" / "j-loud").glob("1.log*"))
+        assert kept and sum(p.stat().st_size for p in kept) <= 64 * 1024
+    finally:
+        await stop_all(*backend_list(locals()))
+
+
 def backend_list(scope):
     return [v for v in scope.values() if isinstance(v, KubernetesBackend)]
 
@@ -636,12 +726,15 @@ def test_the_hub_account_may_do_what_the_backend_needs_and_no_more(account):
     allowed = [(v, "pods") for v in ("get", "list", "watch", "create", "delete")]
     allowed += [("get", "pods", account.namespace, "log")]
     allowed += [(v, "events") for v in ("get", "list", "watch")]
+    allowed += [(v, "persistentvolumeclaims") for v in ("get", "list")]
     allowed += [(v, "nodes", None) for v in ("get", "list", "watch")]
     denied = [("update", "pods"), ("patch", "pods"), ("deletecollection", "pods"),
               ("create", "pods", "default"), ("list", "pods", "default"),
               ("create", "pods", account.namespace, "exec"),
               ("create", "pods", account.namespace, "eviction"),
               ("get", "secrets"), ("list", "secrets"), ("get", "configmaps"),
+              ("create", "persistentvolumeclaims"), ("delete", "persistentvolumeclaims"),
+              ("update", "persistentvolumeclaims"), ("list", "persistentvolumeclaims", "default"),
               ("create", "events"), ("create", "serviceaccounts", account.namespace, "token"),
               ("delete", "nodes", None), ("patch", "nodes", None), ("update", "nodes", None, "status"),
               ("create", "rolebindings"), ("list", "namespaces", None)]

@@ -1,6 +1,7 @@
 """The OpenAPI document and the handlers describe the same API."""
 
-from jupyter_gpushare.pool.api import routes
+from jupyter_gpushare.pool.api import list_key, routes
+from jupyter_gpushare.pool.directory import Who
 from jupyter_gpushare.pool.openapi import SPEC
 
 
@@ -17,3 +18,12 @@ def test_openapi_paths_and_methods_are_exactly_the_handlers():
     for path, handler in served.items():
         implemented = {m for m in ("get", "post", "put", "patch", "delete") if m in vars(handler)}
         assert implemented == set(SPEC["paths"][path]), path
+
+
+def test_the_list_cache_key_is_the_caller_and_the_arguments_a_list_reads():
+    alice = Who("alice", False, frozenset({"vision"}))
+    service = Who("alice", False, frozenset(), kind="service")
+    query = {"state": [b"pending"], "limit": [b"5"]}
+    assert list_key(alice, {**query, "x": [b"1"]}) == list_key(alice, {**query, "x": [b"2"]})
+    assert list_key(alice, query) != list_key(service, query)
+    assert list_key(alice, query) != list_key(alice, {**query, "state": [b"running"]})

@@ -4,10 +4,8 @@ the pool map, jobs and slices with their use now, readings posted only by the no
 the slice's server pid from the spawner, sentences for what cannot be read, and the Prometheus
 exposition checked by promtool."""
 
-import os
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import time

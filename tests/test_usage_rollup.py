@@ -148,7 +148,6 @@ def test_old_rows_become_hours_and_days_and_go(tmp_path):
     clock = Clock(1_700_000_000.0 // DAY * DAY + 20 * HOUR)
     m = UsageMeter(UsageStore(store), UsageSettings(sample_interval=60.0, rollup_after=2 * HOUR,
                                                     retention=30 * HOUR), clock=clock)
-    start = clock.t
     for _ in range(int(36 * HOUR // 60)):  # 36 hours, a reading a minute
         clock.t += 60
         m.ingest("n0", clock.t, scenario())
@@ -203,3 +202,37 @@ def test_totals_merge_keeps_peaks():
     a, b = Totals(allocated=1, memory_peak=5), Totals(allocated=2, memory_peak=3)
     a.merge(b)
     assert (a.allocated, a.memory_peak) == (3, 5)
+
+
+def test_a_hung_driver_holds_up_nothing(meter):
+    """A reading that never returns: the loop goes on, says so, and starts no second one."""
+    import threading
+
+    from jupyter_gpushare.usage.meter import LocalContext
+    from jupyter_gpushare.usage.sampler import MachineReading
+    m, _, _ = meter
+    m.settings = UsageSettings(sample_interval=0.1)
+    release, calls = threading.Event(), []
+
+    class Hung:
+        node = "n0"
+
+        def read(self):
+            calls.append(1)
+            release.wait(30)
+            return MachineReading("n0", 0.0)
+
+    async def scenario_():
+        task = asyncio.ensure_future(m.run_local([Hung()], lambda: LocalContext({}, {}, {}, {})))
+        ticks = 0
+        for _ in range(20):  # the event loop stays free meanwhile
+            await asyncio.sleep(0.1)
+            ticks += 1
+        notes = m.notes()
+        release.set()
+        task.cancel()
+        return ticks, notes
+
+    ticks, notes = asyncio.run(scenario_())
+    assert ticks == 20 and len(calls) == 1
+    assert notes and notes[0].startswith("NVML on n0 has not answered for")

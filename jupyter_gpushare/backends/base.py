@@ -4,12 +4,23 @@ states, decisions and the store. This class's docstrings are the contract a back
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from traitlets import Integer
 from traitlets.config import LoggingConfigurable
 
 from ..policy.model import Node
+from . import logfile
+
+
+def private_dir(path: str) -> None:
+    """Make ``path`` (and its parents) if missing, and readable by this account only: it
+    holds every user's logs, commands or records."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    if os.stat(path).st_mode & 0o077:
+        os.chmod(path, 0o700)
 
 
 class BackendError(Exception):
@@ -68,6 +79,12 @@ class LocalAttempt:
 class Backend(LoggingConfigurable):
     """Runs train jobs where the policy placed them."""
 
+    log_limit = Integer(100 * 1024 * 1024, min=4 * logfile.MIN_SEGMENT, help="""
+        Bytes of output kept per job attempt. Beyond it, the log keeps its first quarter
+        and its latest output, and says where output was dropped, so that a job printing
+        without end cannot fill the service's disk.
+        """).tag(config=True)
+
     def nodes(self) -> list[Node]:
         """The train pool: one ``policy.Node`` per machine, with its whole GPUs. Called at
         start and on every cycle; a node that disappears loses its jobs (they come back
@@ -111,21 +128,34 @@ class Backend(LoggingConfigurable):
         return None
 
     def log_path(self, job_id: str, attempt: int):
-        """The file that holds the attempt's output (stdout and stderr together), or None
-        when this backend keeps logs elsewhere (then ``read_log`` is overridden)."""
+        """The first file of the attempt's log (stdout and stderr together, capped at
+        ``log_limit`` as ``logfile.py`` keeps it), or None when this backend keeps logs
+        elsewhere (then ``read_log_from`` is overridden)."""
         return None
 
-    async def read_log(self, job_id: str, attempt: int, offset: int = 0) -> bytes:
-        """Output of the attempt from byte ``offset`` on; ``b""`` when there is no more yet."""
+    async def read_log_from(self, job_id: str, attempt: int, offset: int = 0,
+                            size: int = logfile.READ_CHUNK) -> tuple[int, bytes]:
+        """At most ``size`` bytes of the attempt's output from byte ``offset`` on, as
+        ``(start, data)``: ``start`` is later than ``offset`` where the output there was
+        dropped (the log outgrew ``log_limit``); ``data`` is ``b""`` when there is no more
+        yet."""
         path = self.log_path(job_id, attempt)
         if path is None:
-            return b""
-        try:
-            with open(path, "rb") as f:
-                f.seek(offset)
-                return f.read()
-        except FileNotFoundError:
-            return b""
+            return offset, b""
+        return logfile.read(path, offset, size)
+
+    async def read_log(self, job_id: str, attempt: int, offset: int = 0) -> bytes:
+        """All the kept output of the attempt from byte ``offset`` on (at most
+        ``log_limit`` bytes), with a line where output was dropped."""
+        parts = []
+        while True:
+            start, data = await self.read_log_from(job_id, attempt, offset)
+            if start > offset:
+                parts.append(logfile.dropped_note(start - offset))
+            if not data:
+                return b"".join(parts)
+            parts.append(data)
+            offset = start + len(data)
 
     def local_attempts(self) -> list[LocalAttempt]:
         """The attempts running as process groups on this machine (no I/O). Backends whose

@@ -28,7 +28,7 @@ from traitlets import Bool, Integer, List, Unicode, default, validate
 from .. import gpus as gpu_inventory
 from ..policy.model import GPU, Node, gpus_text
 from . import shim
-from .base import Backend, BackendError, Exit, Handle, Launch, LocalAttempt
+from .base import Backend, BackendError, Exit, Handle, Launch, LocalAttempt, private_dir
 
 SIMULATED_LABEL = "gpushare.io/simulated"
 ORPHAN_GRACE_S = 10.0
@@ -218,10 +218,10 @@ class LocalBackend(Backend):
         pid_path, exit_path, log_path = self._paths(launch.job_id, launch.attempt)
         spec = {"user": account.name, "uid": account.uid if account.switch else None,
                 "gid": account.gid, "cwd": launch.workdir or account.home,
-                "checkpoint_dir": launch.checkpoint_dir,
-                "env": self._job_env(launch, account, devices)}
+                "checkpoint_dir": launch.checkpoint_dir, "log": log_path,
+                "log_limit": self.log_limit, "env": self._job_env(launch, account, devices)}
         try:
-            os.makedirs(self.state_dir, mode=0o700, exist_ok=True)
+            private_dir(self.state_dir)
             os.makedirs(os.path.dirname(pid_path), mode=0o700, exist_ok=True)
             for stale in (pid_path, exit_path):  # left by an earlier try of this very attempt
                 if os.path.lexists(stale):

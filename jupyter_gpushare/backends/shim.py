@@ -1,7 +1,7 @@
 """Runs one attempt of a local train job and records how it ended.
 
     python -I shim.py EXITFILE -- ARGV...
-    stdin: {"user", "uid", "gid", "cwd", "checkpoint_dir", "env"}
+    stdin: {"user", "uid", "gid", "cwd", "checkpoint_dir", "env", "log", "log_limit"}
 
 The local backend starts this shim in a new session, so the shim's pid names the job's
 process group, and the job outlives a restart of the service: the end is written to EXITFILE
@@ -11,18 +11,30 @@ Why it looks like this:
 - Where the service is root, so is the shim (the user cannot kill it or forge its exit
   file); only the forked child switches to the user. So the shim runs by path with ``-I``
   and a clean environment, reads the job's identity, directory and environment from stdin,
-  and imports nothing but the standard library.
+  and imports nothing but the standard library (and ``logfile.py`` beside it).
+- The job's output comes to the shim through a pipe and goes to the log through
+  ``logfile.CappedLog``, so a job printing without end keeps only ``log_limit`` bytes.
 - The stop signal goes to the whole process group. The shim catches it (does nothing) so
   that it lives to record the exit; the child gets default dispositions back before exec.
 - When the command ends, what it left behind in the group is killed: a finished job must not
   hold GPUs.
 """
 
+import glob  # noqa: F401  for logfile, from the standard library before its folder is on the path
 import json
 import os
+import re  # noqa: F401  (the same)
+import select
 import signal
 import sys
+import time
 import warnings  # noqa: F401  os.get_exec_path imports it lazily; after setuid the stdlib may be unreadable
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # logfile.py: ours, root's
+import logfile  # noqa: E402
+
+sys.path.pop(0)
+STRAGGLERS_S = 2.0  # how long output is still read from processes that left the job's group
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 MAX_REASON = 1000  # bytes of the sentence on why the command could not be run
@@ -134,14 +146,29 @@ def main(args):
     os.dup2(devnull, 0)
     os.close(devnull)
     sys.stderr.flush()
+    log = None
+    if spec.get("log"):
+        log = logfile.CappedLog(spec["log"], int(spec["log_limit"]), fresh=False)
+        out, into = os.pipe()
     heard, said = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()
     if pid == 0:
         os.close(heard)
+        if log is not None:
+            os.dup2(into, 1)
+            os.dup2(into, 2)
+            os.close(into)
+            os.close(out)
         _run_child(argv, spec, said)
     os.close(said)
-    reason = _read_all(heard)
-    _, status = os.waitpid(pid, 0)  # retried after our no-op signal handlers (PEP 475)
+    if log is not None:
+        os.close(into)
+    reason = _read_all(heard)  # until the exec (or the child's sentence on why not)
+    if log is None:
+        _, status = os.waitpid(pid, 0)  # retried after our no-op signal handlers (PEP 475)
+    else:
+        status = _relay(out, log, pid)
+        log.close()
     signal_members(os.getpgid(0), signal.SIGKILL, spare=os.getpid())
     _write_exit(exit_path, os.waitstatus_to_exitcode(status), reason)
 
@@ -159,6 +186,32 @@ def _read_all(fd):
                 break
             data += chunk
     return data.decode("utf-8", "replace")
+
+
+def _relay(out, log, pid):
+    """Copy the job's output to the log until every process that holds the pipe is gone;
+    return the child's wait status. Once the child has ended, the rest of its group is
+    killed, and output of processes outside it is read for STRAGGLERS_S more."""
+    status, until = None, None
+    while True:
+        ready, _, _ = select.select([out], [], [], 0.5)
+        if ready:
+            data = os.read(out, 1 << 16)
+            if not data:
+                break
+            log.write(data)
+        if status is None:
+            done, code = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status = code
+                signal_members(os.getpgid(0), signal.SIGKILL, spare=os.getpid())
+                until = time.monotonic() + STRAGGLERS_S
+        elif time.monotonic() > until:
+            break
+    os.close(out)
+    if status is None:
+        _, status = os.waitpid(pid, 0)
+    return status
 
 
 if __name__ == "__main__":

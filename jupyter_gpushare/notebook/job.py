@@ -75,6 +75,8 @@ def submit(command=None, *, source: str | None = None, gpus=1, project: str | No
             folder = runner.pack(workdir, source, with_vars, out)
         except runner.PackError as e:
             raise InvalidInput("with_vars", "", message=str(e)) from None
+        except runner.UnsafeFolder as e:
+            raise ClientError(str(e)) from None
         except OSError as e:
             raise ClientError(f"cannot write the job's files under {workdir}/{runner.CELLS} "
                               f"({e.strerror}); run from a directory you can write") from None

@@ -25,6 +25,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from http.client import responses
 
+from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 from tornado import web
@@ -39,6 +40,7 @@ from ..gpus import Inventory, NVMLInventory
 from .activity import KernelActivity
 from .watchdog import BuildSlice, SliceWatchdog
 
+AUTH_RESOURCE = "gpushare"
 NO_SLICE = ("This server has no build slice: a CPU-only profile, or a server not started by "
             "the gpushare spawners.")
 
@@ -177,7 +179,14 @@ class Failed(web.HTTPError):
 
 
 class GPUShareHandler(APIHandler):
-    """Common to every route: the extension, calls to the pool in threads, JSON errors."""
+    """Common to every route: the extension, calls to the pool in threads, JSON errors.
+
+    Every method is ``@web.authenticated`` and ``@authorized`` on the resource
+    ``gpushare``: reading is ``read``, cancelling ``write``, submitting ``execute`` (a job
+    runs code as the server's owner), so a server whose Authorizer lets someone only read
+    (a shared, read-only view) never lets them submit or cancel."""
+
+    auth_resource = AUTH_RESOURCE
 
     @property
     def gpushare(self) -> GPUShareExtension:
@@ -222,18 +231,21 @@ def failure(e: ClientError) -> Failed:
 
 class PoolInfoHandler(GPUShareHandler):
     @web.authenticated
+    @authorized
     async def get(self):
         self.reply(await self.pool(lambda c: c.pool()))
 
 
 class QuotaHandler(GPUShareHandler):
     @web.authenticated
+    @authorized
     async def get(self):
         self.reply(await self.pool(lambda c: c.quota()))
 
 
 class JobsHandler(GPUShareHandler):
     @web.authenticated
+    @authorized
     async def get(self):
         everything = self.get_argument("all", "") not in ("", "0", "false")
         project, state = self.get_argument("project", None), self.get_argument("state", None)
@@ -243,6 +255,8 @@ class JobsHandler(GPUShareHandler):
         self.reply({"jobs": jobs})
 
     @web.authenticated
+    @authorized(action="execute", message="submitting a job runs code as this server's owner, "
+                                          "and you may not do that here")
     async def post(self):
         try:
             spec = json.loads(self.request.body or b"null")
@@ -259,16 +273,19 @@ class JobsHandler(GPUShareHandler):
 
 class JobHandler(GPUShareHandler):
     @web.authenticated
+    @authorized
     async def get(self, job_id):
         self.reply(await self.pool(lambda c: c.job(job_id)))
 
     @web.authenticated
+    @authorized(message="cancelling a job changes it, and you may only read here")
     async def delete(self, job_id):
         self.reply(await self.pool(lambda c: c.cancel(job_id)))
 
 
 class LogsHandler(GPUShareHandler):
     @web.authenticated
+    @authorized
     async def get(self, job_id):
         attempt = self.get_argument("attempt", None)
         if self.get_argument("follow", "0") in ("0", "", "false"):
@@ -341,12 +358,14 @@ class LogsHandler(GPUShareHandler):
 
 class ProjectsHandler(GPUShareHandler):
     @web.authenticated
+    @authorized
     async def get(self):
         self.reply({"projects": await self.pool(lambda c: c.projects())})
 
 
 class SliceHandler(GPUShareHandler):
     @web.authenticated
+    @authorized
     def get(self):
         self.reply(self.gpushare.slice_json())
 

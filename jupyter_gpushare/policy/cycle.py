@@ -3,10 +3,10 @@
 The pipeline:
   1. cache    what runs: free and releasing GPUs, usage per project       (cache.py)
   2. shares   each project's deserved share                                (shares.py)
-  3. order    requests that keep their project within quota first, by project priority,
-              job priority and submit time; then borrowers: those that stay within their
-              project's deserved share first, then by priority, the project furthest below
-              its deserved share first
+  3. order    requests that keep their project within quota first, by project priority
+              and submit time (a job's priority orders its own project's queue only); then
+              borrowers: those that stay within their project's deserved share first, then
+              by priority, the project furthest below its deserved share first
   4. admit    place on free GPUs (placement.py); else reclaim (preemption.py); else wait.
               Once no GPU is left to give, the rest of the queue is not visited.
   5. reserve  keep nodes for the job that has waited longest, so no stream of small jobs
@@ -146,7 +146,7 @@ class _Admission:
 
     def _admit_guaranteed_all(self) -> None:
         """Jobs that keep their project within quota, merged across projects in order of
-        project priority, job priority and submit time."""
+        project priority and submit time (each project's queue is in job priority order)."""
         heap = []
         for name, queue in self.queues.items():
             i = self._next_guaranteed(name, queue, 0)
@@ -174,7 +174,9 @@ class _Admission:
         return None
 
     def _global_key(self, job: TrainJob) -> tuple:
-        return (-self.projects[job.project].priority, -job.priority, job.submit_time, job.id)
+        # A job's own priority orders it within its project (the queue) only: across
+        # projects, the project's priority and then the submit time decide.
+        return (-self.projects[job.project].priority, job.submit_time, job.id)
 
     def _committed(self, project: str) -> int:
         return self.usage[project] + self.claimed[project]

@@ -11,23 +11,26 @@ import asyncio
 import json
 import time
 
-from jupyterhub.services.auth import HubAuthenticated
+from jupyterhub.services.auth import HubAuthenticated, UserNotAllowed
 from tornado import web
 from tornado.iostream import StreamClosedError
 
+from ..backends import logfile
 from ..policy import SliceRefused
 from ..policy.model import GPU
-from .directory import Who
+from .directory import HubUnavailable, TooManyFailures, Who
 from .models import JobRow, ProjectRow
 from .openapi import SPEC
 from .validate import Invalid, job_spec, project_name, project_update
 
 STATES = ("pending", "running", "succeeded", "failed", "cancelled")
 _LISTS: dict[tuple, str] = {}  # rendered job lists, by caller, query and store version
+LIST_ARGUMENTS = ("all", "limit", "project", "state")  # the rest say nothing: not in the key
 
 
 class PoolHandler(HubAuthenticated, web.RequestHandler):
-    """Every handler: JSON errors, HubAuth token identity, the pool's view of the user."""
+    """Every handler: JSON errors, the hub's identity for the token, the pool's view of the
+    user, bodies of at most ``max_body_size`` bytes."""
 
     who: Who
 
@@ -40,15 +43,38 @@ class PoolHandler(HubAuthenticated, web.RequestHandler):
         self.set_header("Cache-Control", "no-store")
 
     async def prepare(self):
-        limit = self.pool.max_body_size
-        if int(self.request.headers.get("Content-Length") or 0) > limit:
+        # The HTTP server reads at most four times the limit (app.server_limits) and drops
+        # the connection beyond that; a body over the limit, chunked or not, is refused here.
+        if len(self.request.body) > self.pool.max_body_size:
+            limit = self.pool.max_body_size
             raise web.HTTPError(413, reason=f"the body is larger than {limit // 1024} KiB; "
                                             f"send less (large code belongs in a file)")
-        model = self.get_current_user()
+        try:
+            model = await self.identify()
+        except TooManyFailures as e:
+            raise web.HTTPError(429, reason=str(e)) from None
+        except HubUnavailable as e:
+            raise web.HTTPError(503, reason=str(e)) from None
         if model is None:
             raise web.HTTPError(403, reason="this needs a JupyterHub token that may use the "
                                             "gpushare service (Authorization: token ...)")
-        self.who = await self.pool.directory.who(model)
+        try:
+            self.who = await self.pool.directory.who(model)
+        except HubUnavailable as e:
+            raise web.HTTPError(503, reason=str(e)) from None
+
+    async def identify(self) -> dict | None:
+        """The hub's model of the token's owner, asked without blocking (HubAuth's own
+        get_current_user would ask synchronously), checked against the service's scopes."""
+        token = self.hub_auth.get_token(self, in_cookie=False)
+        model = await self.pool.tokens.identify(token) if token else None
+        if model is not None:
+            try:
+                model = self.check_hub_user(dict(model))
+            except UserNotAllowed:
+                model = None
+        self._hub_auth_user_cache = model  # what get_current_user() returns from now on
+        return model
 
     def write_error(self, status_code, **kwargs):
         exc = kwargs.get("exc_info", (None, None))[1]
@@ -87,7 +113,7 @@ class PoolHandler(HubAuthenticated, web.RequestHandler):
         row = self.pool.store.job(job_id)
         if row is None:
             self.fail(404, f"there is no job {job_id}")
-        if row.user != self.who.name and not self.who.admin:
+        if not (self.who.is_user(row.user) or self.who.admin):
             self.fail(403, f"job {job_id} is not yours")
         return row
 
@@ -134,9 +160,17 @@ class PoolHandler(HubAuthenticated, web.RequestHandler):
         pending = counts.get(p.name, 0)
         return {"name": p.name, "quota": p.quota / GPU, "over_quota_weight": p.over_quota_weight,
                 "limit": None if p.limit is None else p.limit / GPU, "priority": p.priority,
+                "job_priority_min": p.job_priority_min, "job_priority_max": p.job_priority_max,
                 "groups": list(p.groups or ()), "in_use": used / GPU,
                 "borrowed": max(0, used - p.quota) / GPU,
                 "deserved": ex.deserved.get(p.name, 0) / GPU, "pending": pending}
+
+
+def list_key(who: Who, arguments: dict) -> tuple:
+    """What a rendered job list depends on: the caller (a service is not the user of the
+    same name) and the query arguments the list reads; others in the query are left out,
+    so that they cannot make a cache entry each."""
+    return who, tuple((k, tuple(arguments.get(k, ()))) for k in LIST_ARGUMENTS)
 
 
 class PoolInfoHandler(PoolHandler):
@@ -165,7 +199,8 @@ def pool_json(handler: PoolHandler) -> dict:
 class QuotaHandler(PoolHandler):
     def get(self):
         store = self.pool.store
-        counts = {s: 0 for s in STATES} | store.state_counts(self.who.name)
+        counts = {s: 0 for s in STATES} | (store.state_counts(self.who.name)
+                                           if self.who.kind == "user" else {})
         pending = store.pending_counts()
         self.reply({"user": self.who.name, "admin": self.who.admin,
                     "projects": [self.project_json(p, pending) for p in self.my_projects()],
@@ -176,10 +211,9 @@ class JobsHandler(PoolHandler):
     def get(self):
         # Many clients poll the same lists: the answer only changes when the store is
         # written or a cycle explains positions anew, so it is kept until then.
-        key = (self.who.name, self.who.admin, tuple(sorted(
-            (k, tuple(v)) for k, v in self.request.query_arguments.items())),
-            id(self.pool.store), self.pool.store.version, self.pool.scheduler.explained.at,
-            self.pool.usage.meter.version)
+        key = (*list_key(self.who, self.request.query_arguments), id(self.pool.store),
+               self.pool.store.version, self.pool.scheduler.explained.at,
+               self.pool.usage.meter.version)
         body = _LISTS.get(key)
         if body is None:
             body = json.dumps(self._list())
@@ -210,23 +244,29 @@ class JobsHandler(PoolHandler):
             if not self.member_of(row):
                 self.fail(403, f"you are not a member of project {project}")
             rows = store.jobs(project=project, states=states, limit=limit)
-        else:
+        elif self.who.kind == "user":
             rows = store.jobs(user=self.who.name, states=states, limit=limit)
-        return {"jobs": [self.job_json(r, r.user == self.who.name or self.who.admin)
+        else:
+            rows = []  # a service has no jobs of its own
+        return {"jobs": [self.job_json(r, self.who.is_user(r.user) or self.who.admin)
                          for r in rows]}
 
     async def post(self):
         if self.who.kind != "user":
             self.fail(403, "train jobs are submitted by users, not by services")
         try:
-            spec = job_spec(self.body())
-            project = self._project(spec.pop("project"), spec["gpus"])
+            spec = job_spec(self.body(), self.pool.max_job_size)
+            project = self._project(spec.pop("project"), spec["gpus"], spec["priority"])
         except Invalid as e:
             self.fail(e.status, str(e))
+        cap = self.pool.max_pending_per_user
+        if self.pool.store.state_counts(self.who.name).get("pending", 0) >= cap:
+            self.fail(429, f"you have {cap} jobs waiting, the most one user may; wait for some "
+                           f"to start, or cancel some")
         row = self.pool.submit(self.who.name, project, spec)
         self.reply(self.job_json(row, True), 201)
 
-    def _project(self, name, gpus: int) -> ProjectRow:
+    def _project(self, name, gpus: int, priority: int = 0) -> ProjectRow:
         mine = self.my_projects()
         if name is None:
             if len(mine) == 1:
@@ -253,6 +293,10 @@ class JobsHandler(PoolHandler):
         if project.limit is not None and gpus > project.limit:
             raise Invalid(f"the job asks for {gpus // GPU} GPUs but project {project.name} may "
                           f"use at most {project.limit / GPU:g}; ask for fewer")
+        low, high = project.job_priority_min, project.job_priority_max
+        if not low <= priority <= high:
+            raise Invalid(f"project {project.name} takes job priorities from {low} to {high}, "
+                          f"not {priority}; an admin may widen the range", 403)
         return project
 
 
@@ -269,9 +313,26 @@ class JobHandler(PoolHandler):
 
 
 class LogsHandler(PoolHandler):
+    _gone = False  # the client closed the connection
+    _following: str | None = None  # whose follower count this request holds
+
     def set_default_headers(self):
         self.set_header("Content-Type", "text/plain; charset=utf-8")
         self.set_header("Cache-Control", "no-store")
+
+    def on_connection_close(self):
+        self._gone = True
+
+    def on_finish(self):
+        self._unfollow()
+
+    def _unfollow(self):
+        if self._following is not None:
+            followers = self.pool.followers
+            followers[self._following] -= 1
+            if not followers[self._following]:
+                del followers[self._following]
+            self._following = None
 
     async def get(self, job_id):
         row = self.own_job(job_id)
@@ -286,36 +347,51 @@ class LogsHandler(PoolHandler):
             if not 1 <= attempt <= row.attempt:
                 self.fail(400, f"job {job_id} has attempts 1 to {row.attempt}")
         follow = self.get_argument("follow", "0") not in ("0", "", "false")
-        culler = self.pool.usage.culler if follow else None
-        if culler is not None:  # a %%train cell is being followed: its server is not culled
-            culler.follow(self.who.name, 1)
+        if follow:
+            followers, cap = self.pool.followers, self.pool.max_followers_per_user
+            if followers.get(self.who.name, 0) >= cap:
+                self.fail(429, f"you follow {cap} logs already, the most one user may; close "
+                               f"one (or read without follow)")
+            followers[self.who.name] = followers.get(self.who.name, 0) + 1
+            self._following = self.who.name
         try:
-            await self._send(row, job_id, attempt, follow)
+            if follow:  # the answer starts now, even while the job prints nothing
+                await self.flush()
+            await self._stream(job_id, row, attempt, follow)
         finally:
-            if culler is not None:
-                culler.follow(self.who.name, -1)
+            self._unfollow()
+        if not self._gone:
+            self.finish()
 
-    async def _send(self, row, job_id, attempt, follow):
+    async def _stream(self, job_id: str, row: JobRow, attempt: int, follow: bool) -> None:
+        """The log in bounded chunks; with ``follow``, then what the attempt prints, until
+        it ends or the client goes."""
         backend, offset, pause = self.pool.backend, 0, 0.02
-        while True:
-            chunk = await backend.read_log(row.id, attempt, offset)
+        while not self._gone:
+            start, chunk = await backend.read_log_from(row.id, attempt, offset)
+            if start > offset:
+                self.write(logfile.dropped_note(start - offset))
+            offset = start + len(chunk)
             if chunk:
-                offset, pause = offset + len(chunk), 0.02  # output flows: look again soon
+                pause = 0.02  # output flows: look again soon
                 self.write(chunk)
                 try:
                     await self.flush()
                 except StreamClosedError:
                     return
+                continue
             if not follow:
-                break
+                return
             row = self.pool.store.job(job_id)
-            if not chunk and not (row.state in ("pending", "running") and row.attempt == attempt
-                                  or row.attempt < attempt):
-                break
-            if not chunk:
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, 0.2)
-        self.finish()
+            if not (row.state in ("pending", "running") and row.attempt == attempt
+                    or row.attempt < attempt):
+                # It ended: what it printed last may have come after the read above.
+                start, chunk = await backend.read_log_from(row.id, attempt, offset)
+                if chunk:
+                    continue
+                return
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.2)
 
 
 class ProjectsHandler(PoolHandler):
@@ -333,7 +409,9 @@ class ProjectHandler(PoolHandler):
             project_name(name)
             current = self.pool.store.project(name)
             fields = project_update(self.body(), None if current is None else {
-                "quota": current.quota, "limit": current.limit})
+                "quota": current.quota, "limit": current.limit,
+                "job_priority_min": current.job_priority_min,
+                "job_priority_max": current.job_priority_max})
         except Invalid as e:
             self.fail(e.status, str(e))
         if "quota" in fields:

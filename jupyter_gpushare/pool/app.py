@@ -22,12 +22,12 @@ from traitlets.config import Application
 
 from .. import __version__
 from .. import gpus as gpu_inventory
-from ..backends.base import Backend, Launch
+from ..backends.base import Backend, Launch, private_dir
 from ..backends.local import SIMULATED_LABEL, LocalBackend
 from ..policy import SliceRefused, place_slice
 from ..policy.model import BUILD, GPU, TRAIN, Node, PolicyConfig, Slice
 from .api import routes
-from .directory import HubDirectory
+from .directory import HubDirectory, HubTokens
 from .loop import Scheduler
 from .models import JobRow, ProjectRow
 from .store import Store
@@ -37,6 +37,13 @@ from .usage_service import GPUUsage
 
 BACKENDS = {"local": "jupyter_gpushare.backends.local.LocalBackend",
             "kubernetes": "jupyter_gpushare.backends.kube.KubernetesBackend"}
+
+
+# ``python -c SOURCE`` would put the working directory first on sys.path, where a module
+# planted in a shared folder shadows the standard library: the source runs after it is taken
+# off (any Python, unlike -P), as __main__, with sys.argv as -c leaves it.
+SOURCE_BOOTSTRAP = ("import sys; del sys.path[0]; "
+                    "exec(compile(sys.argv.pop(1), '<string>', 'exec'))")
 
 
 class BackendType(Type):
@@ -60,7 +67,10 @@ class PoolService(Application):
     projects = Dict(help="""Projects (queues) of the train pool, created in the store the first
         time they appear; afterwards admins change them through ``PUT api/projects/{name}``
         and those changes win. Each is ``{"quota": GPUs, "groups": [JupyterHub groups whose
-        members may submit], "over_quota_weight": 1, "limit": GPUs or None, "priority": 0}``.
+        members may submit], "over_quota_weight": 1, "limit": GPUs or None, "priority": 0,
+        "job_priority_min": -100, "job_priority_max": 0}``; members give their jobs
+        priorities within that range, and a job's priority orders it within its project
+        only.
         """).tag(config=True)
 
     state_dir = Unicode(help="Directory of the service's own files: the SQLite database by "
@@ -91,7 +101,31 @@ class PoolService(Application):
     build_allowance = Float(0.5, help="GPUs of build slices one user may hold at once, all "
                             "their notebook servers together.").tag(config=True)
 
-    max_body_size = Integer(1024 * 1024, help="Largest request body accepted, in bytes.").tag(config=True)
+    max_body_size = Integer(1024 * 1024, help="Largest request body accepted, in bytes; a "
+                            "larger one is refused (413) without being kept.").tag(config=True)
+    max_pending_per_user = Integer(200, min=1, help="Jobs one user may have waiting at once; "
+                                   "a submit beyond it is refused (429) until some start or "
+                                   "are cancelled.").tag(config=True)
+    max_job_size = Integer(256 * 1024, min=1024, help="Bytes a job's command, source, env and "
+                           "workdir may take together; large code and data belong in "
+                           "files.").tag(config=True)
+    max_followers_per_user = Integer(10, min=1, help="Logs one user may follow at once "
+                                     "(?follow=1, each an open connection).").tag(config=True)
+    token_cache_ttl = Float(60.0, help="Seconds the hub's answer for a token (whose it is) is "
+                            "kept; a revoked token works for at most this long.").tag(config=True)
+    token_cache_size = Integer(10_000, help="Tokens whose owner is kept at most (the least "
+                               "recently used are forgotten first).").tag(config=True)
+    unknown_token_rate = Float(5.0, help="Tokens the hub does not know that the service asks "
+                               "about per second, after a burst of unknown_token_burst; beyond "
+                               "that, unknown tokens are refused (429) without asking the hub, "
+                               "while known ones keep working.").tag(config=True)
+    unknown_token_burst = Integer(50, help="Unknown tokens asked about at once before "
+                                  "unknown_token_rate applies.").tag(config=True)
+    rights_ttl = Float(30.0, help="Seconds a user's admin flag and groups, asked from the hub, "
+                       "are used before they are asked again (in the background).").tag(config=True)
+    rights_max_stale = Float(300.0, help="Seconds a user's rights are used at most while the hub "
+                             "does not answer; after that their requests are refused (503) "
+                             "until it does, so a removed admin does not stay admin.").tag(config=True)
     ip = Unicode(help="Address the service listens on. Default: the host of its url in "
                  "JupyterHub.services ($JUPYTERHUB_SERVICE_URL). Where the proxy reaches the "
                  "service in another pod by a Service name (zero-to-jupyterhub: http://hub:10101)"
@@ -121,7 +155,8 @@ class PoolService(Application):
             if not isinstance(spec, dict):
                 raise TraitError(f"PoolService.projects[{name!r}] must be a dict like "
                                  f"{{'quota': 2, 'groups': ['{name}']}}")
-            extra = set(spec) - {"quota", "groups", "over_quota_weight", "limit", "priority"}
+            extra = set(spec) - {"quota", "groups", "over_quota_weight", "limit", "priority",
+                                 "job_priority_min", "job_priority_max"}
             if extra:
                 raise TraitError(f"PoolService.projects[{name!r}] has unknown key(s) "
                                  f"{', '.join(sorted(extra))}")
@@ -135,19 +170,28 @@ class PoolService(Application):
             if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
                 raise TraitError(f"PoolService.projects[{name!r}]['groups'] must be a list of "
                                  f"JupyterHub group names")
+            low, high = spec.get("job_priority_min", -100), spec.get("job_priority_max", 0)
+            if not all(isinstance(v, int) and -100 <= v <= 100 for v in (low, high)) \
+                    or low > high:
+                raise TraitError(f"PoolService.projects[{name!r}]: job_priority_min and "
+                                 f"job_priority_max must be whole numbers from -100 to 100, "
+                                 f"the min no larger than the max")
             out[name] = {"quota": quota, "groups": groups, "limit": limit,
                          "over_quota_weight": int(spec.get("over_quota_weight", 1)),
-                         "priority": int(spec.get("priority", 0))}
+                         "priority": int(spec.get("priority", 0)),
+                         "job_priority_min": low, "job_priority_max": high}
         return out
 
     _build_uuids: dict[tuple[str, int], str] | None = None  # found at the first use
+    followers: dict[str, int]  # user -> logs they follow now
 
     # -- set-up -------------------------------------------------------------------------
     def initialize(self, argv=None):
         super().initialize(argv)
+        self.followers = {}
         if self.config_file and Path(self.config_file).exists():
             self.load_config_file(self.config_file)
-        Path(self.state_dir).mkdir(parents=True, exist_ok=True)
+        private_dir(self.state_dir)  # the store holds every job's command and env
         self.store = Store(self.db_url)
         self.backend = self.backend_class(parent=self, **self._backend_kwargs())
         capacity = self.train_capacity()
@@ -160,6 +204,8 @@ class PoolService(Application):
         created = self.store.add_missing_projects(
             ProjectRow(name=name, quota=round(p["quota"] * GPU), groups=p["groups"],
                        over_quota_weight=p["over_quota_weight"], priority=p["priority"],
+                       job_priority_min=p["job_priority_min"],
+                       job_priority_max=p["job_priority_max"],
                        limit=None if p["limit"] is None else round(p["limit"] * GPU),
                        updated=time.time())
             for name, p in self.projects.items())
@@ -172,8 +218,11 @@ class PoolService(Application):
             self.grace_period, self.launch_for, self.log)
         self.usage = GPUUsage(self, parent=self)
         self.scheduler.idle_jobs = self.usage.idle_jobs
-        self.directory = HubDirectory(os.environ.get("JUPYTERHUB_API_URL", ""),
-                                      os.environ.get("JUPYTERHUB_API_TOKEN", ""))
+        api_url = os.environ.get("JUPYTERHUB_API_URL", "")
+        self.directory = HubDirectory(api_url, os.environ.get("JUPYTERHUB_API_TOKEN", ""),
+                                      self.rights_ttl, self.rights_max_stale)
+        self.tokens = HubTokens(api_url, self.token_cache_ttl, self.token_cache_size,
+                                self.unknown_token_rate, self.unknown_token_burst)
 
     def _backend_kwargs(self) -> dict:
         # A backend's own files go under the service's state_dir unless configured.
@@ -233,7 +282,7 @@ class PoolService(Application):
 
     # -- what handlers call ---------------------------------------------------------------
     def submit(self, user: str, project: ProjectRow, spec: dict) -> JobRow:
-        command = spec["command"] or [self.python, "-c", spec["source"]]
+        command = spec["command"] or [self.python, "-c", SOURCE_BOOTSTRAP, spec["source"]]
         row = self.store.add_job(time.time(), user=user, project=project.name, name=spec["name"],
                                  gpus=spec["gpus"], priority=spec["priority"], command=command,
                                  env=spec["env"], workdir=spec.get("workdir"),
@@ -243,7 +292,8 @@ class PoolService(Application):
 
     def create_project(self, name: str, fields: dict) -> ProjectRow:
         row = ProjectRow(name=name, **{"quota": 0, "groups": [name], "over_quota_weight": 1,
-                                       "priority": 0, "limit": None, **fields},
+                                       "priority": 0, "limit": None, "job_priority_min": -100,
+                                       "job_priority_max": 0, **fields},
                          updated=time.time())
         self.store.add_missing_projects([row])
         return self.store.project(name)
@@ -270,8 +320,14 @@ class PoolService(Application):
         # restart the browser logs in again through the hub, without a question.
         return web.Application(routes(prefix) + dashboard.routes(prefix), pool=self,
                                hub_auth=HubAuth(), dashboard_oauth=dashboard.OAuthSettings(),
-                               cookie_secret=os.urandom(32),
-                               max_body_size=self.max_body_size * 4, xsrf_cookies=False)
+                               cookie_secret=os.urandom(32), xsrf_cookies=False)
+
+    def server_limits(self) -> dict:
+        """What the HTTP server reads of a request at most: handlers refuse a body beyond
+        max_body_size with a sentence (413); beyond four times that, the server stops
+        reading and drops the connection."""
+        return {"max_body_size": 4 * self.max_body_size,
+                "max_buffer_size": 4 * self.max_body_size + 64 * 1024}
 
     def start(self):
         asyncio.run(self._serve())
@@ -285,12 +341,11 @@ class PoolService(Application):
                                     stopping.set_result(signal.Signals(s).name))
         await self.scheduler.reconcile()
         app = self.make_app()
-        server = app.listen(url.port, self.ip or url.hostname)
+        server = app.listen(url.port, self.ip or url.hostname, **self.server_limits())
         self.log.info("gpushare pool service on %s:%s, train pool of %g GPUs%s", url.hostname,
                       url.port, self.train_capacity() / GPU,
                       " (simulated)" if any(n.labels.get("gpushare.io/simulated")
                                             for n in self.backend.nodes()) else "")
-        beside = [asyncio.ensure_future(c) for c in self.usage.coroutines()]
         # Slices the spawners of a stopping hub could not release (the hub stops its
         # services first) are released now, in the background (sweep.py).
         sweeping = asyncio.ensure_future(release_stale(
@@ -300,6 +355,7 @@ class PoolService(Application):
                                    self.log.error("Releasing stale build slices failed: %s",
                                                   f.exception()))
         running = asyncio.ensure_future(self.scheduler.run(self.cycle_interval))
+        beside = [asyncio.ensure_future(c) for c in self.usage.coroutines()]
         try:
             await asyncio.wait([running, stopping], return_when=asyncio.FIRST_COMPLETED)
             if stopping.done():

@@ -31,18 +31,12 @@ class SliceCuller:
         self.warned: dict[str, float] = {}  # slice id -> when its server was warned
         self.kernels: dict[tuple[str, str], tuple[float, int, int]] = {}  # (user, server) ->
         # (when said, kernels, busy): the server extension's reports
-        self.following: dict[str, int] = {}  # user -> open follows of their jobs' output
         self.events: deque = deque(maxlen=200)
         self.culled = 0
 
     # -- what handlers tell it ----------------------------------------------------------------
     def kernels_said(self, user: str, server: str, kernels: int, busy: int) -> None:
         self.kernels[(user, server)] = (time.time(), kernels, busy)
-
-    def follow(self, user: str, delta: int) -> None:
-        self.following[user] = self.following.get(user, 0) + delta
-        if self.following[user] <= 0:
-            del self.following[user]
 
     def warning_of(self, slice_id: str) -> dict | None:
         since = self.warned.get(slice_id)
@@ -75,7 +69,7 @@ class SliceCuller:
                 s.user, s.server, s.id, self.pool.usage.meter.idle_for("slice", s.id),
                 None if last is None else max(0.0, now - last),
                 None if said is None else said[2], None if said is None else now - said[0],
-                self.following.get(s.user, 0) > 0))
+                self.pool.followers.get(s.user, 0) > 0))  # logs the user follows now
         self.warned = {k: v for k, v in self.warned.items() if k in {s.id for s in slices}}
         for d in decide(evidence, self.warned, now, self.settings):
             e = d.evidence

@@ -24,6 +24,10 @@ class ProjectRow(Base):
     priority: Mapped[int] = mapped_column(Integer, default=0)
     groups: Mapped[list] = mapped_column(JSON, default=list)
     updated: Mapped[float] = mapped_column(Float, default=0.0)
+    # The priorities members may give their jobs (admins set the range): a job's priority
+    # orders it within its project only.
+    job_priority_min: Mapped[int] = mapped_column(Integer, default=-100, server_default="-100")
+    job_priority_max: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class JobRow(Base):

@@ -17,7 +17,9 @@ def _ok(schema_ref: str, description: str = "OK") -> dict:
 
 def _errors(*codes: int) -> dict:
     words = {400: "bad input", 403: "not yours or not allowed", 404: "no such thing",
-             409: "quota or state conflict", 413: "body too large"}
+             409: "quota or state conflict", 413: "body (or job) too large",
+             429: "too many: your waiting jobs or followed logs, or unknown tokens lately",
+             503: "JupyterHub does not answer, so your rights cannot be checked"}
     return {str(c): {**_ERROR, "description": words[c]} for c in codes}
 
 
@@ -70,7 +72,10 @@ SPEC = {
                     "command": {"type": "array", "items": {"type": "string"}, "minItems": 1},
                     "source": {"type": "string", "description": "Python code, instead of command"},
                     "name": {"type": "string", "maxLength": 100},
-                    "priority": {"type": "integer", "minimum": -100, "maximum": 100, "default": 0},
+                    "priority": {"type": "integer", "minimum": -100, "maximum": 100, "default": 0,
+                                 "description": "orders the job within its project only; "
+                                                "within the project's job_priority_min and "
+                                                "job_priority_max"},
                     "env": {"type": "object", "additionalProperties": {"type": "string"}},
                     "workdir": {"type": "string", "description": "absolute path the job runs "
                                 "in; default: your home directory"},
@@ -111,6 +116,7 @@ SPEC = {
                     "over_quota_weight": {"type": "integer"},
                     "limit": {"type": "number", "nullable": True},
                     "priority": {"type": "integer"},
+                    "job_priority_min": {"type": "integer"}, "job_priority_max": {"type": "integer"},
                     "groups": {"type": "array", "items": {"type": "string"}},
                     "in_use": {"type": "number"}, "borrowed": {"type": "number"},
                     "deserved": {"type": "number"}, "pending": {"type": "integer"},
@@ -125,6 +131,11 @@ SPEC = {
                     "limit": {"type": "number", "minimum": 0, "nullable": True},
                     "priority": {"type": "integer"},
                     "groups": {"type": "array", "items": {"type": "string"}},
+                    "job_priority_min": {"type": "integer", "minimum": -100, "maximum": 100,
+                                         "description": "lowest priority members may give "
+                                                        "their jobs (default -100)"},
+                    "job_priority_max": {"type": "integer", "minimum": -100, "maximum": 100,
+                                         "description": "highest (default 0)"},
                 }},
             "SliceRequest": {"type": "object", "additionalProperties": False,
                              "required": ["user", "gpus"], "properties": {
@@ -260,7 +271,8 @@ SPEC = {
             "post": {"summary": "Submit a train job",
                      "requestBody": {"required": True, "content": {"application/json": {
                          "schema": {"$ref": "#/components/schemas/JobSpec"}}}},
-                     "responses": {"201": _ok("Job", "accepted"), **_errors(400, 403, 409, 413)}},
+                     "responses": {"201": _ok("Job", "accepted"),
+                                   **_errors(400, 403, 409, 413, 429)}},
         },
         "/api/jobs/{job_id}": {
             "get": {"summary": "One of your jobs", "parameters": [JOB_ID],
@@ -269,12 +281,14 @@ SPEC = {
                        "responses": {"200": _ok("Job"), **_errors(403, 404, 409)}},
         },
         "/api/jobs/{job_id}/logs": {
-            "get": {"summary": "The job's output; ?follow=1 streams until it ends",
+            "get": {"summary": "The job's output; ?follow=1 streams until it ends (a few at "
+                               "once per user); where output was dropped (the log outgrew "
+                               "its limit), a line says so",
                     "parameters": [JOB_ID,
                                    {"name": "follow", "in": "query", "schema": {"type": "string"}},
                                    {"name": "attempt", "in": "query", "schema": {"type": "integer"}}],
                     "responses": {"200": {"description": "text/plain output"},
-                                  **_errors(400, 403, 404)}},
+                                  **_errors(400, 403, 404, 429)}},
         },
         "/api/projects": {"get": {"summary": "Every project with its quota and use",
                                   "responses": {"200": _ok("ProjectList")}}},
@@ -356,3 +370,18 @@ SPEC = {
                                       "responses": {"200": {"description": "OpenAPI 3"}}}},
     },
 }
+
+
+def _every_caller_may_hear(*codes: int) -> None:
+    """Answers any authenticated call may get: too many unknown tokens lately (429), the hub
+    not answering (503), a body over the limit (413, where there is a body)."""
+    for path, operations in SPEC["paths"].items():
+        for method, op in operations.items():
+            if op.get("security") == []:
+                continue
+            extra = codes + ((413,) if method in ("post", "put") else ())
+            for code, response in _errors(*extra).items():
+                op["responses"].setdefault(code, response)
+
+
+_every_caller_may_hear(429, 503)

@@ -7,13 +7,14 @@ is upgraded in place and nothing accepted is lost.
 
 from __future__ import annotations
 
+import os
 import secrets
 from pathlib import Path
 from typing import Iterable
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import create_engine, event, func, select
+from sqlalchemy import create_engine, event, func, make_url, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import sessionmaker
 
@@ -34,6 +35,7 @@ def upgrade(engine: Engine) -> None:
 
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
+        _private_sqlite(url)
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
 
         @event.listens_for(engine, "connect")
@@ -44,6 +46,25 @@ def make_engine(url: str) -> Engine:
             cur.close()
         return engine
     return create_engine(url, pool_pre_ping=True)
+
+
+def _private_sqlite(url: str) -> None:
+    """The database file readable by this account only (SQLite gives its -wal and -shm
+    files the database file's mode): it holds every job's command and environment."""
+    database = make_url(url).database
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return
+    fd = os.open(database, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        if os.fstat(fd).st_mode & 0o077:
+            os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+    for extra in ("-wal", "-shm", "-journal"):
+        try:
+            os.chmod(database + extra, 0o600)
+        except FileNotFoundError:
+            pass
 
 
 class Store:

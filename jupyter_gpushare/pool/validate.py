@@ -7,11 +7,13 @@ import re
 from ..policy.model import GPU
 
 JOB_FIELDS = {"project", "gpus", "command", "source", "name", "priority", "env", "workdir"}
-PROJECT_FIELDS = {"quota", "over_quota_weight", "limit", "priority", "groups"}
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+PROJECT_FIELDS = {"quota", "over_quota_weight", "limit", "priority", "groups",
+                  "job_priority_min", "job_priority_max"}
+JOB_PRIORITY = (-100, 100)  # what a project's job priority range may span
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")  # \Z: "$" would let a final newline in
 _RESERVED_ENV = ("GPUSHARE_", "JUPYTERHUB_", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
                  "NVIDIA_VISIBLE_DEVICES")
-_PROJECT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+_PROJECT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}\Z")
 
 
 class Invalid(ValueError):
@@ -50,8 +52,12 @@ def _gpus_amount(value, name: str) -> int:
     return milli
 
 
-def job_spec(body) -> dict:
-    """The checked job fields (GPUs in milli), without the project, which needs the user."""
+MAX_JOB_SIZE = 256 * 1024
+
+
+def job_spec(body, max_size: int = MAX_JOB_SIZE) -> dict:
+    """The checked job fields (GPUs in milli), without the project, which needs the user.
+    Command, source, env and workdir may take ``max_size`` bytes together (413 beyond)."""
     if not isinstance(body, dict):
         raise Invalid("the body must be a JSON object with at least gpus and command or source")
     _unknown(body, JOB_FIELDS)
@@ -79,7 +85,7 @@ def job_spec(body) -> dict:
     name = body.get("name", "")
     if not isinstance(name, str) or len(name) > 100:
         raise Invalid("name must be a string of at most 100 characters")
-    priority = _int(body.get("priority", 0), "priority", -100, 100)
+    priority = _int(body.get("priority", 0), "priority", *JOB_PRIORITY)
     env = body.get("env", {})
     if not isinstance(env, dict):
         raise Invalid("env must be an object of NAME: value strings")
@@ -95,6 +101,12 @@ def job_spec(body) -> dict:
                                 or "\0" in workdir or len(workdir) > 4096):
         raise Invalid(f"workdir must be an absolute path like /home/you/project, not "
                       f"{workdir!r}; leave it out to run in your home directory")
+    size = sum(len(a.encode("utf-8", "surrogatepass")) for a in [
+        *(command or ()), source or "", workdir or "", *env, *env.values()])
+    if size > max_size:
+        raise Invalid(f"the job's command, source, env and workdir take {size // 1024} KiB "
+                      f"together, more than the {max_size // 1024} KiB allowed; put large code "
+                      f"or data in a file", 413)
     return {"gpus": gpus * GPU, "command": command, "source": source, "name": name,
             "priority": priority, "env": dict(env), "project": body.get("project"),
             "workdir": workdir}
@@ -120,7 +132,14 @@ def project_update(body, current: dict | None) -> dict:
         if not isinstance(groups, list) or not all(isinstance(g, str) and g for g in groups):
             raise Invalid("groups must be a list of JupyterHub group names")
         out["groups"] = sorted(set(groups))
-    merged = {**(current or {"quota": 0, "limit": None}), **out}
+    for end in ("job_priority_min", "job_priority_max"):
+        if end in body:
+            out[end] = _int(body[end], end, *JOB_PRIORITY)
+    merged = {**(current or {"quota": 0, "limit": None, "job_priority_min": -100,
+                             "job_priority_max": 0}), **out}
+    if merged["job_priority_min"] > merged["job_priority_max"]:
+        raise Invalid(f"job_priority_min ({merged['job_priority_min']}) may not be above "
+                      f"job_priority_max ({merged['job_priority_max']})")
     if merged.get("limit") is not None and merged["limit"] < merged.get("quota", 0):
         raise Invalid(f"limit ({merged['limit'] / GPU:g} GPUs) may not be below the quota "
                       f"({merged['quota'] / GPU:g} GPUs); raise the limit or lower the quota")

@@ -187,19 +187,36 @@ class UsageMeter:
     async def run_local(self, samplers, context: Callable[[], LocalContext],
                         owners: LocalOwners | None = None) -> None:
         """Read this machine's GPUs (``samplers``: one per machine read here) every
-        ``sample_interval``: NVML and /proc in a worker thread, attribution and sums here."""
+        ``sample_interval``: NVML and /proc in a worker thread, attribution and sums here. A
+        driver that does not answer holds up no one: the reading is waited for in the
+        background, said in a sentence, and no second one is started meanwhile."""
         owners = owners or LocalOwners()
         loop = asyncio.get_running_loop()
         next_at = loop.time()
+        pending, started = None, 0.0
         while True:
             try:
-                ctx = context()
-                for reading, found in await asyncio.to_thread(_read_local, samplers, owners,
-                                                              ctx):
-                    self.ingest(reading.node, reading.at,
-                                attribute(reading, ctx.holdings, found, ctx.pools),
-                                reading.problem)
+                if pending is None:
+                    ctx = context()
+                    pending = asyncio.ensure_future(asyncio.to_thread(_read_local, samplers,
+                                                                      owners, ctx))
+                    started = loop.time()
+                done, _ = await asyncio.wait({pending}, timeout=self.settings.sample_interval)
+                if done:
+                    future, pending = pending, None
+                    for reading, found in future.result():
+                        self.ingest(reading.node, reading.at,
+                                    attribute(reading, ctx.holdings, found, ctx.pools),
+                                    reading.problem)
+                elif loop.time() - started > max(1.0, 3 * self.settings.sample_interval):
+                    for sampler in samplers:
+                        self._notes[sampler.node] = (
+                            f"NVML on {sampler.node} has not answered for "
+                            f"{loop.time() - started:.0f} s (a hung driver?); GPU use is not "
+                            f"being read.",)
+                    continue
             except Exception:  # noqa: BLE001 - a failed reading must not stop the pool
+                pending = None
                 self.log.exception("reading the GPUs failed; trying again")
             next_at += self.settings.sample_interval
             delay = next_at - loop.time()

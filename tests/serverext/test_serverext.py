@@ -12,6 +12,7 @@ import time
 import warnings
 
 import pytest
+from jupyter_server.auth import Authorizer
 from jupyter_server.serverapp import JupyterServerAuthWarning
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
@@ -59,11 +60,26 @@ def server_environment(hub, extension_config, monkeypatch):
         monkeypatch.setenv("JUPYTERHUB_API_TOKEN", hub.token("alice"))
 
 
+class ReadOnlyAuthorizer(Authorizer):
+    """A server shared read-only (jupyter_server's resource-based authorization): whoever
+    it lets in may read, nothing more."""
+
+    def is_authorized(self, handler, user, action, resource):
+        return action == "read"
+
+
 @pytest.fixture
-def jp_server_config(extension_config, server_environment):
-    return {"ServerApp": {"jpserver_extensions": {"jupyter_gpushare": True},
-                          "allow_unauthenticated_access": False},
-            "GPUShareExtension": extension_config}
+def authorizer():
+    return None  # jupyter_server's default: an authenticated user may do everything
+
+
+@pytest.fixture
+def jp_server_config(extension_config, server_environment, authorizer):
+    app = {"jpserver_extensions": {"jupyter_gpushare": True},
+           "allow_unauthenticated_access": False}
+    if authorizer is not None:
+        app["authorizer_class"] = authorizer
+    return {"ServerApp": app, "GPUShareExtension": extension_config}
 
 
 @pytest.fixture
@@ -235,6 +251,37 @@ async def test_every_handler_is_authenticated(jp_serverapp, call):
                 status, _ = await call(method, path, {} if method in ("POST", "PUT") else None,
                                        headers={"Authorization": ""})
                 assert status == 403, (method, path)
+
+
+@pytest.mark.parametrize("authorizer", [ReadOnlyAuthorizer])
+async def test_a_read_only_authorizer_lets_read_but_not_submit_or_cancel(hub, call):
+    job = submit(hub, "alice", gpus=1, source="import time; time.sleep(60)")
+    before = len(hub.api("GET", "api/jobs?limit=1000", "alice")[1]["jobs"])
+    for path in ("api/pool", "api/quota", "api/projects", "api/jobs", "api/slice",
+                 f"api/jobs/{job['id']}", f"api/jobs/{job['id']}/logs"):
+        assert (await call("GET", path))[0] == 200, path
+    status, answer = await call("POST", "api/jobs", {"source": "print('as alice')", "gpus": 1})
+    assert status == 403 and "runs code as this server's owner" in answer["error"], answer
+    assert len(hub.api("GET", "api/jobs?limit=1000", "alice")[1]["jobs"]) == before
+    status, answer = await call("DELETE", f"api/jobs/{job['id']}")
+    assert status == 403 and "you may only read here" in answer["error"], answer
+    assert hub.api("GET", f"api/jobs/{job['id']}", "alice")[1]["state"] in ("pending", "running")
+    hub.api("DELETE", f"api/jobs/{job['id']}", "alice")
+
+
+def test_every_handler_method_is_authorized():
+    """Each method of each route checks the Authorizer (jupyter_server's @authorized)."""
+    for _, handler in serverext.HANDLERS:
+        for method in ("get", "post", "put", "delete", "patch"):
+            function = getattr(handler, method)
+            if function is getattr(serverext.GPUShareHandler, method):
+                continue
+            layers = []
+            while function is not None:
+                layers.append(function.__code__.co_qualname)
+                function = getattr(function, "__wrapped__", None)
+            assert any(q.startswith("authorized.") for q in layers), (handler, method, layers)
+    assert serverext.GPUShareHandler.auth_resource == "gpushare"
 
 
 def test_an_unauthenticated_handler_would_be_caught(jp_serverapp):

@@ -11,14 +11,17 @@ nodes, the namespace's pod events and the users' notebook pods. ``poll`` judges 
 from the cache: every pod Succeeded → succeeded; one Failed → failed with its exit code; a
 pod deleted by someone else, or on a node that left the pool → lost (the service requeues).
 
-An attempt's output is rank 0's log: read from the API while it runs, and kept in
-``state_dir/<job>/<attempt>.log`` when it ends (read once; followed to the end while a stop's
-grace period runs), with ``<attempt>.exit`` recording the end, before its pods are deleted.
+An attempt's output is rank 0's log, followed from the API into
+``state_dir/<job>/<attempt>.log`` while it runs (``logfile.CappedLog``: at most ``log_limit``
+bytes, its beginning and its latest output) and read from there; ``<attempt>.exit`` records the
+end before the pods are deleted. A follow that breaks (the API server restarts, a watch
+timeout) starts again from the beginning of the pod's log, which rewrites the same bytes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import math
@@ -26,17 +29,18 @@ import os
 import time
 from dataclasses import dataclass
 
-from traitlets import Bool, Dict, Float, Integer, List, Unicode, default, validate
+from traitlets import Bool, Dict, Enum, Float, Integer, List, Unicode, default, validate
 
 from ...policy.model import GPU, Node, gpus_text
-from ..base import Backend, BackendError, Exit, Handle, Launch
+from .. import logfile
+from ..base import Backend, BackendError, Exit, Handle, Launch, private_dir
 from . import objects as k8s
 from .api import KubeAPI, KubeError, default_namespace, make_client
 from .reflector import Reflector
 
 NOTEBOOK_USER = "hub.jupyter.org/username"  # KubeSpawner's annotation: the exact name
 NOTEBOOK_SERVER = "hub.jupyter.org/servername"
-LOG_CACHE_S = 0.5
+FOLLOW_READ_TIMEOUT_S = 600  # a silent job's log is followed anew after this
 DELETE_RETRY_S = 5.0
 ARCHIVE_WAIT_S = 2.0
 
@@ -114,10 +118,28 @@ class KubernetesBackend(Backend):
         """).tag(config=True)
 
     volumes = List(Dict(), help="""
-        Volumes of job pods when the user has no notebook pod, as in a pod spec;
-        {username} is KubeSpawner's escaped user name, so
+        Volumes of job pods when the user has no notebook pod, as in a pod spec; {username}
+        is the user's name as KubeSpawner writes it under slug_scheme ({safe_username},
+        {escaped_username} and {unescaped_username} too), so
         [{"name": "home", "persistentVolumeClaim": {"claimName": "claim-{username}"}}]
-        names zero-to-jupyterhub's home volume.
+        names zero-to-jupyterhub's home volume. A claim whose name depends on the user is
+        mounted only if KubeSpawner made it for that very user (see verify_claims).
+        """).tag(config=True)
+
+    slug_scheme = Enum(["safe", "escape"], "safe", help="""
+        How {username} is written in volumes and volume_mounts: as the hub's
+        c.KubeSpawner.slug_scheme does ("safe", KubeSpawner 7's default, or "escape", the
+        scheme of KubeSpawner < 7). The two can name different users alike, so this must be
+        the hub's.
+        """).tag(config=True)
+
+    verify_claims = Bool(True, help="""
+        Mount a home volume claim whose name depends on the user only if it is KubeSpawner's
+        claim for that very user (its annotation hub.jupyter.org/username, on a claim of the
+        user's default server), whatever its name: under another slug scheme, or kept from
+        KubeSpawner < 7, a name made from a template can be another user's claim. A user
+        without one is told to start their notebook server once. Off: trust the names
+        volumes expand to.
         """).tag(config=True)
 
     volume_mounts = List(Dict(), help="""
@@ -189,7 +211,6 @@ class KubernetesBackend(Backend):
         self._watched: set[str] = set()  # the pods of running attempts
         self._doomed: dict[str, tuple[int | None, float]] = {}  # pod -> (grace, last try)
         self._tasks: set[asyncio.Task] = set()
-        self._log_cache: dict[str, tuple[float, bytes]] = {}
         self._winding: dict[tuple[str, int], asyncio.Task] = {}  # ended: log kept, pods deleted
         self._last_nodes: list[Node] = []
         self._ready_lock: asyncio.Lock | None = None
@@ -202,6 +223,7 @@ class KubernetesBackend(Backend):
             self._ready_lock = asyncio.Lock()
         async with self._ready_lock:
             if self.api is None:
+                private_dir(self.state_dir)  # kept logs of every user's jobs
                 self.api = KubeAPI(await make_client(self.kubeconfig), self.api_retry_timeout,
                                    self.log)
                 core, ns = self.api.core, self.namespace
@@ -279,6 +301,8 @@ class KubernetesBackend(Backend):
                                "running.")
         self._check_placement(launch.placement)
         template = self._template(launch.user)
+        if template.source == "configuration":
+            template = await self._own_claims(template, launch.user)
         pods = k8s.job_pods(launch, template, self._settings())
         results = await asyncio.gather(*(self._create(p) for p in pods), return_exceptions=True)
         failed = [r for r in results if isinstance(r, BaseException)]
@@ -291,8 +315,9 @@ class KubernetesBackend(Backend):
             raise BackendError(self._sentence(failed[0])) from None
         names = tuple(p["metadata"]["name"] for p in pods)
         self._watched.update(names)
-        self._running[key] = _Attempt(launch.job_id, launch.attempt, names,
-                                      dict(launch.placement), time.monotonic())
+        self._running[key] = a = _Attempt(launch.job_id, launch.attempt, names,
+                                          dict(launch.placement), time.monotonic())
+        a.archiver = self._spawn(self._follow_log(a))
         self.log.info("Started attempt %d of job %s as pod(s) %s (%s from the %s)",
                       launch.attempt, launch.job_id, ", ".join(names), template.image,
                       template.source)
@@ -329,13 +354,42 @@ class KubernetesBackend(Backend):
                                      .get(NOTEBOOK_SERVER, ""), p["metadata"]["name"]))
             if mine:
                 return k8s.notebook_template(mine[0])
-        names = _user_names(user)
+        names = user_names(user, self.slug_scheme)
         return k8s.PodTemplate(
             image=self.image, working_dir=self.home_dir,
             volumes=tuple(k8s.expand(self.volumes, **names)),
             volume_mounts=tuple(k8s.expand(self.volume_mounts, **names)),
             pod_security_context=dict(self.pod_security_context),
             security_context=dict(self.security_context))
+
+    async def _own_claims(self, template: k8s.PodTemplate, user: str) -> k8s.PodTemplate:
+        """The configured volumes with each per-user claim replaced by the claim KubeSpawner
+        made for this user (verify_claims)."""
+        per_user = {v.get("name") for v in self.volumes
+                    if "{" in str((v.get("persistentVolumeClaim") or {}).get("claimName", ""))}
+        if not per_user or not self.verify_claims:
+            return template
+        try:
+            found = await self.api.json("list the home volume claims",
+                                        self.api.core.list_namespaced_persistent_volume_claim,
+                                        self.namespace, label_selector=k8s.HOME_CLAIMS)
+        except KubeError as e:
+            raise BackendError(f"The home volume claims cannot be listed ({e}); an "
+                               f"administrator must grant the rules of "
+                               f"hub_config/kubernetes-rbac.yaml.") from None
+        volumes = []
+        for volume in template.volumes:
+            if volume.get("name") in per_user:
+                wanted = volume["persistentVolumeClaim"]["claimName"]
+                claim = k8s.claim_of(found.get("items") or [], user, wanted)
+                if claim is None:
+                    raise BackendError("You have no home volume yet: KubeSpawner makes it when "
+                                       "your notebook server first starts; start it once, then "
+                                       "submit again.")
+                volume = {**volume, "persistentVolumeClaim": {
+                    **volume["persistentVolumeClaim"], "claimName": claim}}
+            volumes.append(volume)
+        return dataclasses.replace(template, volumes=tuple(volumes))
 
     def user_home(self, user: str) -> str | None:
         return self._template(user).working_dir
@@ -420,7 +474,6 @@ class KubernetesBackend(Backend):
                 self._ended.pop(name, None)
                 self._seen.discard(name)
                 self._watched.discard(name)
-                self._log_cache.pop(name, None)
             # Reported at once; the log is kept and the pods deleted meanwhile.
             self._winding[a.key] = self._spawn(self._wind_up(a))
         self._retry_deletions()
@@ -473,12 +526,14 @@ class KubernetesBackend(Backend):
     async def _wind_up(self, a: _Attempt) -> None:
         """Keep the log (rank 0's), then delete what is left of the pods."""
         try:
-            if a.archiver is not None:  # a stopped job's last words may be on their way
+            followed = False
+            if a.archiver is not None:  # its last words may be on their way
                 try:
                     await asyncio.wait_for(asyncio.shield(a.archiver), ARCHIVE_WAIT_S)
+                    followed = a.archiver.result()
                 except (asyncio.TimeoutError, Exception):
-                    pass
-            elif a.pods[0] in self.pods.objects:
+                    a.archiver.cancel()
+            if not followed and a.pods[0] in self.pods.objects:
                 await self._archive(a.key, a.pods[0])
             for name in a.pods:
                 pod = self.pods.objects.get(name)
@@ -490,15 +545,26 @@ class KubernetesBackend(Backend):
             self._winding.pop(a.key, None)
 
     async def _archive(self, key, pod_name: str) -> None:
-        if os.path.exists(self._path(key, "log")):
-            return
+        """The pod's whole log into the attempt's capped file (anew: a follower may have
+        left part of it), streamed, never in memory whole."""
+        path = self._path(key, "log")
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        log = logfile.CappedLog(path, self.log_limit)
         try:
-            data = await self.api.raw(f"read the log of {pod_name}",
-                                      self.api.core.read_namespaced_pod_log, pod_name,
-                                      self.namespace, retry_s=5)
-        except KubeError as e:
-            data = f"[gpushare: the log could not be read from Kubernetes: {e}]\n".encode()
-        self._write(key, "log", data)
+            response = await self.api.core.read_namespaced_pod_log(
+                pod_name, self.namespace, _preload_content=False, _request_timeout=(10, 60))
+            try:
+                if response.status != 200:
+                    raise KubeError(response.status, "", (await response.text())[:300])
+                async for chunk in response.content.iter_any():
+                    log.write(chunk)
+            finally:
+                response.release()
+        except Exception as e:  # kept as far as it came, and said so
+            log.write(f"\n[gpushare: the log could not be read from Kubernetes: "
+                      f"{str(e).splitlines()[0] if str(e) else type(e).__name__}]\n".encode())
+        finally:
+            log.close()
 
     def _retry_deletions(self) -> None:
         now = time.monotonic()
@@ -528,8 +594,9 @@ class KubernetesBackend(Backend):
                 exits.append(Exit(*key, "lost", reason="its pods are gone"))
             else:
                 placement = {str(n): int(m) for n, m in dict(h.data.get("placement") or {}).items()}
-                self._running[key] = _Attempt(*key, tuple(pods), placement, float("-inf"))
+                self._running[key] = a = _Attempt(*key, tuple(pods), placement, float("-inf"))
                 self._watched.update(pods)
+                a.archiver = self._spawn(self._follow_log(a))
         for name, pod in list(self.pods.objects.items()):
             labels = pod["metadata"].get("labels") or {}
             key = (labels.get(k8s.JOB), _int(labels.get(k8s.ATTEMPT)))
@@ -593,52 +660,61 @@ class KubernetesBackend(Backend):
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
-    async def _follow_log(self, a: _Attempt) -> None:
-        """Rank 0's log to its file until the container ends (a stop's grace period)."""
+    async def _follow_log(self, a: _Attempt) -> bool:
+        """Rank 0's log into its capped file while the attempt runs; True once its container
+        has ended and the log is whole. Until the container starts, and after a broken
+        stream, it asks again (from the beginning)."""
         path = self._path(a.key, "log")
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        try:
-            response = await self.api.core.read_namespaced_pod_log(
-                a.pods[0], self.namespace, follow=True, _preload_content=False,
-                _request_timeout=(10, self.grace_period + 60))
+        pause = 0.2
+        while True:
             try:
-                if response.status != 200:
-                    return
-                with open(path, "wb") as f:
-                    async for chunk in response.content.iter_any():
-                        f.write(chunk)
-                        f.flush()
-            finally:
-                response.release()
-        except Exception as e:  # the log is kept as far as it came
-            self.log.info("Following the log of %s stopped: %s", a.pods[0], e)
+                response = await self.api.core.read_namespaced_pod_log(
+                    a.pods[0], self.namespace, follow=True, _preload_content=False,
+                    _request_timeout=(10, FOLLOW_READ_TIMEOUT_S))
+                try:
+                    if response.status == 200:
+                        log = logfile.CappedLog(path, self.log_limit)
+                        try:
+                            async for chunk in response.content.iter_any():
+                                log.write(chunk)
+                        finally:
+                            log.close()
+                        pause = 0.2
+                finally:
+                    response.release()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # the log is kept as far as it came; ask again
+                self.log.debug("Following the log of %s broke off: %s", a.pods[0], e)
+            done = self._container_done(a)
+            if done is not None:
+                return done and os.path.exists(path)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 5.0)
 
-    async def read_log(self, job_id: str, attempt: int, offset: int = 0) -> bytes:
+    def _container_done(self, a: _Attempt) -> bool | None:
+        """Whether rank 0's container has ended (True), its pod is gone (False), or it is
+        still to be followed (None: it runs, or starts, or the watch has not shown it)."""
+        name = a.pods[0]
+        pod = self.pods.objects.get(name)
+        if pod is not None:
+            return True if k8s.pod_state(pod).phase in ("succeeded", "failed") else None
+        if name in self._ended:
+            return True
+        if a.key in self._running and name not in self._seen:
+            return None  # created; the watch has not shown it yet
+        return a.stopping  # deleted: by our stop (its log ran to the end), or by someone else
+
+    async def read_log_from(self, job_id: str, attempt: int, offset: int = 0,
+                            size: int = logfile.READ_CHUNK) -> tuple[int, bytes]:
         winding = self._winding.get((job_id, attempt))
         if winding is not None:  # just ended: its log is being kept
             try:
                 await asyncio.wait_for(asyncio.shield(winding), 10)
             except (asyncio.TimeoutError, Exception):
                 pass
-        a = self._running.get((job_id, attempt))
-        if a is None or a.stopping:
-            try:
-                with open(self._path((job_id, attempt), "log"), "rb") as f:
-                    f.seek(offset)
-                    return f.read()
-            except (OSError, ValueError):
-                return b""
-        name = a.pods[0]
-        cached = self._log_cache.get(name)
-        if cached is None or time.monotonic() - cached[0] > LOG_CACHE_S:
-            try:
-                data = await self.api.raw(f"read the log of {name}",
-                                          self.api.core.read_namespaced_pod_log, name,
-                                          self.namespace, retry_s=2)
-            except KubeError:  # not started yet (400), or the API is away: nothing new
-                return b""
-            cached = self._log_cache[name] = (time.monotonic(), data)
-        return cached[1][offset:]
+        return logfile.read(self._path((job_id, attempt), "log"), offset, size)
 
     async def shutdown(self) -> None:
         # Jobs keep running; deletions not done yet are the restarted service's to repeat.
@@ -676,7 +752,12 @@ def _in_event_loop() -> bool:
         return False
 
 
-def _user_names(user: str) -> dict[str, str]:
-    """What {username} means in KubeSpawner's templates (its safe slug), and the name."""
-    from kubespawner.slugs import safe_slug  # imported when needed: it loads KubeSpawner
-    return {"username": safe_slug(user), "unescaped_username": user}
+def user_names(user: str, scheme: str = "safe") -> dict[str, str]:
+    """The names KubeSpawner's templates know for the user's default server, as its
+    ``_expand_user_properties`` makes them under ``scheme``."""
+    from kubespawner.slugs import escape_slug, safe_slug  # when needed: it loads KubeSpawner
+    safe, escaped = safe_slug(user, max_length=48), escape_slug(user)
+    username = safe if scheme == "safe" else escaped
+    return {"username": username, "unescaped_username": user, "safe_username": safe,
+            "escaped_username": escaped, "servername": "", "user_server": username,
+            "safe_user_server": safe, "escaped_user_server": escaped}

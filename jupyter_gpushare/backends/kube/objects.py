@@ -35,6 +35,12 @@ SLICE_ENV = ("GPUSHARE_SLICE_*", "NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES
              "CUDA_DEVICE_ORDER", "TF_FORCE_GPU_ALLOW_GROWTH", "XLA_*", "CUPY_GPU_MEMORY_LIMIT",
              "PYTORCH_CUDA_ALLOC_CONF", "PYTHONSTARTUP", "MEM_*", "CPU_*")
 
+# KubeSpawner's home volume claims: labelled as storage, annotated with the exact user name
+# (and the server's name, for a named server's own claim).
+HOME_CLAIMS = "component=singleuser-storage"
+CLAIM_USER = "hub.jupyter.org/username"
+CLAIM_SERVER = "hub.jupyter.org/servername"
+
 _LABEL_VALUE = re.compile(r"([A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?\Z")
 
 
@@ -126,6 +132,19 @@ def _home_mount(mounts) -> str | None:
         if m.get("mountPath", "").startswith("/home/"):
             return m["mountPath"]
     return None
+
+
+def claim_of(claims, user: str, wanted: str) -> str | None:
+    """The name of the claim KubeSpawner made for ``user``'s default server, among
+    ``claims`` (PVC objects); ``wanted`` (the configured name) decides among several, and
+    None when there is none of theirs. A claim is theirs by its annotation, never by its
+    name: a name made from a template can be another user's."""
+    mine = sorted(c["metadata"]["name"] for c in claims
+                  if (c["metadata"].get("annotations") or {}).get(CLAIM_USER) == user
+                  and not (c["metadata"].get("annotations") or {}).get(CLAIM_SERVER))
+    if len(mine) == 1:
+        return mine[0]
+    return wanted if wanted in mine else None
 
 
 def expand(value, **names):
