@@ -31,6 +31,8 @@ c.PoolService.grace_period = 2
 c.LocalBackend.simulated_nodes = 1
 c.LocalBackend.simulated_gpus_per_node = 4
 c.LocalBackend.env_keep = ["LANG", "LC_ALL"]
+c.PoolService.build_nodes = {"sim-build-0": 1}
+c.GPUUsage.sample_interval = 0.2
 """
 
 GiB = 2**30
@@ -333,7 +335,8 @@ async def test_cookie_login_needs_the_xsrf_token_for_post(hub, jp_serverapp, jp_
 async def test_a_server_without_a_slice_says_so(call):
     status, answer = await call("GET", "api/slice")
     assert status == 200 and answer == {"slice": None, "watchdog": None,
-                                        "watchdog_off": serverext.NO_SLICE, "interval": 0}
+                                        "watchdog_off": serverext.NO_SLICE, "interval": 0,
+                                        "pool": None}
 
 
 @pytest.fixture
@@ -428,6 +431,31 @@ async def test_a_server_with_whole_gpus_has_nothing_to_watch(whole_gpus, call):
                                "label": "2 GPUs"}
     assert answer["watchdog"] is None and answer["watchdog_off"] == \
         "This server holds 2 GPUs whole, so there is no slice to overrun."
+
+
+async def test_the_pools_record_of_the_slice_comes_with_it(sliced, hub, monkeypatch, call):
+    """Its GPU use and the culling warning, as the panels show them; the slice of this
+    server (user and server name from the hub's environment), no other."""
+    monkeypatch.setenv("JUPYTERHUB_USER", "alice")
+    monkeypatch.setenv("JUPYTERHUB_SERVER_NAME", "exp")
+    status, answer = await call("GET", "api/slice")
+    assert status == 200 and answer["pool"] is None  # the pool holds none for it
+    slices = [hub.api("POST", "api/slices", "admin", {"user": user, "gpus": 0.25,
+                                                      "server": server})[1]
+              for user, server in (("alice", "exp"), ("alice", ""), ("bob", "exp"))]
+    try:
+        deadline = time.monotonic() + 10
+        while True:  # the stand-in plays the build GPU: the slice is read within a moment
+            status, answer = await call("GET", "api/slice")
+            if (answer["pool"] or {}).get("usage") or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.1)
+        assert answer["pool"]["id"] == slices[0]["id"] and answer["pool"]["gpus"] == 0.25
+        assert answer["pool"]["cull"] is None and answer["pool"]["usage"]["sm_now"] == 0
+        assert answer["slice"]["gpus"] == 0.25  # the spawner's environment, as before
+    finally:
+        for s in slices:
+            hub.api("DELETE", f"api/slices/{s['id']}", "admin")
 
 
 # -- followed logs hold a thread each: bounded ----------------------------------------------------
