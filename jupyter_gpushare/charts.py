@@ -71,6 +71,15 @@ def sparkline(values: Sequence[float | None], *, width: int = 80, height: int = 
     return head + body + "</svg>"
 
 
+def minute_values(minutes, now: float, count: int = 60) -> list[float | None]:
+    """A job's or slice's ``usage.minutes`` (``[[minute start, SM 0–1 or None, memory]]``) as
+    one value per minute of the last ``count`` minutes up to ``now``, oldest first; None
+    where no reading was taken."""
+    by_start = {int(m[0]): m[1] for m in minutes or () if isinstance(m, (list, tuple)) and m}
+    last = int(now) // 60 * 60
+    return [by_start.get(last - 60 * i) for i in range(count - 1, -1, -1)]
+
+
 # -- charts over time ---------------------------------------------------------------------------
 
 @dataclass(frozen=True)
