@@ -190,6 +190,13 @@ class GPUShareHandler(APIHandler):
     auth_resource = AUTH_RESOURCE
 
     @property
+    def _track_activity(self) -> bool:
+        # The panels poll these routes every few seconds: reading is not the user's activity,
+        # or an open Lab tab would keep an idle server from being culled. Submitting and
+        # cancelling are.
+        return self.request.method not in ("GET", "HEAD")
+
+    @property
     def gpushare(self) -> GPUShareExtension:
         return self.settings["gpushare"]
 

@@ -32,7 +32,6 @@ c.LocalBackend.simulated_nodes = 1
 c.LocalBackend.simulated_gpus_per_node = 4
 c.LocalBackend.env_keep = ["LANG", "LC_ALL"]
 c.PoolService.build_nodes = {"sim-build-0": 1}
-c.GPUUsage.sample_interval = 0.2
 """
 
 GiB = 2**30
@@ -157,6 +156,21 @@ async def test_submit_read_list_cancel_a_job(hub, call):
     # the pool's refusal comes back with its status and sentence
     status, again = await call("DELETE", f"api/jobs/{job['id']}")
     assert (status, again["error"]) == (409, f"job {job['id']} has already ended (cancelled)")
+
+
+async def test_polling_is_no_activity_but_submitting_and_cancelling_are(hub, call,
+                                                                      jp_serverapp):
+    """The panels poll every few seconds; that must not keep an idle server from culling."""
+    settings = jp_serverapp.web_app.settings
+    settings.pop("api_last_activity", None)
+    for path in ("api/pool", "api/quota", "api/jobs", "api/projects", "api/slice"):
+        assert (await call("GET", path))[0] == 200, path
+    assert "api_last_activity" not in settings
+    status, job = await call("POST", "api/jobs", {"source": "import time; time.sleep(60)",
+                                                  "gpus": 1})
+    assert status == 201 and settings.pop("api_last_activity")
+    status, _ = await call("DELETE", f"api/jobs/{job['id']}")
+    assert status == 200 and settings.pop("api_last_activity")
 
 
 async def test_logs_read_and_followed_as_they_are_printed(hub, call, jp_fetch):
@@ -444,8 +458,8 @@ async def test_the_pools_record_of_the_slice_comes_with_it(sliced, hub, monkeypa
                                                       "server": server})[1]
               for user, server in (("alice", "exp"), ("alice", ""), ("bob", "exp"))]
     try:
-        deadline = time.monotonic() + 10
-        while True:  # the stand-in plays the build GPU: the slice is read within a moment
+        deadline = time.monotonic() + 15
+        while True:  # the stand-in plays the build GPU: the slice is read within 5 s
             status, answer = await call("GET", "api/slice")
             if (answer["pool"] or {}).get("usage") or time.monotonic() > deadline:
                 break
