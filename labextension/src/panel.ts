@@ -26,7 +26,7 @@ const SVG = 'http://www.w3.org/2000/svg';
 
 /** A sparkline of the last hour's SM utilization, drawn from model.ts's shapes. */
 function sparkSvg(values: (number | null)[]): SVGSVGElement {
-  const spark = sparkline(values, 64, 16);
+  const spark = sparkline(values, 48, 14);
   const svg = document.createElementNS(SVG, 'svg');
   svg.setAttribute('class', 'jp-GpusharePanel-spark');
   svg.setAttribute('width', String(spark.width));
