@@ -201,8 +201,8 @@ def stacked_chart(frame: Frame, series: Sequence[Series], top: float, *, title: 
 def line_chart(frame: Frame, series: Sequence[Series], top: float, *, title: str,
                y_ticks: Sequence[tuple[float, str]], label: str = "",
                threshold: tuple[float, str] | None = None) -> str:
-    """One line per series through its buckets' middles, broken where a bucket is missing or
-    None; a lone bucket is a dot. ``threshold`` (value, words) a dashed line."""
+    """One line per series through its buckets' middles (of the part in the window), broken
+    where a bucket is missing or None; a lone bucket is a dot. ``threshold`` (value, words) a dashed line."""
     body = [_axes(frame, top, y_ticks, label)]
     if threshold is not None:
         y = _n(frame.y(threshold[0], top))
@@ -216,8 +216,9 @@ def line_chart(frame: Frame, series: Sequence[Series], top: float, *, title: str
                 if run:
                     runs.append(run)
                 run = []
-            if v is not None:
-                run.append((frame.x(t + frame.step / 2), frame.y(v, top)))
+            if v is not None:  # the middle of the part of the bucket in the window
+                middle = (max(t, frame.t0) + min(t + frame.step, frame.t1)) / 2
+                run.append((frame.x(middle), frame.y(v, top)))
             previous = t
         if run:
             runs.append(run)

@@ -174,6 +174,12 @@ def test_lines_go_through_bucket_middles_and_a_lone_bucket_is_a_dot():
         'points="32.5,34 77.5,28"><title>b</title></polyline></svg>')
 
 
+def test_a_bucket_larger_than_the_window_is_drawn_within_it():
+    frame = Frame(30, 45, 60, 0, width=100, height=50, left=10, right=0, top=10, bottom=10)
+    svg = line_chart(frame, [Series("a", ((0, 0.5),), "#111")], 1, title="u", y_ticks=[])
+    assert '<circle cx="55" cy="25" r="2.5" fill="#111">' in svg  # the window's middle
+
+
 @pytest.mark.parametrize("span, offset, first, labels", [
     (600, 0, 0, ["00:00", "00:05", "00:10"]),
     (6 * 3600, 3600, 0, ["01:00", "02:00", "03:00", "04:00", "05:00", "06:00", "07:00"]),
@@ -283,6 +289,14 @@ def test_the_idlest_jobs_and_slices_with_what_they_do_now():
         "11 min, stopped at 14:50 unless used</td></tr><tr><td>slice <span class=\"muted\">s-7"
         "</span></td><td><b>carol</b></td><td class=num>15 min</td><td class=num>100%</td><td "
         "class=num>0%</td><td>released</td></tr></tbody></table>")
+    busy = {"id": "j-2", "name": "b", "state": "running", "usage": {"idle_for_s": None}}
+    assert usage.idle_jobs_table(d["idle_jobs"][:1], {"j-2": busy}).endswith(
+        "<td>in use</td></tr></tbody></table>")
+    just = {**busy, "usage": {"idle_for_s": 20}}
+    assert usage.idle_jobs_table(d["idle_jobs"][:1], {"j-2": just}).endswith(
+        "<td>idle under a minute</td></tr></tbody></table>")
+    assert usage.idle_jobs_table(d["idle_jobs"][:1], {}).endswith(
+        "<td>ended</td></tr></tbody></table>")
     assert usage.idle_jobs_table([], {}) == (
         '<p class="empty">No job held GPUs idle in this window.</p>')
 

@@ -117,7 +117,7 @@ def idle_jobs_table(rows: list[dict], jobs: dict[str, dict]) -> str:
         job = jobs.get(r.get("job") or "") or {}
         usage = job.get("usage") or {}
         if job.get("state") == "running":
-            now = escape(idle_text(usage.get("idle_for_s")) or "in use")
+            now = escape(_now(usage))
         else:
             now = escape(job.get("state") or "ended")
         name = job.get("name") or r.get("job") or "?"
@@ -128,6 +128,12 @@ def idle_jobs_table(rows: list[dict], jobs: dict[str, dict]) -> str:
     return table(["Job", "User", "Project", "Idle GPU time", "Idle share", "Utilization",
                   "Now"], cells, numeric={3, 4, 5}, empty="No job held GPUs idle in this window.",
                  cls="idle-jobs")
+
+
+def _now(usage: dict) -> str:
+    """``idle 25 min``, ``idle under a minute`` or ``in use``."""
+    idle = usage.get("idle_for_s")
+    return idle_text(idle) or ("in use" if idle is None else "idle under a minute")
 
 
 def idle_slices_table(rows: list[dict], slices: dict[str, dict], offset: float) -> str:
@@ -141,7 +147,7 @@ def idle_slices_table(rows: list[dict], slices: dict[str, dict], offset: float) 
             now = "released"
         else:
             usage, cull = held.get("usage") or {}, held.get("cull")
-            now = idle_text(usage.get("idle_for_s")) or "in use"
+            now = _now(usage)
             if cull:
                 now += f", stopped at {clock(cull.get('cull_at'), offset)} unless used"
         server = (held or {}).get("server")
