@@ -297,6 +297,8 @@ def test_tokens_strangers_and_mistakes(hub):
     assert "GPU share: pool dashboard" in body
     status, _, body = get(base, hub.token("bob"))
     assert status == 403 and "Only admins of the GPU pool" in body
+    status, _, body = get(base, SPAWNER)  # a service that may use the pool: not a person
+    assert status == 403 and "not for services" in body
     status, headers, _ = get(base)  # no login: sent to the hub's OAuth
     assert status == 302 and "/hub/api/oauth2/authorize" in headers["Location"]
     status, headers, _ = get(hub.pool_url)  # the hub's Services menu links here
