@@ -119,7 +119,6 @@ async def run(backend, sizes, seconds, running_times, label):
                           dict(row.placement), str(checkpoints / row.id), "/tmp")
 
         scheduler = Scheduler(store, backend, PolicyConfig(), 5.0, launch_for)
-        await scheduler.reconcile()
         t0 = time.time()
         ids = [store.add_job(time.time(), user=user, project=("vision", "nlp")[i % 2],
                              name=f"bench-{i}", gpus=g * GPU, priority=0,

@@ -152,7 +152,9 @@ pool_config = HERE / "gpushare_config.py"
 c.JupyterHub.services = [{
     "name": "gpushare",
     "url": f"http://127.0.0.1:{SERVICE_PORT}",
-    "command": [sys.executable, "-m", "jupyter_gpushare.pool",
+    # The supervisor starts the service again at once if it dies (the hub would notice only
+    # at its 30 s poll); see the README's "Reliability".
+    "command": [sys.executable, "-m", "jupyter_gpushare.pool.supervisor",
                 f"--PoolService.config_file={pool_config}",
                 f"--PoolService.state_dir={STATE / 'pool'}"]
                + ([] if AS_ROOT else ["--LocalBackend.run_as_service_user=True"])

@@ -9,7 +9,7 @@ import sys
 
 from .cli_base import CommandError, UsageError, _Parser
 from .cli_pool import add_pool_commands
-from .policy.model import GPU, PolicyConfig
+from .policy.model import DEFAULT_MIN_RUNTIME_S, GPU, PolicyConfig
 
 
 def _positive_int(text):
@@ -63,8 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--checkpoint-interval", type=_seconds, default=1800.0, metavar="S",
                      help="seconds of run time between a job's checkpoints; a preempted job loses "
                      "the work since its last one (default 1800; 0: no checkpoints)")
-    sim.add_argument("--min-runtime", type=_seconds, default=0.0, metavar="S",
-                     help="seconds a job runs before it may be preempted (default 0)")
+    sim.add_argument("--min-runtime", type=_seconds, default=DEFAULT_MIN_RUNTIME_S, metavar="S",
+                     help="seconds a job runs before it may be preempted (default "
+                     f"{DEFAULT_MIN_RUNTIME_S:g}, as the pool service; 0: any time)")
     sim.add_argument("--reserve-after", type=_seconds, default=PolicyConfig().reserve_after_s,
                      metavar="S", help="seconds a job waits before nodes are reserved for it "
                      f"(default {PolicyConfig().reserve_after_s:g})")

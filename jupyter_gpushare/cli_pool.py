@@ -18,13 +18,14 @@ import sys
 import time
 
 from .cli_base import CommandError, UsageError
-from .client import (ACTIVE_STATES, FINAL_STATES, InvalidInput, NoCredentials, PoolClient,
-                     PoolError, PoolUnreachable, add_job_options, argument_type, job_spec)
+from .client import (ACTIVE_STATES, DEFAULT_RETRY_S, FINAL_STATES, InvalidInput, NoCredentials,
+                     PoolClient, PoolError, PoolUnreachable, add_job_options, argument_type,
+                     job_spec)
 from .usage_text import format_usage, idle_text, memory_cell, sm_cell
 
 # The option that gives each job-spec field, for sentences about a bad value.
 _OPTION = {"gpus": "--gpus", "priority": "--priority", "name": "--name", "env": "--env",
-           "project": "--project"}
+           "project": "--project", "per_gpu": "--per-gpu", "rank": "--rank"}
 POLL_S = 5.0  # the most seconds between looks at a pending job while waiting for it
 STATES = ACTIVE_STATES + FINAL_STATES
 _NO_COMMAND = "give the command to run after --, e.g. gpushare submit --gpus 2 -- python train.py"
@@ -38,12 +39,17 @@ def add_pool_commands(sub) -> None:
     connection.add_argument("--token", metavar="TOKEN", help="a JupyterHub API token (default: "
                             "$JUPYTERHUB_API_TOKEN, which is better: options show in the process "
                             "list)")
+    connection.add_argument("--retry", type=argument_type(_retry), metavar="SECONDS",
+                            help="while the pool service is not answering (it restarts within "
+                            "seconds), keep trying reads and submits this long (default "
+                            f"$GPUSHARE_RETRY, else {DEFAULT_RETRY_S:g}; 0: fail at once); a "
+                            "submit is never made twice")
     as_json = argparse.ArgumentParser(add_help=False)
     as_json.add_argument("--json", action="store_true", help="print JSON for scripts")
 
     p = sub.add_parser("submit", parents=[connection, as_json], help="submit a train job",
                        usage="gpushare submit [--gpus N] [--project P] [--name NAME] "
-                       "[--priority P] [--env K=V ...] [--wait] [--json] [--url URL] "
+                       "[--priority P] [--env K=V ...] [--per-gpu] [--wait] [--json] [--url URL] "
                        "[--token TOKEN] -- CMD...",
                        description="Submit a command as a train job to the train pool. With "
                        "--wait, its output goes to stdout and the state lines to stderr; the exit "
@@ -75,6 +81,9 @@ def add_pool_commands(sub) -> None:
                    "stderr)")
     p.add_argument("--attempt", type=argument_type(_attempt), metavar="N",
                    help="the output of this attempt only (default: the latest)")
+    p.add_argument("--rank", type=argument_type(_rank), default=0, metavar="N",
+                   help="the output of this rank of a distributed job (default 0; the job's "
+                   "ranks are 0 to its ranks - 1)")
     p.set_defaults(func=cmd_logs)
 
     p = sub.add_parser("cancel", parents=[connection], help="cancel a job",
@@ -109,9 +118,25 @@ def add_pool_commands(sub) -> None:
     p.set_defaults(func=cmd_usage)
 
 
+def _retry(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 3600:
+        raise InvalidInput("retry", f"must be 0 to 3600 seconds, not {text!r}")
+    return value
+
+
 def _attempt(text):
     if not text.isdigit() or int(text) < 1:
         raise InvalidInput("attempt", f"must be 1 or more, not {text!r}")
+    return int(text)
+
+
+def _rank(text):
+    if not text.isdigit():
+        raise InvalidInput("rank", f"must be a whole number from 0, not {text!r}")
     return int(text)
 
 
@@ -125,7 +150,10 @@ def _pool_command(run):
     """Give ``run(args, client)`` a client and turn the client's errors into one line."""
     @functools.wraps(run)
     def command(args):
-        client = PoolClient(args.url or None, args.token or None)
+        client = PoolClient(args.url or None, args.token or None, retry_s=args.retry,
+                            on_retry=lambda sentence: print(f"gpushare {args.command}: "
+                                                            f"{sentence}", file=sys.stderr,
+                                                            flush=True))
         try:
             return run(args, client)
         except InvalidInput as e:
@@ -149,7 +177,8 @@ def cmd_submit(args, client) -> int:
         raise UsageError(_NO_COMMAND)
     env = {k: v for item in args.env for k, v in item.items()}
     spec = job_spec(command, gpus=args.gpus, project=args.project, name=args.name,
-                    priority=args.priority, env=env, path=os.environ.get("PATH"))
+                    priority=args.priority, env=env, per_gpu=args.per_gpu,
+                    path=os.environ.get("PATH"))
     job = client.submit(spec)
     if not args.wait:
         print(json.dumps(job, indent=2) if args.json else describe(job))
@@ -194,9 +223,9 @@ def cmd_logs(args, client) -> int:
     if args.follow and args.attempt is None:
         # Across attempts: a preempted job's output goes on with its next attempt.
         follow_job(client, client.job(args.job), sys.stdout, poll_s=POLL_S,
-                   note=lambda line: print(line, file=sys.stderr, flush=True))
+                   note=lambda line: print(line, file=sys.stderr, flush=True), rank=args.rank)
         return 0
-    for text in client.logs(args.job, follow=args.follow, attempt=args.attempt):
+    for text in client.logs(args.job, follow=args.follow, attempt=args.attempt, rank=args.rank):
         sys.stdout.write(text)
         sys.stdout.flush()
     return 0
@@ -236,8 +265,10 @@ def cmd_usage(args, client) -> int:
 
 # -- following a job ----------------------------------------------------------------------------
 
-def follow_job(client, job: dict, out, note, poll_s: float = 5.0, sleep=time.sleep) -> dict:
-    """Write the job's output to ``out`` until it ends; return the finished job.
+def follow_job(client, job: dict, out, note, poll_s: float = 5.0, sleep=time.sleep,
+               rank: int = 0) -> dict:
+    """Write the job's output (of rank ``rank``) to ``out`` until it ends; return the
+    finished job.
 
     A running attempt's output is followed as it comes. A pending job is looked at again after
     0.2 s, then less and less often, up to every ``poll_s`` seconds: a job that starts at once
@@ -252,14 +283,14 @@ def follow_job(client, job: dict, out, note, poll_s: float = 5.0, sleep=time.sle
         state, attempt = job.get("state"), job.get("attempt")
         if state not in ACTIVE_STATES:
             try:
-                _copy(client.logs(job_id, attempt=attempt), written, attempt, out)
+                _copy(client.logs(job_id, attempt=attempt, rank=rank), written, attempt, out)
             except PoolError as e:
                 if e.status not in (400, 404):  # the outcome matters more than missing output
                     raise
             return job
         if not (state == "running"
-                and _copy(client.logs(job_id, follow=True, attempt=attempt), written, attempt,
-                          out)):
+                and _copy(client.logs(job_id, follow=True, attempt=attempt, rank=rank), written,
+                          attempt, out)):
             sleep(wait)
             wait = min(wait * 2, poll_s)
         job = client.job(job_id)

@@ -18,16 +18,21 @@ import os
 import re
 import socket
 import ssl
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Iterator
+import uuid
+from typing import Callable, Iterator
 
 from . import __version__
 
 URL_VARIABLE = "GPUSHARE_URL"
 TOKEN_VARIABLE = "JUPYTERHUB_API_TOKEN"
 EXAMPLE_URL = "http://127.0.0.1:8000/services/gpushare/"
+RETRY_VARIABLE = "GPUSHARE_RETRY"  # seconds reads and submits keep trying (default 60)
+DEFAULT_RETRY_S = 60.0
+RETRY_PAUSE_MAX_S = 2.0  # longest pause between two tries while the service is away
 ACTIVE_STATES = ("pending", "running")
 FINAL_STATES = ("succeeded", "failed", "cancelled")
 
@@ -87,6 +92,12 @@ class PoolError(ClientError):
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _RESERVED_ENV = ("GPUSHARE_", "JUPYTERHUB_", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
                  "NVIDIA_VISIBLE_DEVICES")
+# The rendezvous variables every rank gets (backends/ranks.py RESERVED; a test keeps them equal).
+RANK_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK",
+            "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "GROUP_WORLD_SIZE",
+            "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID",
+            "JAX_LOCAL_DEVICE_IDS", "PET_NNODES", "PET_NODE_RANK", "PET_NPROC_PER_NODE",
+            "PET_MASTER_ADDR", "PET_MASTER_PORT")
 
 
 def _whole(value) -> int | None:
@@ -161,6 +172,8 @@ def parse_env(items) -> dict[str, str]:
             raise InvalidInput("env", f"name {name!r} is not a valid variable name")
         if name.startswith(_RESERVED_ENV):
             raise InvalidInput("env", f"may not set {name}: the pool sets it for each attempt")
+        if name in RANK_ENV:
+            raise InvalidInput("env", f"may not set {name}: the pool sets it for each rank")
         if not isinstance(value, str) or "\0" in value or len(value) > 32_768:
             raise InvalidInput("env", f"{name} must be a string of at most 32 KiB without NUL")
         env[name] = value
@@ -200,17 +213,21 @@ def add_job_options(parser) -> None:
     parser.add_argument("--env", type=argument_type(lambda text: parse_env([text])),
                         action="append", default=[], metavar="K=V",
                         help="an environment variable for the job; repeat for more")
+    parser.add_argument("--per-gpu", action="store_true",
+                        help="run one rank per GPU (each with its LOCAL_RANK) instead of one "
+                        "per node (torchrun-style)")
 
 
 def job_spec(command=None, *, source: str | None = None, gpus=1, project: str | None = None,
              name: str | None = None, priority=None, env=None, workdir: str | None = None,
-             path: str | None = None) -> dict:
+             path: str | None = None, per_gpu: bool = False) -> dict:
     """Build (and check) the JSON body of ``POST api/jobs`` from front-end arguments.
 
     ``command`` is a list of words to run, or ``source`` Python code; exactly one of them.
     ``workdir`` is the absolute directory it runs in (default: the user's home). ``path`` is
     the submitter's ``PATH`` (front ends pass their own), so that ``python`` in the job is the
-    ``python`` of the terminal or kernel that sent it; a ``PATH`` in ``env`` wins."""
+    ``python`` of the terminal or kernel that sent it; a ``PATH`` in ``env`` wins. ``per_gpu``
+    runs one rank per GPU instead of one per node."""
     if (command is None) == (source is None):
         raise InvalidInput("command", "", message="give either command (a list of strings) or "
                            "source (Python code), not both and not neither")
@@ -243,6 +260,10 @@ def job_spec(command=None, *, source: str | None = None, gpus=1, project: str | 
         spec["env"] = env
     if workdir is not None:
         spec["workdir"] = check_workdir(workdir)
+    if not isinstance(per_gpu, bool):
+        raise InvalidInput("per_gpu", f"must be True or False, not {per_gpu!r}")
+    if per_gpu:
+        spec["per_gpu"] = True
     return spec
 
 
@@ -279,11 +300,19 @@ class PoolClient:
     wait for data, except while following a job's logs, which may be quiet for hours.
     """
 
-    def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0):
+    def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0,
+                 retry_s: float | None = None, on_retry: Callable[[str], None] | None = None):
+        """``retry_s``: how long reads and submits keep trying while the service cannot be
+        reached (a restart takes a few seconds), with a pause that grows from 0.1 s to
+        ``RETRY_PAUSE_MAX_S``; 0 tries once; default ``$GPUSHARE_RETRY``, else 60.
+        ``on_retry(sentence)`` hears, once per outage, that the service is not answering
+        and is being tried again."""
         self._url_from = "the URL" if url else URL_VARIABLE
         self._url = url if url else os.environ.get(URL_VARIABLE, "")
         self._token = token if token else os.environ.get(TOKEN_VARIABLE, "")
         self.timeout = timeout
+        self.retry_s = _retry_from_environment() if retry_s is None else retry_s
+        self.on_retry = on_retry
         self._opener = urllib.request.build_opener(_NoRedirect())
 
     def __repr__(self):
@@ -317,9 +346,16 @@ class PoolClient:
                  "limit": None if limit is None else str(limit)}
         return self._json("GET", "api/jobs", query=query)["jobs"]
 
-    def submit(self, spec: dict) -> dict:
-        """Submit a train job (see :func:`job_spec`); returns the job, with its ``reason``."""
-        return self._json("POST", "api/jobs", body=spec)
+    def submit(self, spec: dict, request_id: str | None = None) -> dict:
+        """Submit a train job (see :func:`job_spec`); returns the job, with its ``reason``.
+
+        The submit carries a key (``request_id``, or one made here) in the
+        ``Idempotency-Key`` header, so it is retried through a restart of the service: a try
+        that reached the service before it died gets its job back, and no second job is
+        made. Pass the same ``request_id`` to submit again safely from a new process."""
+        key = request_id or spec.get("request_id") or str(uuid.uuid4())
+        return self._json("POST", "api/jobs", body=spec, headers={"Idempotency-Key": key},
+                          retry=True)
 
     def job(self, job_id: str) -> dict:
         return self._json("GET", f"api/jobs/{_segment(job_id)}")
@@ -327,18 +363,21 @@ class PoolClient:
     def cancel(self, job_id: str) -> dict:
         return self._json("DELETE", f"api/jobs/{_segment(job_id)}")
 
-    def logs(self, job_id: str, follow: bool = False, attempt: int | None = None) -> Iterator[str]:
+    def logs(self, job_id: str, follow: bool = False, attempt: int | None = None,
+             rank: int | None = None) -> Iterator[str]:
         """The job's output as text chunks, as they arrive.
 
-        ``attempt`` defaults to the job's current one. With ``follow`` the server keeps the
-        response open and sends output until that attempt ends (the job ends or is requeued as
-        the next attempt); the iterator ends when the server closes it. The request is made at
-        the first ``next()``.
+        ``attempt`` defaults to the job's current one, ``rank`` to 0 (a job with several ranks,
+        its ``ranks``, has a log for each). With ``follow`` the server keeps the response open
+        and sends output until that attempt ends (the job ends or is requeued as the next
+        attempt); the iterator ends when the server closes it. The request is made at the first
+        ``next()``.
         """
         query = {"follow": "1" if follow else None,
-                 "attempt": str(attempt) if attempt is not None else None}
+                 "attempt": str(attempt) if attempt is not None else None,
+                 "rank": str(rank) if rank else None}
         path = f"api/jobs/{_segment(job_id)}/logs"
-        with self._open("GET", path, query=query) as response:
+        with self._retrying(lambda: self._open("GET", path, query=query), True) as response:
             if follow:
                 _wait_forever(response)
             decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -406,22 +445,48 @@ class PoolClient:
 
     # -- HTTP --
 
-    def _json(self, method, path, *, query=None, body=None, auth=True):
-        with self._open(method, path, query=query, body=body, auth=auth) as response:
-            data = self._read(response, path)
-            try:
-                return json.loads(data)
-            except ValueError:
-                raise PoolError(response.status, self._not_the_service(
-                    f"answered {path} with something that is not JSON")) from None
+    def _json(self, method, path, *, query=None, body=None, auth=True, headers=None,
+              retry=None):
+        """One call; reads (and submits, which carry a key) are tried again while the
+        service cannot be reached, for up to ``retry_s``."""
+        def call():
+            with self._open(method, path, query=query, body=body, auth=auth,
+                            headers=headers) as response:
+                return response.status, self._read(response, path)
 
-    def _open(self, method, path, *, query=None, body=None, auth=True):
+        status, data = self._retrying(call, method == "GET" if retry is None else retry)
+        try:
+            return json.loads(data)
+        except ValueError:
+            raise PoolError(status, self._not_the_service(
+                f"answered {path} with something that is not JSON")) from None
+
+    def _retrying(self, call, retry: bool):
+        """``call()``, tried again while the service cannot be reached (PoolUnreachable:
+        refused, reset, or 502/503/504 from the hub's proxy) until ``retry_s`` is over."""
+        deadline, pause, told = time.monotonic() + self.retry_s, 0.1, False
+        while True:
+            try:
+                return call()
+            except PoolUnreachable:
+                left = deadline - time.monotonic()
+                if not retry or left <= 0:
+                    raise
+                if not told and self.on_retry is not None:
+                    self.on_retry(f"the pool service is not answering (it may be restarting);"
+                                  f" trying again for up to {self.retry_s:g} s")
+                    told = True
+                time.sleep(min(pause, left))
+                pause = min(pause * 2, RETRY_PAUSE_MAX_S)
+
+    def _open(self, method, path, *, query=None, body=None, auth=True, headers=None):
         base = self._base()
         url = base + path
         query = {k: v for k, v in (query or {}).items() if v is not None}
         if query:
             url += "?" + urllib.parse.urlencode(query)
-        headers = {"Accept": "application/json", "User-Agent": f"jupyter-gpushare/{__version__}"}
+        headers = {"Accept": "application/json", "User-Agent": f"jupyter-gpushare/{__version__}",
+                   **(headers or {})}
         if auth:
             headers["Authorization"] = f"token {self._checked_token()}"
         data = None
@@ -509,6 +574,14 @@ class PoolClient:
     def _not_the_service(self, what: str) -> str:
         return (f"{display_url(self.url)} {what}; is {self._url_from} the pool service's "
                 f"address, like {EXAMPLE_URL}?")
+
+
+def _retry_from_environment() -> float:
+    try:
+        value = float(os.environ.get(RETRY_VARIABLE, DEFAULT_RETRY_S))
+    except ValueError:
+        return DEFAULT_RETRY_S
+    return value if 0 <= value <= 3600 else DEFAULT_RETRY_S
 
 
 def _segment(value) -> str:

@@ -2,6 +2,8 @@ from pathlib import Path
 
 import pytest
 
+from pgserver import PostgreSQL
+
 # The real Kubernetes control plane: fixtures kube_cluster (session) and kube (per test).
 pytest_plugins = ["kube.fixtures"]
 
@@ -20,3 +22,11 @@ def philly():
 @pytest.fixture
 def example():
     return EXAMPLES / "small.csv", EXAMPLES / "small_quotas.csv"
+
+
+@pytest.fixture(scope="session")
+def postgresql():
+    """The tests' own PostgreSQL server (tests/pgserver.py), for the whole run."""
+    server = PostgreSQL()
+    yield server
+    server.stop()

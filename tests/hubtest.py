@@ -46,7 +46,7 @@ c.JupyterHub.load_roles = [
 ]
 c.JupyterHub.services = [
     {{"name": "gpushare", "url": "http://127.0.0.1:{service_port}",
-      "command": [sys.executable, "-m", "jupyter_gpushare.pool",
+      "command": [sys.executable, "-m", "jupyter_gpushare.pool.supervisor",
                   "--PoolService.config_file={dir}/gpushare_config.py",
                   "--PoolService.state_dir={dir}/pool"],
       "oauth_no_confirm": True, "oauth_client_allowed_scopes": ["custom:gpushare:admin"]}},
@@ -167,8 +167,23 @@ class Hub:
         return self.request(method, self.pool_url + path, token, body, raw)
 
     def service_pids(self) -> list[int]:
-        out = subprocess.run(["pgrep", "-f", f"PoolService.state_dir={self.dir}/pool"],
-                             capture_output=True, text=True).stdout
+        """The pool service's process: not its supervisor, which starts it again, nor the
+        spare the supervisor keeps waiting (started after it: the younger one)."""
+        found = self._pids(rf"-m jupyter_gpushare\.pool --PoolService\.config_file={self.dir}/")
+        return sorted(found, key=_started)[:1]
+
+    def pool_pids(self) -> list[int]:
+        """Every process of the pool: the supervisor first, then the service and its spare."""
+        return self.supervisor_pids() + self._pids(
+            rf"-m jupyter_gpushare\.pool --PoolService\.config_file={self.dir}/")
+
+    def supervisor_pids(self) -> list[int]:
+        return self._pids(rf"-m jupyter_gpushare\.pool\.supervisor --PoolService\.config_file="
+                          rf"{self.dir}/")
+
+    @staticmethod
+    def _pids(pattern: str) -> list[int]:
+        out = subprocess.run(["pgrep", "-f", "--", pattern], capture_output=True, text=True).stdout
         return [int(p) for p in out.split()]
 
     def wait_job(self, user: str, job_id: str, states, timeout: float = 60) -> dict:
@@ -193,6 +208,15 @@ def running_hub(directory: Path, groups: dict[str, list[str]], pool_config: str,
         yield hub
     finally:
         hub.stop()
+
+
+def _started(pid: int) -> int:
+    """When a process started, in clock ticks since boot (field 22 of /proc/PID/stat)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return 1 << 62
 
 
 def _descendants(pid: int) -> list[int]:

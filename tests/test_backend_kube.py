@@ -9,15 +9,17 @@ import asyncio
 import json
 import sys
 import time
+from pathlib import Path
 
 import kubernetes_validate
 import pytest
 from kubernetes_asyncio.client import ApiClient
 from kubespawner.objects import make_pod
 
-from jupyter_gpushare.backends import BackendError, Launch
-from jupyter_gpushare.backends.kube import KubernetesBackend
+from jupyter_gpushare.backends import BackendError, Exit, Handle, Launch
+from jupyter_gpushare.backends.kube import KubernetesBackend, adoption
 from jupyter_gpushare.backends.kube import objects as k8s
+from jupyter_gpushare.backends.kube.gang import Gang, PodRanks, judge
 from jupyter_gpushare.policy.model import GPU, Node
 from kube_account import Account
 from kube_faults import FaultProxy
@@ -78,7 +80,8 @@ def test_a_gang_is_one_pod_per_node_in_the_notebooks_image_home_and_environment(
                                                                     "operator": "Exists",
                                                                     "effect": "NoSchedule"},),
                                annotations={"team": "ml"})
-    pods = k8s.job_pods(gang_launch(), template, settings)
+    address = k8s.service_address("j-0a1b2c3d", 2, "jhub")
+    pods = k8s.job_pods(gang_launch(), template, settings, k8s.Rendezvous(address))
     assert [p["metadata"]["name"] for p in pods] == ["gpushare-j-0a1b2c3d-2-0",
                                                      "gpushare-j-0a1b2c3d-2-1"]
     assert pods[0] == {
@@ -116,8 +119,26 @@ def test_a_gang_is_one_pod_per_node_in_the_notebooks_image_home_and_environment(
                     {"name": "GPUSHARE_ATTEMPT", "value": "2"},
                     {"name": "GPUSHARE_CHECKPOINT_DIR",
                      "value": "/home/jovyan/.gpushare/checkpoints/j-0a1b2c3d"},
+                    {"name": "MASTER_ADDR", "value": "gpushare-j-0a1b2c3d-2.jhub.svc.cluster.local"},
+                    {"name": "MASTER_PORT", "value": "29500"},
+                    {"name": "WORLD_SIZE", "value": "2"},
+                    {"name": "RANK", "value": "0"},
+                    {"name": "LOCAL_RANK", "value": "0"},
+                    {"name": "LOCAL_WORLD_SIZE", "value": "1"},
+                    {"name": "NODE_RANK", "value": "0"},
+                    {"name": "GROUP_RANK", "value": "0"},
+                    {"name": "GROUP_WORLD_SIZE", "value": "2"},
+                    {"name": "JAX_COORDINATOR_ADDRESS", "value": "$(MASTER_ADDR):29500"},
+                    {"name": "JAX_NUM_PROCESSES", "value": "2"},
+                    {"name": "JAX_PROCESS_ID", "value": "0"},
                     {"name": "GPUSHARE_RANK", "value": "0"},
-                    {"name": "GPUSHARE_NUM_NODES", "value": "2"}],
+                    {"name": "GPUSHARE_NUM_NODES", "value": "2"},
+                    {"name": "GPUSHARE_NODE_GPUS", "value": "2"},
+                    {"name": "PET_NNODES", "value": "2"},
+                    {"name": "PET_NODE_RANK", "value": "0"},
+                    {"name": "PET_NPROC_PER_NODE", "value": "2"},
+                    {"name": "PET_MASTER_ADDR", "value": "$(MASTER_ADDR)"},
+                    {"name": "PET_MASTER_PORT", "value": "29500"}],
                 "resources": {"limits": {"nvidia.com/gpu": "2", "memory": "122880Mi"},
                               "requests": {"cpu": "8000m", "memory": "122880Mi"}},
                 "imagePullPolicy": "IfNotPresent",
@@ -135,7 +156,9 @@ def test_a_gang_is_one_pod_per_node_in_the_notebooks_image_home_and_environment(
     assert second["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"][0]["matchFields"][0]["values"] == ["gpu-b"]
     assert second["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "4"
-    assert {"name": "GPUSHARE_RANK", "value": "1"} in second["containers"][0]["env"]
+    env = {e["name"]: e["value"] for e in second["containers"][0]["env"]}
+    assert (env["RANK"], env["NODE_RANK"], env["PET_NPROC_PER_NODE"], env["MASTER_ADDR"]) == \
+        ("1", "1", "4", address)
     for pod in pods:
         validate(pod)
         text = json.dumps(pod)
@@ -164,6 +187,143 @@ def test_without_a_notebook_pod_the_configured_template_is_used():
     assert k8s.label_value("Ann.Lee@example.org") == pod["metadata"]["labels"][
         "gpushare.jupyter.org/user"]
 
+
+def test_per_gpu_pods_run_their_nodes_ranks_under_the_launcher():
+    template = k8s.notebook_template(notebook_pod())
+    settings = k8s.PodSettings(namespace="jhub", grace_s=30, launcher_python="/opt/py/bin/python")
+    launch = gang_launch(per_gpu=True)
+    first, second = k8s.job_pods(launch, template, settings, k8s.Rendezvous(""))
+    for pod in (first, second):
+        validate(pod)
+    command = second["spec"]["containers"][0]["command"]
+    assert command[:4] == ["/bin/sh", "-c", 'mkdir -p "$GPUSHARE_CHECKPOINT_DIR" && exec "$@"',
+                           "gpushare-job"]
+    assert command[4:6] == ["/opt/py/bin/python", "-c"]
+    assert command[6] == k8s.launcher_source() and "def supervise(" in command[6]
+    assert command[7:] == ["--grace", "30", "--", "python3", "train.py"]
+    assert first["metadata"]["annotations"]["gpushare.jupyter.org/ranks"] == "0-1"
+    assert second["metadata"]["annotations"]["gpushare.jupyter.org/ranks"] == "2-5"
+    env = second["spec"]["containers"][0]["env"]
+    named = {e["name"]: e for e in env}
+    # rank 0's own pod IP from the downward API ("pod-ip" before the IP is known)
+    assert named["MASTER_ADDR"] == {"name": "MASTER_ADDR", "valueFrom": {
+        "fieldRef": {"fieldPath": "status.podIP"}}}
+    assert [e["name"] for e in env].index("MASTER_ADDR") < \
+        [e["name"] for e in env].index("JAX_COORDINATOR_ADDRESS")  # $(MASTER_ADDR) expands
+    values = {k: v.get("value") for k, v in named.items()}
+    # the node's first rank; the launcher gives the others theirs
+    assert (values["RANK"], values["LOCAL_RANK"], values["LOCAL_WORLD_SIZE"],
+            values["WORLD_SIZE"], values["JAX_LOCAL_DEVICE_IDS"]) == ("2", "0", "4", "6", "0")
+    assert "PET_NNODES" not in values  # torchrun is not what a per-GPU job runs
+
+
+def test_a_gangs_rendezvous_service_and_network_policy():
+    settings = k8s.PodSettings(namespace="jhub", grace_s=30, labels={"team": "ml"})
+    owner = {"metadata": {"name": "gpushare-j-0a1b2c3d-2-0", "uid": "u-1"}}
+    meta = {"name": "gpushare-j-0a1b2c3d-2", "namespace": "jhub",
+            "labels": {"team": "ml", "app.kubernetes.io/managed-by": "jupyter-gpushare",
+                       "app.kubernetes.io/component": "train-job",
+                       "gpushare.jupyter.org/job": "j-0a1b2c3d",
+                       "gpushare.jupyter.org/attempt": "2", "gpushare.jupyter.org/user": "alice",
+                       "gpushare.jupyter.org/project": "vision"},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod",
+                                 "name": "gpushare-j-0a1b2c3d-2-0", "uid": "u-1"}]}
+    gang = {"app.kubernetes.io/managed-by": "jupyter-gpushare",
+            "app.kubernetes.io/component": "train-job", "gpushare.jupyter.org/job": "j-0a1b2c3d",
+            "gpushare.jupyter.org/attempt": "2"}
+    service = k8s.rendezvous_service(gang_launch(), settings, owner, 29400)
+    assert service == {
+        "apiVersion": "v1", "kind": "Service", "metadata": meta,
+        "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                 "selector": {**gang, "gpushare.jupyter.org/rank": "0"},
+                 "ports": [{"name": "rendezvous", "port": 29400, "targetPort": 29400,
+                            "protocol": "TCP"}]}}
+    policy = k8s.gang_network_policy(gang_launch(), settings, owner)
+    assert policy == {
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": meta,
+        "spec": {"podSelector": {"matchLabels": gang}, "policyTypes": ["Ingress"],
+                 "ingress": [{"from": [{"podSelector": {"matchLabels": gang}}]}]}}
+    validate(service)
+    validate(policy)
+    assert k8s.service_address("j-0a1b2c3d", 2, "jhub", "corp.example") == \
+        "gpushare-j-0a1b2c3d-2.jhub.svc.corp.example"
+    # the pods of the gang carry every label the selectors ask for
+    pod = k8s.job_pods(gang_launch(), k8s.PodTemplate("img", "/home/jovyan"), settings)[0]
+    assert gang.items() <= pod["metadata"]["labels"].items()
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+
+
+def _gang(*counts, prefixed=False):
+    pods, first = [], 0
+    for i, count in enumerate(counts):
+        pods.append(PodRanks(f"p{i}", first, count, prefixed))
+        first += count
+    return Gang("j", 1, tuple(pods), {}, 0.0)
+
+
+@pytest.mark.parametrize("states, failure, end", [
+    (["running", "running"], None, None),
+    (["succeeded", "running"], None, None),
+    (["succeeded", "succeeded"], None, ("succeeded", 0, "")),
+    (["running", ("failed", 3, "exited with code 3")], ("failed", 3, "rank 1: exited with code 3"),
+     None),
+    ([("failed", 3, "exited with code 3"), "succeeded"], ("failed", 3, "rank 0: exited with code 3"),
+     ("failed", 3, "rank 0: exited with code 3")),
+    (["running", ("gone", None, "its node n left the train pool")],
+     ("lost", None, "rank 1: its node n left the train pool"), None),
+], ids=["running", "one-done", "all-done", "failed-others-run", "failed-others-done", "lost"])
+def test_one_life_judging_a_gang(states, failure, end):
+    gang = _gang(1, 1)
+    read = [k8s.PodState(s) if isinstance(s, str) else k8s.PodState(*s) for s in states]
+    exit = judge(gang, read)
+    as_tuple = (lambda e: None if e is None else (e.state, e.exit_code, e.reason))
+    assert as_tuple(gang.failure) == failure and as_tuple(exit) == end
+    if failure:  # once the others are gone, the first failure is the attempt's end
+        assert as_tuple(judge(gang, [k8s.PodState("gone")] * 2)) == failure
+
+
+def test_judging_names_the_ranks_of_a_per_gpu_pod_and_a_stopped_gang():
+    gang = _gang(2, 2, prefixed=True)
+    judge(gang, [k8s.PodState("running"), k8s.PodState("failed", 1, "exited with code 1")])
+    assert gang.failure.reason == "ranks 2-3: exited with code 1"
+    single = _gang(1)
+    assert judge(single, [k8s.PodState("failed", 2, "exited with code 2")]).reason == \
+        "exited with code 2"
+    stopped = _gang(1, 1)
+    stopped.stopping = True
+    assert judge(stopped, [k8s.PodState("failed", 143, "x"), k8s.PodState("running")]) is None
+    assert judge(stopped, [k8s.PodState("failed", 143, "x"), k8s.PodState("gone")]) == \
+        Exit("j", 1, "failed", 143, "stopped")
+
+
+def test_adoption_takes_back_every_rank_and_cleans_up_the_rest():
+    def pod(name, job, attempt, rank, phase="Running"):
+        return {"metadata": {"name": name, "labels": {
+            "gpushare.jupyter.org/job": job, "gpushare.jupyter.org/attempt": str(attempt),
+            "gpushare.jupyter.org/rank": str(rank)}}, "status": {"phase": phase}}
+    pods = {p["metadata"]["name"]: p for p in (
+        pod("g-1-0", "g", 1, 0), pod("g-1-1", "g", 1, 1), pod("old-1-0", "old", 1, 0),
+        pod("done-1-1", "done", 1, 1, "Succeeded"), pod("stray-1-0", "stray", 1, 0))}
+    handles = [
+        Handle("g", 1, {"namespace": "ns", "placement": {"a": 1000, "b": 1000},
+                        "rendezvous": "gpushare-g-1",
+                        "ranks": [{"name": "g-1-0", "first": 0, "count": 1},
+                                  {"name": "g-1-1", "first": 1, "count": 1}]}),
+        Handle("old", 1, {"namespace": "ns", "pods": ["old-1-0"], "placement": {"a": 1000}}),
+        Handle("gone", 1, {"namespace": "ns", "pods": ["gone-1-0"]}),
+        Handle("elsewhere", 1, {"namespace": "other", "pods": ["x"]}),
+        Handle("told", 2, {"namespace": "ns", "pods": ["told-2-0"]}),
+    ]
+    told = Exit("told", 2, "succeeded", 0)
+    plan = adoption.plan(handles, pods, lambda key: told if key == ("told", 2) else None, "ns",
+                         set(), {})
+    assert [(g.key, g.names, g.rendezvous) for g in plan.gangs] == [
+        (("g", 1), ("g-1-0", "g-1-1"), "gpushare-g-1"), (("old", 1), ("old-1-0",), None)]
+    assert [(e.job_id, e.state, e.reason) for e in plan.exits] == [
+        ("gone", "lost", "its pods are gone"),
+        ("elsewhere", "lost", "its record does not name its pods"),
+        ("told", "succeeded", "")]
+    assert plan.clean == [(("done", 1), "done-1-1", 1)] and plan.orphans == ["stray-1-0"]
 
 def claim(name, user, server=""):
     """A home volume claim as KubeSpawner makes it (labels and annotations)."""
@@ -286,6 +446,7 @@ def make_backend(kube, account, tmp_path):
         kw.setdefault("home_dir", str(home))
         kw.setdefault("grace_period", 5)
         kw.setdefault("api_retry_timeout", 15)
+        kw.setdefault("rendezvous", "pod-ip")  # the test control plane has no DNS
         made.append(KubernetesBackend(**kw))
         return made[-1]
 
@@ -352,7 +513,7 @@ async def test_a_gang_runs_as_pods_in_the_users_notebook_environment(kube, accou
     kube.add_node("bk-gang-a", gpus=4, labels=TRAIN)
     kube.add_node("bk-gang-b", gpus=4, labels=TRAIN)
     kube.add_node("bk-gang-build", shared_gpus=4, labels={"pool": "build"})
-    backend = make_backend()
+    backend = make_backend(rendezvous="dns")  # every rank at once (no DNS is asked here)
     # alice's notebook, as KubeSpawner would have created it, runs on the build node
     nb = notebook_pod("alice")
     nb["metadata"]["annotations"]["sim.gpushare.jupyter.org/run-locally"] = "false"
@@ -514,7 +675,8 @@ async def test_pods_deleted_by_someone_else_and_nodes_that_leave_lose_their_jobs
         kube.kubelet.remove_node("bk-lose-b", delete_pods=False)
         exits = await ended(backend, 2)
         assert [(e.job_id, e.state) for e in exits] == [("j-gone", "lost"), ("j-node", "lost")]
-        assert all(e.reason == "its node bk-lose-b left the train pool" for e in exits)
+        assert [e.reason for e in exits] == ["rank 1: its node bk-lose-b left the train pool",
+                                             "its node bk-lose-b left the train pool"]
         assert [n.name for n in backend.nodes()] == ["bk-lose-a"]
         # ... and deletes what is left of them, the rank on the live node included.
         await until(lambda: not any(pods_of(account, j) for j in
@@ -522,6 +684,165 @@ async def test_pods_deleted_by_someone_else_and_nodes_that_leave_lose_their_jobs
     finally:
         await stop_all(backend)
 
+
+
+# -- gangs: rendezvous, one life, every rank's log -----------------------------------------
+
+ALLREDUCE = str(Path(__file__).with_name("allreduce.py"))
+
+
+def reports(log: str) -> list[dict]:
+    return [json.loads(line.split(" ", 1)[1]) for line in log.splitlines()
+            if line.startswith("RANK-REPORT ")]
+
+
+async def rank_log(backend, job_id, rank, text, attempt=1, timeout=30.0, polls=None):
+    """Rank ``rank``'s log once it holds ``text``; the backend is polled meanwhile (it
+    creates late ranks), its exits kept in ``polls``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if polls is not None:
+            polls += await backend.poll()
+        log = (await backend.read_log(job_id, attempt, rank=rank)).decode()
+        if text in log:
+            return log
+        assert time.monotonic() < deadline, f"{text!r} not in rank {rank}'s log: {log!r}"
+        await asyncio.sleep(0.1)
+
+
+def rendezvous_objects(account, job_id, attempt=1):
+    api, ns, name = account.cluster.api, account.namespace, f"gpushare-{job_id}-{attempt}"
+    found = []
+    for path in (f"/api/v1/namespaces/{ns}/services/{name}",
+                 f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies/{name}"):
+        try:
+            found.append(api.get(path))
+        except Exception:
+            pass
+    return found
+
+
+def allreduce_launch(job_id, placement, *args, **kw):
+    return Launch(job_id, kw.pop("attempt", 1), "alice", "vision", (PY, ALLREDUCE, *args), {},
+                  placement, f"/tmp/ckpt-{job_id}", **kw)
+
+
+@kube
+@pytest.mark.asyncio
+@pytest.mark.parametrize("per_gpu", [False, True], ids=["per-node", "per-gpu"])
+async def test_a_two_node_gang_meets_at_rank_0s_pod_ip_and_all_reduces(kube, account,
+                                                                      make_backend, per_gpu):
+    kube.add_node("bk-ar-a", gpus=2, labels=TRAIN)
+    kube.add_node("bk-ar-b", gpus=2, labels=TRAIN)
+    backend = make_backend()
+    try:
+        await backend.adopt([])
+        job = f"j-ar-{int(per_gpu)}"
+        handle = await backend.start(allreduce_launch(job, {"bk-ar-a": GPU, "bk-ar-b": 2 * GPU},
+                                                      per_gpu=per_gpu))
+        world = 3 if per_gpu else 2
+        assert [r["count"] for r in handle.data["ranks"]] == ([1, 2] if per_gpu else [1, 1])
+        # rank 0 alone at first, with the gang's Service and NetworkPolicy that it owns
+        assert [p["metadata"]["name"] for p in pods_of(account, job)] == [f"gpushare-{job}-1-0"]
+        service, policy = rendezvous_objects(account, job)
+        rank0 = pods_of(account, job)[0]
+        assert service["spec"]["clusterIP"] == "None"
+        assert policy["spec"]["podSelector"]["matchLabels"]["gpushare.jupyter.org/job"] == job
+        for obj in (service, policy):
+            assert obj["metadata"]["ownerReferences"][0]["uid"] == rank0["metadata"]["uid"]
+        ip = (await until(lambda: (pods_of(account, job)[0].get("status") or {}).get("podIP"),
+                          what="rank 0's pod IP"))
+        exits = []
+        logs = [await rank_log(backend, job, r, "done", polls=exits) for r in range(world)]
+        found = [reports(log)[0] for log in logs]
+        total = sum(range(1, world + 1))
+        assert [f["sum"] for f in found] == [[total] * 4] * world
+        assert {f["env"]["MASTER_ADDR"] for f in found} == {ip}  # rank 0's pod IP
+        assert [f["env"]["RANK"] for f in found] == [str(r) for r in range(world)]
+        assert found[-1]["env"]["JAX_COORDINATOR_ADDRESS"] == f"{ip}:29500"
+        if per_gpu:
+            assert [f["env"]["LOCAL_RANK"] for f in found] == ["0", "0", "1"]
+            assert all(f"rank {r} done" in logs[r] and "[rank" not in logs[r]
+                       for r in range(world))  # each rank's lines alone, without the prefix
+        exits += await ended(backend, 1 - len(exits)) if not exits else []
+        assert [(e.state, e.exit_code) for e in exits] == [("succeeded", 0)]
+        await until(lambda: not pods_of(account, job), what="the pods deleted")
+        await until(lambda: not rendezvous_objects(account, job),
+                    what="the Service and NetworkPolicy deleted with the gang")
+        kept = [(await backend.read_log(job, 1, rank=r)).decode() for r in range(world)]
+        assert kept == logs  # every rank's log kept after its pod
+    finally:
+        await stop_all(backend)
+
+
+@kube
+@pytest.mark.asyncio
+@pytest.mark.parametrize("per_gpu, reason", [
+    (False, "rank 1: exited with code 7"), (True, "ranks 1-2: exited with code 7")],
+    ids=["per-node", "per-gpu"])
+async def test_a_failing_rank_ends_the_gang_on_kubernetes(kube, account, make_backend,
+                                                          per_gpu, reason):
+    kube.add_node("bk-fail-a", gpus=2, labels=TRAIN)
+    kube.add_node("bk-fail-b", gpus=2, labels=TRAIN)
+    backend = make_backend()
+    try:
+        await backend.adopt([])
+        job = f"j-fail-{int(per_gpu)}"
+        began = time.monotonic()
+        await backend.start(allreduce_launch(job, {"bk-fail-a": GPU, "bk-fail-b": 2 * GPU},
+                                             "--fail-rank", "1", "--code", "7",
+                                             per_gpu=per_gpu))
+        (exit,) = await ended(backend, timeout=40)
+        assert time.monotonic() - began < 30  # rank 0 did not sleep its 120 s
+        assert (exit.state, exit.exit_code, exit.reason) == ("failed", 7, reason)
+        assert "rank 0 stopped" in (await backend.read_log(job, 1, rank=0)).decode()
+        if per_gpu:  # the launcher stopped rank 1's neighbour on its node
+            assert "rank 2 stopped" in (await backend.read_log(job, 1, rank=2)).decode()
+        await until(lambda: not pods_of(account, job), what="the gang's pods deleted")
+    finally:
+        await stop_all(backend)
+
+
+@kube
+@pytest.mark.asyncio
+async def test_cancel_and_adoption_cover_every_rank(kube, account, make_backend, tmp_path):
+    kube.add_node("bk-gad-a", gpus=2, labels=TRAIN)
+    kube.add_node("bk-gad-b", gpus=2, labels=TRAIN)
+    go = tmp_path / "go"
+    first = make_backend()
+    try:
+        await first.adopt([])
+        keep = await first.start(allreduce_launch("j-keep", {"bk-gad-a": GPU, "bk-gad-b": GPU},
+                                                  "--hold", str(go)))
+        stop = await first.start(allreduce_launch("j-stop", {"bk-gad-a": GPU, "bk-gad-b": GPU},
+                                                  "--hold", "/nonexistent", per_gpu=True))
+        for job in ("j-keep", "j-stop"):
+            for rank in range(2):
+                await rank_log(first, job, rank, "RANK-REPORT", polls=[])
+    finally:
+        await first.shutdown()  # the service stops; every rank keeps running
+    second = make_backend()
+    try:
+        assert await second.adopt([keep, stop]) == []
+        assert (await second.read_log("j-keep", 1, rank=1)).decode().startswith("RANK-REPORT")
+        began = time.monotonic()
+        await second.stop("j-stop", 1, 5)
+        (exit,) = await ended(second)
+        assert (exit.job_id, exit.reason) == ("j-stop", "stopped")
+        assert time.monotonic() - began < 5 + 3
+        for rank in range(2):
+            assert f"rank {rank} got SIGTERM" in (await second.read_log("j-stop", 1,
+                                                                        rank=rank)).decode()
+        go.touch()
+        (exit,) = await ended(second)
+        assert (exit.job_id, exit.state) == ("j-keep", "succeeded")
+        for rank in range(2):
+            assert f"rank {rank} done" in (await second.read_log("j-keep", 1,
+                                                                 rank=rank)).decode()
+        await until(lambda: not rendezvous_objects(account, "j-keep") and
+                    not rendezvous_objects(account, "j-stop"), what="the rendezvous deleted")
+    finally:
+        await second.shutdown()
 
 
 # -- faults ---------------------------------------------------------------------------------
@@ -608,7 +929,8 @@ async def test_api_errors_are_retried_and_refusals_said_in_one_sentence(kube, ac
                                                                        tmp_path):
     kube.add_node("bk-err-a", gpus=2, labels=TRAIN)
     kube.add_node("bk-err-b", gpus=2, labels=TRAIN)
-    backend = make_backend(kubeconfig=str(proxy.kubeconfig(account.token, tmp_path / "kc")))
+    backend = make_backend(kubeconfig=str(proxy.kubeconfig(account.token, tmp_path / "kc")),
+                           rendezvous="dns")  # every rank created by start
     try:
         await backend.adopt([])
         proxy.fail(500, times=2, method="POST", path_contains="/pods")
@@ -716,6 +1038,8 @@ def backend_list(scope):
 def test_the_hub_account_may_do_what_the_backend_needs_and_no_more(account):
     def can(verb, resource, namespace=account.namespace, subresource=""):
         attributes = {"verb": verb, "resource": resource, "subresource": subresource}
+        if resource == "networkpolicies":
+            attributes["group"] = "networking.k8s.io"
         if namespace:
             attributes["namespace"] = namespace
         review = account.api.post("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", {
@@ -728,6 +1052,8 @@ def test_the_hub_account_may_do_what_the_backend_needs_and_no_more(account):
     allowed += [(v, "events") for v in ("get", "list", "watch")]
     allowed += [(v, "persistentvolumeclaims") for v in ("get", "list")]
     allowed += [(v, "nodes", None) for v in ("get", "list", "watch")]
+    allowed += [(v, "services") for v in ("create", "delete")]
+    allowed += [(v, "networkpolicies") for v in ("create", "delete")]
     denied = [("update", "pods"), ("patch", "pods"), ("deletecollection", "pods"),
               ("create", "pods", "default"), ("list", "pods", "default"),
               ("create", "pods", account.namespace, "exec"),
@@ -737,6 +1063,10 @@ def test_the_hub_account_may_do_what_the_backend_needs_and_no_more(account):
               ("update", "persistentvolumeclaims"), ("list", "persistentvolumeclaims", "default"),
               ("create", "events"), ("create", "serviceaccounts", account.namespace, "token"),
               ("delete", "nodes", None), ("patch", "nodes", None), ("update", "nodes", None, "status"),
-              ("create", "rolebindings"), ("list", "namespaces", None)]
+              ("create", "rolebindings"), ("list", "namespaces", None),
+              ("update", "services"), ("patch", "services"), ("create", "services", "default"),
+              ("create", "services", account.namespace, "proxy"),
+              ("update", "networkpolicies"), ("create", "networkpolicies", "default"),
+              ("create", "endpoints")]
     assert [a for a in allowed if not can(*a)] == []
     assert [d for d in denied if can(*d)] == []

@@ -3,11 +3,13 @@ identity. Where the tests run as root (as the service does with real system user
 as a throw-away system user created for this module."""
 
 import asyncio
+import json
 import os
 import pwd
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from dataclasses import replace
@@ -15,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_gpushare.backends import BackendError, Launch
+from jupyter_gpushare.backends import BackendError, Handle, Launch
+from jupyter_gpushare.backends.base import Exit, Handle
 from jupyter_gpushare.backends.local import SIMULATED_LABEL, LocalBackend
 from jupyter_gpushare.backends.shim import members
 from jupyter_gpushare.gpus import SimulatedInventory, detect
@@ -24,6 +27,11 @@ from jupyter_gpushare.policy.model import GPU
 IS_ROOT = os.geteuid() == 0
 root_only = pytest.mark.skipif(
     not IS_ROOT, reason="jobs switch to their user only when the service runs as root")
+
+# A Python every job account can run (the tests' own may live under /root), and the
+# pure-Python all-reduce of tests/allreduce.py.
+PY = "/usr/bin/python3" if IS_ROOT and os.path.exists("/usr/bin/python3") else sys.executable
+ALLREDUCE = str(Path(__file__).with_name("allreduce.py"))
 
 # Job scripts (/bin/sh): say "ready" once running, then wait for a file, or for a signal.
 WAIT_FOR_GO = "echo ready; while [ ! -e $GPUSHARE_CHECKPOINT_DIR/go ]; do sleep 0.02; done; "
@@ -90,7 +98,8 @@ def make_backend(tmp_path):
                 os.killpg(record["pgid"], signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-        for proc in [*(r.proc for r in backend._running.values()), *backend._unreaped]:
+        for proc in [*(g.proc for r in backend._running.values() for g in r.groups),
+                     *backend._unreaped]:
             if proc is not None:
                 proc.wait()
 
@@ -214,8 +223,9 @@ async def test_gangs_get_disjoint_free_devices(backend, launch):
     await go(backend, launch, "a")
     await go(backend, launch, "b")
     await ended(backend, 2)
-    assert (await log_of(backend, "b")).split()[-1] == \
-        "GPU-SIMULATED-sim-node-0-3,GPU-SIMULATED-sim-node-1-0"
+    # a rank per node, each seeing its own node's devices
+    assert (await log_of(backend, "b")).split()[-1] == "GPU-SIMULATED-sim-node-0-3"
+    assert (await backend.read_log("b", 1, rank=1)).split()[-1] == b"GPU-SIMULATED-sim-node-1-0"
     c = await backend.start(launch("c", "true"))  # the devices are free again
     assert c.data["devices"] == {"sim-node-0": ["GPU-SIMULATED-sim-node-0-0"]}
     await ended(backend)
@@ -304,16 +314,34 @@ async def test_restart_reports_jobs_that_ended_meanwhile(make_backend, launch):
     done = await before.start(launch("done", "exit 0"))
     vanished = await before.start(launch("vanished", "sleep 30"))
     deadline = time.monotonic() + 10
-    while not os.path.exists(done.data["exit"]):
+    while not os.path.exists(done.data["groups"][0]["exit"]):
         assert time.monotonic() < deadline
         await asyncio.sleep(0.02)
-    os.killpg(vanished.data["pgid"], signal.SIGKILL)  # shim and job die without a trace
-    while not group_gone(vanished.data["pgid"]):
+    pgid = vanished.data["groups"][0]["pgid"]
+    os.killpg(pgid, signal.SIGKILL)  # shim and job die without a trace
+    while not group_gone(pgid):
         await asyncio.sleep(0.02)
     after = make_backend()
     exits = sorted(await after.adopt([done, vanished]), key=lambda e: e.job_id)
     assert [(e.job_id, e.state) for e in exits] == [("done", "succeeded"), ("vanished", "lost")]
     assert await after.poll() == []
+
+
+@pytest.mark.asyncio
+async def test_restart_finds_an_attempt_whose_handle_was_never_stored(make_backend, launch):
+    # The service died between starting it and storing its handle: adopt() gets an empty
+    # handle, finds the attempt by job and attempt, and it runs (and ends) once.
+    before = make_backend()
+    await before.start(launch("unsaved", WAIT_FOR_GO + "exit 5",
+                              placement={"sim-node-0": 3 * GPU}))
+    after = make_backend()
+    assert await after.adopt([Handle("unsaved", 1, {}), Handle("never", 1, {})]) == [
+        Exit("never", 1, "lost", reason="its record does not say where it ran")]
+    with pytest.raises(BackendError, match="only 1 GPU free"):  # it keeps its devices
+        await after.start(launch("other", "true", placement={"sim-node-0": 2 * GPU}))
+    await go(after, launch, "unsaved")
+    [exit] = await ended(after)
+    assert (exit.job_id, exit.state, exit.exit_code) == ("unsaved", "failed", 5)
 
 
 @pytest.mark.asyncio
@@ -324,7 +352,7 @@ async def test_restart_stops_a_job_no_handle_names(make_backend, launch):
     after = make_backend()
     assert await after.adopt([]) == []
     deadline = time.monotonic() + 5
-    while not group_gone(stray.data["pgid"]):
+    while not group_gone(stray.data["groups"][0]["pgid"]):
         assert time.monotonic() < deadline, "the unknown job still runs"
         await asyncio.sleep(0.02)
     assert "stopped" in await log_of(after, "stray")
@@ -403,3 +431,165 @@ async def test_unsafe_job_ids_are_refused(backend, launch):
     with pytest.raises(BackendError, match="Job id"):
         await backend.start(launch("../escape", "true"))
     assert backend.log_path("../escape", 1) is None
+
+
+# --- gangs: ranks, rendezvous, one life ---
+
+def reports(log: str) -> list[dict]:
+    return [json.loads(line.split(" ", 1)[1]) for line in log.splitlines()
+            if line.startswith("RANK-REPORT ")]
+
+
+async def rank_logs(backend, job_id, world, until="done", attempt=1):
+    return [await log_of_rank(backend, job_id, r, until, attempt) for r in range(world)]
+
+
+async def log_of_rank(backend, job_id, rank, until, attempt=1, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        text = (await backend.read_log(job_id, attempt, rank=rank)).decode()
+        if until in text:
+            return text
+        assert time.monotonic() < deadline, f"{until!r} not in rank {rank}'s log: {text!r}"
+        await asyncio.sleep(0.02)
+
+
+def allreduce(launch, job_id, *args, placement, per_gpu=False, attempt=1):
+    made = launch(job_id, "", placement=placement, per_gpu=per_gpu, attempt=attempt)
+    return Launch(**{**made.__dict__, "command": (PY, ALLREDUCE, *args)})
+
+
+@pytest.mark.asyncio
+async def test_a_two_node_gang_meets_at_rank_0_and_all_reduces(backend, launch):
+    placement = {"sim-node-0": 2 * GPU, "sim-node-1": 3 * GPU}
+    handle = await backend.start(allreduce(launch, "ar", placement=placement))
+    groups = handle.data["groups"]
+    assert [(g["node"], g["ranks"]) for g in groups] == [("sim-node-0", [0]), ("sim-node-1", [1])]
+    assert groups[0]["pgid"] != groups[1]["pgid"]  # one process group per node
+    [exit] = await ended(backend)
+    assert (exit.state, exit.exit_code) == ("succeeded", 0)
+    logs = await rank_logs(backend, "ar", 2)
+    [r0], [r1] = (reports(log) for log in logs)
+    assert r0["sum"] == r1["sum"] == [3, 3, 3, 3]  # (0 + 1) + (1 + 1): the data travelled
+    port = handle.data["master"].rsplit(":", 1)[1]
+    assert r0["env"] == {
+        "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+        "NODE_RANK": "0", "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+        "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "JAX_NUM_PROCESSES": "2",
+        "JAX_PROCESS_ID": "0", "PET_NNODES": "2", "PET_NODE_RANK": "0",
+        "PET_NPROC_PER_NODE": "2", "GPUSHARE_NODE_GPUS": "2",
+        "CUDA_VISIBLE_DEVICES": "GPU-SIMULATED-sim-node-0-0,GPU-SIMULATED-sim-node-0-1"}
+    assert (r1["env"]["RANK"], r1["env"]["NODE_RANK"], r1["env"]["PET_NPROC_PER_NODE"]) == \
+        ("1", "1", "3")
+    assert r1["env"]["CUDA_VISIBLE_DEVICES"].count("sim-node-1") == 3
+    assert "rank 1 done" in logs[1] and "rank 1" not in logs[0]  # each rank its own log
+
+
+@pytest.mark.asyncio
+async def test_per_gpu_ranks_are_one_process_per_gpu(backend, launch):
+    placement = {"sim-node-0": 1 * GPU, "sim-node-1": 2 * GPU}
+    handle = await backend.start(allreduce(launch, "pg", placement=placement, per_gpu=True))
+    assert [g["ranks"] for g in handle.data["groups"]] == [[0], [1, 2]]
+    [exit] = await ended(backend)
+    assert exit.state == "succeeded"
+    found = [reports(log)[0] for log in await rank_logs(backend, "pg", 3)]
+    assert all(r["sum"] == [6, 6, 6, 6] for r in found)
+    seen = [(r["env"]["RANK"], r["env"]["LOCAL_RANK"], r["env"]["LOCAL_WORLD_SIZE"],
+             r["env"]["NODE_RANK"], r["env"]["JAX_PROCESS_ID"], r["env"]["PET_NNODES"])
+            for r in found]
+    assert seen == [("0", "0", "1", "0", "0", None), ("1", "0", "2", "1", "1", None),
+                    ("2", "1", "2", "1", "2", None)]
+    # the ranks of a node see all its GPUs and choose theirs by LOCAL_RANK
+    assert found[1]["env"]["CUDA_VISIBLE_DEVICES"] == found[2]["env"]["CUDA_VISIBLE_DEVICES"]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("per_gpu, failing", [(False, 1), (True, 2)])
+async def test_a_failing_rank_stops_the_gang(make_backend, launch, per_gpu, failing):
+    backend = make_backend(grace_period=5)
+    placement = {"sim-node-0": GPU, "sim-node-1": 2 * GPU}
+    handle = await backend.start(allreduce(launch, "f", "--fail-rank", str(failing), "--code",
+                                           "7", placement=placement, per_gpu=per_gpu))
+    began = time.monotonic()
+    [exit] = await ended(backend)
+    assert time.monotonic() - began < 10  # the others did not sleep their 120 s
+    assert (exit.state, exit.exit_code) == ("failed", 7)
+    assert exit.reason == f"rank {failing}: exited with code 7"
+    world = 3 if per_gpu else 2
+    for rank in range(world):
+        if rank != failing:
+            assert f"rank {rank} stopped" in await log_of_rank(backend, "f", rank, "stopped")
+    assert all(group_gone(g["pgid"]) for g in handle.data["groups"])
+
+
+@pytest.mark.asyncio
+async def test_cancel_stops_every_rank_within_the_grace(backend, launch, scratch):
+    hold = str(scratch / "never")
+    placement = {"sim-node-0": GPU, "sim-node-1": GPU}
+    handle = await backend.start(allreduce(launch, "c", "--hold", hold, placement=placement,
+                                           per_gpu=False))
+    await rank_logs(backend, "c", 2, until="RANK-REPORT")
+    began = time.monotonic()
+    await backend.stop("c", 1, grace_s=5)
+    [exit] = await ended(backend)
+    assert time.monotonic() - began < 5
+    assert exit.state == "failed" and exit.exit_code == 143
+    for rank in range(2):
+        assert f"rank {rank} got SIGTERM" in await log_of_rank(backend, "c", rank, "SIGTERM")
+    assert all(group_gone(g["pgid"]) for g in handle.data["groups"])
+
+
+@pytest.mark.asyncio
+async def test_restart_adopts_every_rank_of_a_gang(make_backend, launch, scratch):
+    hold = scratch / "go-on"
+    before = make_backend()
+    placement = {"sim-node-0": 2 * GPU, "sim-node-1": 2 * GPU}
+    handle = await before.start(allreduce(launch, "ad", "--hold", str(hold),
+                                          placement=placement, per_gpu=True))
+    after = make_backend()  # the restarted service
+    assert await after.adopt([handle]) == []
+    await rank_logs(after, "ad", 4, until="RANK-REPORT")
+    with pytest.raises(BackendError, match="only 2 GPUs free"):  # every rank keeps its GPUs
+        await after.start(launch("other", "true", placement={"sim-node-1": 3 * GPU}))
+    # A rank of the adopted gang dies: the restarted service stops the others.
+    victim = json.loads(reports(await log_of_rank(after, "ad", 3, "RANK-REPORT"))[0]
+                        ["env"]["RANK"])
+    assert victim == 3
+    pids = [p for p in members(handle.data["groups"][1]["pgid"])
+            if p != handle.data["groups"][1]["pgid"]]
+    for pid in pids:  # the node's two ranks (the shim is the group's leader)
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            if b"LOCAL_RANK=1" in f.read().split(b"\0"):
+                os.kill(pid, signal.SIGKILL)
+    [exit] = await ended(after)
+    assert exit.state == "failed" and exit.reason == "rank 3: killed by SIGKILL"
+    assert exit.exit_code == 128 + signal.SIGKILL
+    assert all(group_gone(g["pgid"]) for g in handle.data["groups"])
+    for rank in range(3):
+        assert f"rank {rank} got SIGTERM" in await log_of_rank(after, "ad", rank, "SIGTERM")
+
+
+@pytest.mark.asyncio
+async def test_a_gang_whose_handle_was_never_stored_is_found_by_its_records(make_backend,
+                                                                            launch, scratch):
+    hold = scratch / "go-on"
+    before = make_backend()
+    placement = {"sim-node-0": GPU, "sim-node-1": GPU}
+    whole = await before.start(allreduce(launch, "rec", "--hold", str(hold), placement=placement))
+    half = await before.start(allreduce(launch, "half", "--hold", str(hold),
+                                        placement=placement))
+    await rank_logs(before, "rec", 2, until="RANK-REPORT")
+    # "half" died with the service between starting its first and its second node's ranks
+    os.unlink(half.data["groups"][1]["exit"][:-len(".exit")] + ".pid")
+    os.killpg(half.data["groups"][1]["pgid"], signal.SIGKILL)
+    after = make_backend()  # the service died before it stored either handle
+    assert await after.adopt([Handle("rec", 1, {}), Handle("half", 1, {})]) == []
+    [exit] = await ended(after)
+    assert (exit.job_id, exit.state, exit.reason) == (
+        "half", "lost", "the service stopped while starting its ranks")
+    assert group_gone(half.data["groups"][0]["pgid"])
+    hold.touch()
+    [exit] = await ended(after)
+    assert (exit.job_id, exit.state) == ("rec", "succeeded")  # every rank of it was adopted
+    for rank in range(2):
+        assert f"rank {rank} done" in await log_of_rank(after, "rec", rank, "done")

@@ -125,8 +125,10 @@ def env(monkeypatch, service):
     (["--name", "n" * 101, "--", "x"], "argument --name: must be a string of at most 100 "
                                        "characters"),
     (["--frobnicate", "--", "x"], "unrecognized arguments: --frobnicate"),
+    (["--env", "MASTER_PORT=1", "--", "x"], "argument --env: may not set MASTER_PORT: the pool "
+                                            "sets it for each rank"),
 ], ids=["zero-gpus", "fraction", "word-gpus", "env-without-equals", "env-bad-name",
-        "env-reserved", "priority-range", "long-name", "unknown-option"])
+        "env-reserved", "priority-range", "long-name", "unknown-option", "env-rank"])
 def test_bad_submit_arguments_get_one_sentence(capsys, env, argv, words):
     code, err = refused(capsys, "submit", *argv)
     assert code == 2 and words in err
@@ -150,6 +152,8 @@ def test_job_spec_checks_like_the_server():
     assert job_spec(["x"], workdir="/home/a/p")["workdir"] == "/home/a/p"
     assert job_spec(["x"], path="/opt/env/bin:/usr/bin")["env"] == {"PATH": "/opt/env/bin:/usr/bin"}
     assert job_spec(["x"], env=["PATH=/mine"], path="/opt/env/bin")["env"] == {"PATH": "/mine"}
+    assert job_spec(["x"], per_gpu=True)["per_gpu"] is True
+    assert "per_gpu" not in job_spec(["x"])
     for kwargs, words in [({"workdir": "rel/dir"}, "workdir must be an absolute path"),
                           ({"workdir": 3}, "workdir must be an absolute path"),
 ({"gpus": 0}, "gpus must be 1 or more, not 0"),
@@ -157,7 +161,8 @@ def test_job_spec_checks_like_the_server():
                           ({"env": {"A-B": "1"}}, "env name 'A-B' is not a valid variable name"),
                           ({"command": "python t.py"}, "command must be a non-empty list"),
                           ({"command": None}, "give either command"),
-                          ({"source": "x"}, "give either command")]:
+                          ({"source": "x"}, "give either command"),
+                          ({"per_gpu": "yes"}, "per_gpu must be True or False")]:
         with pytest.raises(InvalidInput, match=words):
             job_spec(**{"command": ["x"], **kwargs})
 
@@ -166,8 +171,9 @@ def test_job_spec_checks_like_the_server():
     (["jobs", "--state", "bogus"], "argument --state: invalid choice: 'bogus'"),
     (["jobs", "--limit", "0"], "argument --limit: must be a whole number from 1 to 1000"),
     (["logs", "j1", "--attempt", "0"], "argument --attempt: must be 1 or more, not '0'"),
+    (["logs", "j1", "--rank", "-1"], "argument --rank: must be a whole number from 0, not '-1'"),
     (["cancel"], "the following arguments are required: JOB"),
-], ids=["state", "limit", "attempt", "no-job"])
+], ids=["state", "limit", "attempt", "rank", "no-job"])
 def test_bad_arguments_of_the_other_commands(capsys, env, argv, words):
     code, err = refused(capsys, *argv)
     assert code == 2 and words in err and err.count("\n") == 1
@@ -194,12 +200,12 @@ def test_no_url_and_no_token_say_what_to_set(capsys, monkeypatch):
 def test_closed_port_is_unreachable(capsys, monkeypatch):
     url = f"http://127.0.0.1:{closed_port()}/services/gpushare/"
     with pytest.raises(PoolUnreachable) as e:
-        PoolClient(url.rstrip("/"), TOKEN).jobs()
+        PoolClient(url.rstrip("/"), TOKEN, retry_s=0).jobs()
     assert str(e.value) == (f"the pool service at {url} cannot be reached (connection refused); "
                             f"is JupyterHub running and the URL right?")
     monkeypatch.setenv("GPUSHARE_URL", url)
     monkeypatch.setenv("JUPYTERHUB_API_TOKEN", TOKEN)
-    code, out, err = run(capsys, "pool")
+    code, out, err = run(capsys, "pool", "--retry", "0")
     assert code == 1 and out == ""
     assert err == (f"gpushare pool: the pool service at {url} cannot be reached (connection "
                    f"refused); is JupyterHub running and GPUSHARE_URL right?\n")
@@ -208,7 +214,8 @@ def test_closed_port_is_unreachable(capsys, monkeypatch):
 def test_console_script_unreachable_has_no_traceback():
     exe = Path(sys.executable).with_name("gpushare")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "jupyter_gpushare"]
-    proc = subprocess.run([*cmd, "jobs", "--url", f"http://127.0.0.1:{closed_port()}/"],
+    proc = subprocess.run([*cmd, "jobs", "--retry", "0", "--url",
+                           f"http://127.0.0.1:{closed_port()}/"],
                           capture_output=True, text=True,
                           env={**os.environ, "JUPYTERHUB_API_TOKEN": TOKEN})
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1
@@ -231,7 +238,7 @@ def test_console_script_unreachable_has_no_traceback():
 ], ids=["json-403", "hub-403", "login-redirect", "html-404", "proxy-503", "json-500", "html-200"])
 def test_error_answers_are_sentences_without_the_token(service, route, kind, words):
     service.routes[("GET", "api/jobs")] = route
-    client = PoolClient(service.url + f"?token={TOKEN}", TOKEN)
+    client = PoolClient(service.url + f"?token={TOKEN}", TOKEN, retry_s=0)
     with pytest.raises(kind) as e:
         client.jobs()
     assert words in str(e.value) and TOKEN not in str(e.value) and TOKEN not in repr(client)
@@ -244,6 +251,49 @@ def test_a_token_that_cannot_be_a_header_is_refused_unshown(service):
         PoolClient(service.url, bad).pool()
     assert "not a JupyterHub token" in str(e.value) and TOKEN not in str(e.value)
     assert service.requests == []
+
+
+def restarting(times, then):
+    """A route that answers 503 from the hub's proxy ``times`` times, then ``then``."""
+    tries = []
+
+    def answer(handler):
+        tries.append(1)
+        status, payload = (503, b"<html>down</html>") if len(tries) <= times else then
+        data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+        handler.send_response(status)
+        handler.send_header("Content-Type", "text/html" if status == 503 else
+                            "application/json")
+        handler.send_header("Content-Length", str(len(data)))
+        handler.end_headers()
+        handler.wfile.write(data)
+    return answer
+
+
+def test_a_submit_survives_a_restart_with_one_line_and_one_key(capsys, env):
+    env.routes[("POST", "api/jobs")] = restarting(2, (201, {"id": "j-1", "state": "pending"}))
+    code, out, err = run(capsys, "submit", "--", "python", "t.py")
+    assert code == 0 and "j-1" in out
+    assert err == ("gpushare submit: the pool service is not answering (it may be restarting); "
+                   "trying again for up to 60 s\n")
+    keys = {r["headers"]["Idempotency-Key"] for r in env.requests}
+    assert len(env.requests) == 3 and len(keys) == 1 and None not in keys
+
+
+def test_reads_are_retried_and_give_up_after_the_retry_time(capsys, env):
+    env.routes[("GET", "api/quota")] = restarting(1, (200, {"user": "u", "projects": []}))
+    assert run(capsys, "quota", "--json")[0] == 0
+    env.routes[("GET", "api/pool")] = restarting(1000, (200, {}))
+    code, out, err = run(capsys, "pool", "--retry", "0.5")
+    assert code == 1 and "trying again for up to 0.5 s" in err and "not answering" in err
+    assert err.count("\n") == 2  # the notice, then the failure
+
+
+def test_a_cancel_is_not_retried(env):
+    env.routes[("DELETE", "api/jobs/j-1")] = restarting(1, (200, {"id": "j-1"}))
+    with pytest.raises(PoolUnreachable):
+        PoolClient(env.url, TOKEN).cancel("j-1")
+    assert len(env.requests) == 1
 
 
 @pytest.mark.parametrize("status, code", [(409, 2), (400, 2), (500, 1)])
@@ -310,8 +360,10 @@ def test_logs_prints_and_follows_a_job(capsys, env):
     env.routes[("GET", "api/jobs/j1/logs")] = chunked("line 1\n", "line 2\n")
     assert run(capsys, "logs", "j1") == (0, "line 1\nline 2\n", "")
     assert run(capsys, "logs", "-f", "j1") == (0, "line 1\nline 2\n", "")
+    assert run(capsys, "logs", "--rank", "3", "j1") == (0, "line 1\nline 2\n", "")
+    assert run(capsys, "logs", "-f", "--rank", "1", "j1") == (0, "line 1\nline 2\n", "")
     assert [r["query"] for r in env.requests if r["path"].endswith("logs")] == [
-        {}, {"attempt": ["2"]}]
+        {}, {"attempt": ["2"]}, {"rank": ["3"]}, {"attempt": ["2"], "rank": ["1"]}]
 
 
 # -- submit --wait and following a job ------------------------------------------------------------
@@ -327,7 +379,7 @@ class ScriptedPool(PoolClient):
     def job(self, job_id):
         return self.states.pop(0) if len(self.states) > 1 else self.states[0]
 
-    def logs(self, job_id, follow=False, attempt=None):
+    def logs(self, job_id, follow=False, attempt=None, rank=None):
         self.reads.append((attempt, follow))
         texts = self.output[attempt]
         return iter(texts.pop(0) if len(texts) > 1 else texts[0])
@@ -371,8 +423,8 @@ def test_submit_wait_streams_output_and_exits_with_the_outcome(capsys, env, monk
     env.routes[("GET", "api/jobs/j1")] = lambda handler: _reply(
         handler, states.pop(0) if len(states) > 1 else states[0])
     env.routes[("GET", "api/jobs/j1/logs")] = chunked("step 1\n", "step 2\n")
-    got, out, err = run(capsys, "submit", "--wait", "--gpus", "2", "--env", "A=1", "--",
-                        "python", "t.py")
+    got, out, err = run(capsys, "submit", "--wait", "--gpus", "2", "--env", "A=1", "--per-gpu",
+                        "--", "python", "t.py")
     assert got == code and out == "step 1\nstep 2\n"
     lines = err.splitlines()
     assert lines[0] == ("job j1 pending (2 GPUs, project vision, position 1): waiting for 2 GPUs "
@@ -381,7 +433,8 @@ def test_submit_wait_streams_output_and_exits_with_the_outcome(capsys, env, monk
     assert lines[-1] == said
     # The job gets the submitting shell's PATH, so `python` is the one this terminal runs.
     assert env.requests[0]["body"] == {"command": ["python", "t.py"], "gpus": 2,
-                                       "env": {"A": "1", "PATH": os.environ["PATH"]}}
+                                       "env": {"A": "1", "PATH": os.environ["PATH"]},
+                                       "per_gpu": True}
 
 
 def _reply(handler, payload):
@@ -476,3 +529,9 @@ def test_slice_asks_the_server_extensions_path(service):
     service.routes[("GET", "api/slice")] = (200, answer)
     assert PoolClient(service.url, TOKEN).slice() == answer
     assert [(r["method"], r["path"]) for r in service.requests] == [("GET", "api/slice")]
+
+
+def test_the_client_refuses_the_rank_variables_the_server_refuses():
+    from jupyter_gpushare.backends.ranks import RESERVED
+    from jupyter_gpushare.client import RANK_ENV
+    assert RANK_ENV == RESERVED

@@ -81,7 +81,7 @@ def stop(hub: Hub) -> None:
     hub.stop()
     proxy = subprocess.run(["pgrep", "-f", f"configurable-http-proxy --ip 127.0.0.1 --port "
                                            f"{hub.port} "], capture_output=True, text=True)
-    for pid in hub.service_pids() + [int(p) for p in proxy.stdout.split()]:
+    for pid in hub.pool_pids() + [int(p) for p in proxy.stdout.split()]:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -205,6 +205,8 @@ def test_a_job_submitted_from_the_dialog_appears_and_finishes(page, hub, lab):
     assert "The train pool has 4 GPUs; ask for 4 or fewer." in dialog.inner_text()
     shot(page, "2-dialog-refuses")
     gpus.fill("2")
+    per_gpu = dialog.locator("input[name='per_gpu']")
+    assert per_gpu.is_visible() and not per_gpu.is_checked()  # one process per node unless asked
     dialog.locator("input[name='name']").fill("e2e-train")
     assert submit.is_enabled()
     submit.click()
@@ -232,6 +234,7 @@ def test_a_job_submitted_from_the_dialog_appears_and_finishes(page, hub, lab):
     assert status == 200 and job["state"] == "succeeded"
     assert job["command"] == [lab["python"], "train.py"] and job["gpus"] == 2
     assert job["workdir"] == str(lab["root"]) and job["project"] == "vision"
+    assert (job["per_gpu"], job["ranks"]) == (False, 1)
 
 
 LONG = "import time\nprint('up', flush=True)\ntime.sleep(120)\nprint('late', flush=True)\n"
@@ -274,6 +277,35 @@ def test_the_queue_shows_and_jobs_are_cancelled_and_followed_from_the_table(page
     shot(page, "5-cancelled")
 
 
+def test_each_rank_of_a_distributed_job_has_its_log_in_the_panel(page, hub):
+    status, job = hub.api("POST", "api/jobs", "alice", {
+        "gpus": 2, "per_gpu": True, "name": "e2e-ranks",
+        "source": "import os\nprint('I am rank', os.environ['RANK'], 'of',"
+                  " os.environ['WORLD_SIZE'], flush=True)\n"})
+    assert status == 201, job
+    row = page.locator(f"tbody[data-job='{job['id']}'][data-state='succeeded']")
+    row.wait_for(timeout=30_000)
+    rank = page.locator("select.jp-GpusharePanel-rank")
+    row.locator("button.jp-GpusharePanel-logs").click()
+    page.wait_for_function(
+        "document.querySelector('.jp-GpusharePanel-log').textContent.includes('I am rank 0')",
+        timeout=15_000)
+    assert rank.is_visible()
+    assert rank.locator("option").all_inner_texts() == ["rank 0", "rank 1"]
+    rank.select_option("1")
+    page.wait_for_function(
+        "document.querySelector('.jp-GpusharePanel-log').textContent.includes('I am rank 1')",
+        timeout=15_000)
+    assert text_of(page, ".jp-GpusharePanel-log").strip() == "I am rank 1 of 2"
+    shot(page, "6-rank-logs")
+    # a job of one rank has no rank to choose
+    page.locator("tbody:has-text('e2e-train') button.jp-GpusharePanel-logs").click()
+    page.wait_for_function(
+        "document.querySelector('.jp-GpusharePanel-logTitle').textContent.includes('e2e-train')",
+        timeout=15_000)
+    assert not rank.is_visible()
+
+
 def test_a_pool_that_cannot_be_reached_is_said_in_one_line(page, hub, lab):
     stop(hub)
     try:
@@ -286,5 +318,5 @@ def test_a_pool_that_cannot_be_reached_is_said_in_one_line(page, hub, lab):
     assert "\n" not in line and re.search(r"cannot be reached|could not reach|connect", line,
                                           re.I), line
     assert text_of(page, ".jp-GpushareStatus") == "GPU ¼ · pool unreachable"
-    shot(page, "6-pool-unreachable")
+    shot(page, "7-pool-unreachable")
     assert page.errors == []

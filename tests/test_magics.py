@@ -36,6 +36,7 @@ c.LocalBackend.simulated_gpus_per_node = 4
 c.PoolService.projects = {{"vision": {{"quota": 2, "groups": ["vision"]}},
                           "nlp": {{"quota": 2, "groups": ["nlp"]}}}}
 c.PoolService.grace_period = 3
+c.PoolService.min_runtime = 0  # preempt at once: these tests watch preemption
 """
 # carol is in two projects, dave in none.
 GROUPS = {"vision": ["alice", "carol"], "nlp": ["bob", "carol"], "others": ["dave"]}
@@ -297,7 +298,8 @@ def test_bad_input_prints_one_sentence_and_submits_nothing(hub, kernel, workdir,
     ("os.environ['JUPYTERHUB_API_TOKEN'] = 'not-a-token'",
      "this needs a JupyterHub token that may use the gpushare service"),
     ("del os.environ['GPUSHARE_URL']", "this kernel does not know the pool service's address"),
-    ("os.environ['GPUSHARE_URL'] = 'http://127.0.0.1:{closed}/services/gpushare/'",
+    ("os.environ['GPUSHARE_URL'] = 'http://127.0.0.1:{closed}/services/gpushare/'; "
+     "os.environ['GPUSHARE_RETRY'] = '1'",
      "cannot be reached (connection refused)"),
 ], ids=["several-projects", "no-project", "no-token", "bad-token", "no-url", "pool-down"])
 def test_who_and_where_problems_print_one_sentence(hub, kernel, setup, words):
@@ -311,6 +313,9 @@ def test_who_and_where_problems_print_one_sentence(hub, kernel, setup, words):
     assert cell.status == "error" and "Traceback" not in cell.text, cell.text
     assert words in cell.error_line, cell.error_line
     assert job_count(hub) == before
+    if "GPUSHARE_RETRY" in setup:  # tried again for a second, saying so once
+        assert cell.text.count("not answering (it may be restarting); trying again for up "
+                               "to 1 s") == 1, cell.text
 
 
 def test_the_pool_refuses_a_relative_workdir(hub):
@@ -416,3 +421,33 @@ def test_the_runner_without_a_pool(tmp_path):
         "--out c: the cell did not define c"]
     with pytest.raises(runner.PackError, match="--with f: cannot be sent"):
         runner.pack(str(tmp_path), "f()", {"f": lambda: 1})
+
+
+# -- distributed cells ---------------------------------------------------------------------
+
+ALLREDUCE_CELL = (f"import sys; sys.path.insert(0, {str(TESTS)!r})\n"
+                  "import allreduce, os\n"
+                  "allreduce.main([])\n"
+                  "rank = int(os.environ['RANK'])\n")
+
+
+def test_a_per_gpu_cell_runs_a_rank_per_gpu_and_shows_rank_0_or_every_rank(hub, kernel):
+    cell = kernel.run("%%train --gpus 2 --per-gpu --out rank\n" + ALLREDUCE_CELL)
+    assert cell.status == "ok", cell.text
+    lines = [line for line in cell.stdout.splitlines() if line.strip()]
+    assert lines and all(line.startswith("[rank 0] ") for line in lines), cell.stdout
+    assert '"sum": [3, 3, 3, 3]' in cell.stdout and "[rank 0] rank 0 done" in lines
+    assert kernel.run("print(rank)").stdout.strip() == "0"  # --out comes from rank 0
+    job_id = only_job_id(cell)
+    status, job = hub.api("GET", f"api/jobs/{job_id}", "alice")
+    assert (job["per_gpu"], job["ranks"]) == (True, 2)
+    rank1 = kernel.run(f"%gpushare logs {job_id} 1")
+    assert rank1.stdout.splitlines()[-1] == "rank 1 done"
+
+    cell = kernel.run("%%train --gpus 2 --per-gpu --all-ranks\n" + ALLREDUCE_CELL)
+    assert cell.status == "ok", cell.text
+    lines = cell.stdout.splitlines()
+    for rank in (0, 1):
+        mine = [line for line in lines if line.startswith(f"[rank {rank}] ")]
+        assert f"[rank {rank}] rank {rank} done" in mine and len(mine) == 2, cell.stdout
+    assert len(lines) == 4  # whole lines, each with its rank, none mixed

@@ -52,10 +52,10 @@ def test_job_rows():
     assert job_rows(jobs, 1000.0) == [
         {"id": "j-2", "name": "j-2", "state": "pending", "gpus": "4", "position": "1",
          "reason": "waiting for 4 GPUs on one node", "elapsed": "0:10", "attempt": "2",
-         "active": True, "use": none},
+         "active": True, "ranks": 1, "use": none},
         {"id": "j-1", "name": "resnet", "state": "failed", "gpus": "1", "position": "",
          "reason": "exit code 1", "elapsed": "1:00:00", "attempt": "1", "active": False,
-         "use": none}]
+         "ranks": 1, "use": none}]
 
 
 NOW = 1_800_000_030.0  # 30 s into a minute
@@ -207,7 +207,8 @@ def test_the_panel_shows_quota_and_jobs_and_its_buttons_act_in_the_pool(hub, pan
     assert "vision: 1 of 2 guaranteed GPUs in use" in bar.value
     assert panel.slice_line.value == "<div>No build slice: this server has no GPU of its own.</div>"
     [row] = [r for r in panel.jobs_box.children[1:] if "shown" in r.children[0].value]
-    name, state, gpus, position, spent, attempt, use, reason, cancel, logs = row.children
+    name, state, gpus, position, spent, attempt, use, reason, cancel, logs, rank = row.children
+    assert rank.layout.display == "none"  # one rank: no rank to choose
     assert (name.value, gpus.value, position.value, attempt.value) == ("shown", "1", "", "1")
     assert "running" in state.value and re.match(r"0:\d\d", spent.value)
     # its GPU use as the NVML stand-in plays the simulated GPUs (nothing runs kernels on them)
@@ -224,6 +225,20 @@ def test_the_panel_shows_quota_and_jobs_and_its_buttons_act_in_the_pool(hub, pan
     hub.wait_job("alice", job["id"], ("cancelled",))
     wait_for(lambda: panel.refresh() and "cancelled" in row.children[1].value)
     assert row.children[8].disabled and row.children[6].value == ""  # ended: no GPU use
+
+
+def test_the_logs_of_each_rank_of_a_distributed_job(hub, panel):
+    job = submit(hub, "alice", gpus=2, per_gpu=True, name="ranks",
+                 source="import os\nprint('I am rank', os.environ['RANK'])\n")
+    hub.wait_job("alice", job["id"], ("succeeded",))
+    assert panel.refresh()
+    [row] = [r for r in panel.jobs_box.children[1:] if "ranks" in r.children[0].value]
+    *_, logs, rank = row.children
+    assert rank.layout.display is None and rank.options == (("rank 0", 0), ("rank 1", 1))
+    rank.value = 1
+    logs.click()
+    [out] = panel.logs.outputs
+    assert out["text"] == f"── logs of job {job['id']}, rank 1 ──\nI am rank 1\n"
 
 
 def test_the_panel_refreshes_by_itself_until_closed(hub, alice):

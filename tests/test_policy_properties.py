@@ -2,7 +2,9 @@
 
 A random world is driven through many cycles the way the service drives the policy
 (``builders.apply``): jobs finish after their run time, preempted jobs release their GPUs
-after a grace of one cycle and are requeued. Every cycle is checked against DESIGN.md's
+after a grace of one cycle and are requeued, unless their run time ended within that grace:
+then they exited 0 by themselves and have finished, never to run again (contract 9,
+``policy/outcome.py``). Every cycle is checked against DESIGN.md's
 scheduling contract; the checks use their own brute-force arithmetic, never the policy's.
 """
 
@@ -18,6 +20,7 @@ from builders import GPU, apply, finish
 from jupyter_gpushare.policy import (CycleResult, JobState, Node, PolicyConfig, Project, Snapshot,
                                      TrainJob, cycle)
 from jupyter_gpushare.policy import reasons as R
+from jupyter_gpushare.policy.outcome import SUCCEEDED, after_stop
 
 DT = 10.0  # seconds between cycles; the grace period is one cycle
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -138,7 +141,7 @@ def snapshots(draw, now=100.0):
 
 
 @st.composite
-def full_pools(draw, now=100.0):
+def full_pools(draw, now=100.0, young=False):
     """A full pool of small jobs of three projects and a claimant ``z`` within its quota.
 
     Quotas fit the pool, so the others run at least the claimant's gang beyond their quotas;
@@ -153,12 +156,15 @@ def full_pools(draw, now=100.0):
             left -= gpus
             project = draw(st.sampled_from(sorted(usage)))
             usage[project] += gpus
-            since = now - draw(st.sampled_from([10.0, 20.0, 30.0, 40.0, 50.0]))
+            since = now if young else now - draw(st.sampled_from([10.0, 20.0, 30.0, 40.0,
+                                                                  50.0]))
             jobs.append(TrainJob(f"r{len(jobs)}", project, gpus * GPU, submit_time=since,
                                  state=JobState.RUNNING, placement={f"n{node}": gpus * GPU},
                                  start_time=since, idle=draw(st.booleans())))
     gpus = draw(st.integers(1, 2 * size))
-    quotas = {p: draw(st.integers(0, u)) for p, u in sorted(usage.items())}
+    # young: every running job just started, and they all borrow (quota 0), so that a
+    # requeued victim never keeps its project within quota and takes the room back first
+    quotas = {p: 0 if young else draw(st.integers(0, u)) for p, u in sorted(usage.items())}
     excess = sum(quotas.values()) + gpus - size * count
     for p in sorted(quotas):
         cut = min(quotas[p], max(0, excess))
@@ -446,12 +452,20 @@ def run(world: World, cycles: int, contract: Contract | None = None):
     """Yield (result, snapshot before the cycle) for ``cycles`` cycles of ``world``."""
     duration = {a.job.id: a.duration for a in world.arrivals}
     snap = Snapshot(0.0, world.nodes, world.projects, ())
+    ended: set[str] = set()
     for t in range(cycles):
         snap = replace(snap, now=t * DT)
-        done = [j.id for j in snap.jobs if j.running and not j.preempting
-                and duration[j.id] is not None and snap.now - j.start_time >= duration[j.id] * DT]
+        # Run time over, even during a grace period: exit 0, which ends the job.
+        done = [j.id for j in snap.jobs if j.running and duration[j.id] is not None
+                and snap.now - j.start_time >= duration[j.id] * DT]
+        for j in snap.jobs:
+            if j.id in done and j.preempting:
+                assert after_stop(0) == SUCCEEDED
+                event("a preempted job finished within its grace")
         snap = finish(snap, *done)
+        ended.update(done)
         snap = replace(snap, jobs=snap.jobs + tuple(a.job for a in world.arrivals if a.step == t))
+        assert not ended & {j.id for j in snap.jobs}, "a job that finished runs again"
         before = snap
         if contract is not None:
             result, snap = contract.check(snap)
@@ -566,3 +580,32 @@ def test_the_guarantee_check_is_exercised():
         pass
     assert contract.stats["guarantees_by_reclaim"] >= 3, contract.stats
     assert contract.stats["preemptions"] >= 3, contract.stats
+
+
+@SETTINGS
+@given(full_pools(young=True), st.sampled_from([15.0, 40.0, 60.0, 100.0]))
+def test_the_guarantee_bound_is_min_runtime_plus_a_cycle_plus_the_grace(snap, min_runtime):
+    """Every job that could give GPUs back has just started: the claimant waits out the
+    minimum runtime, the first cycle after it claims the GPUs (at most one cycle later), and
+    it starts once the victims are gone: min_runtime + cycle + grace after it arrived. Here
+    the grace is a cycle and a release is seen at the next cycle (the contract check above:
+    "the grace cycle and one more"), so the grace counts two cycles; the service sees an
+    exit within 0.1 s."""
+    config = PolicyConfig(min_runtime_s=min_runtime)
+    claimant = next(j for j in snap.jobs if j.pending)
+    if not room_for(claimant, snap, PolicyConfig()):  # no room on few enough nodes at all
+        event("no room for the claimant")
+        return
+    bound = min_runtime + DT + 2 * DT
+    arrived, now = snap.now, snap.now
+    while now <= arrived + bound:
+        result = cycle(snap, config)
+        if any(s.job == claimant.id for s in result.starts):
+            event("claimant started within the bound")
+            return
+        if now < arrived + min_runtime:
+            assert not result.preemptions, "a job was preempted before its minimum runtime"
+        snap = replace(apply(snap, result), now=now + DT)
+        now = snap.now
+    raise AssertionError(f"{claimant.id} had not started {bound:g} s after it arrived "
+                         f"(min_runtime {min_runtime:g} s, cycle and grace {DT:g} s)")

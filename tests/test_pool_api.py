@@ -27,3 +27,21 @@ def test_the_list_cache_key_is_the_caller_and_the_arguments_a_list_reads():
     assert list_key(alice, {**query, "x": [b"1"]}) == list_key(alice, {**query, "x": [b"2"]})
     assert list_key(alice, query) != list_key(service, query)
     assert list_key(alice, query) != list_key(alice, {**query, "state": [b"running"]})
+
+
+def test_the_document_is_valid_openapi_3_0_3():
+    from openapi_spec_validator import OpenAPIV30SpecValidator
+
+    assert SPEC["openapi"] == "3.0.3"
+    OpenAPIV30SpecValidator(SPEC).validate()  # raises on e.g. 3.1's exclusiveMinimum: 0
+
+
+def test_every_operation_documents_403_and_its_errors_as_json():
+    for path, methods in SPEC["paths"].items():
+        for method, op in methods.items():
+            if path == "/api/openapi.json":
+                continue
+            assert "403" in op["responses"], (method, path)
+            for status, answer in op["responses"].items():
+                if status.startswith(("4", "5")):
+                    assert "application/json" in answer["content"], (method, path, status)

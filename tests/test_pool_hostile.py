@@ -9,7 +9,6 @@ questions and can slow them down or fail them."""
 
 import http.client
 import json
-import os
 import secrets
 import shutil
 import stat

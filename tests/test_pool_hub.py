@@ -1,6 +1,7 @@
 """The pool service in a real JupyterHub with the real proxy, on the local backend with 4
 simulated GPUs: jobs run and log, preemption and resume, every endpoint's rights, bad input,
-and a service that is killed and restarted by the hub."""
+idempotent submits, and a service that is killed and started again at once. All of it on
+SQLite and on PostgreSQL."""
 
 import json
 import os
@@ -20,6 +21,7 @@ c.PoolService.projects = {"vision": {"quota": 2, "groups": ["vision"]},
                           "nlp": {"quota": 2, "groups": ["nlp"]}}
 c.PoolService.cycle_interval = 0.2
 c.PoolService.grace_period = 3
+c.PoolService.min_runtime = 0  # preempt at once: these tests watch preemption
 c.LocalBackend.simulated_nodes = 1
 c.LocalBackend.simulated_gpus_per_node = 4
 c.LocalBackend.env_keep = ["LANG", "LC_ALL"]  # the root service's PATH is not the users'
@@ -39,9 +41,14 @@ LONG = ("import os, signal, sys, time\n"
         "print('done', flush=True)\n")
 
 
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    with running_hub(tmp_path_factory.mktemp("hub"), GROUPS, POOL_CONFIG,
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def hub(request, tmp_path_factory):
+    """The whole module runs on each store: SQLite, and the tests' own PostgreSQL server."""
+    config = POOL_CONFIG
+    if request.param == "postgresql":
+        url = request.getfixturevalue("postgresql").database()
+        config += f"c.PoolService.db_url = {url!r}\n"
+    with running_hub(tmp_path_factory.mktemp("hub"), GROUPS, config,
                      users=["alice", "bob", "carol", "admin"]) as hub:
         yield hub
 
@@ -194,6 +201,53 @@ def test_not_json_and_oversized_bodies(hub):
     status, answer = hub.api("POST", "api/jobs", "alice",
                              {"gpus": 1, "source": "x" * (2 * 1024 * 1024)})
     assert status == 413 and "larger than" in answer["error"]
+
+
+@pytest.mark.parametrize("path, method", [("api/jobs", "POST"), ("api/projects/nlp", "PUT"),
+                                          ("api/slices", "POST")])
+@pytest.mark.parametrize("raw, words", [
+    (b'{"gpus": 1, "name": "\xff\xfe"}', "not UTF-8 text (byte 21 is not)"),
+    (b"\xef\xbb\xbf{}", "not valid JSON"),  # a byte-order mark is not JSON
+    (b"[" * 100_000, "nests deeper than 32 levels"),  # beyond Python's recursion limit
+    (b"[" * 40 + b"]" * 40, "nests deeper than 32 levels"),
+    (b'{"gpus": 1, "command": ["\\ud800"]}', "lone UTF-16 surrogate"),
+    (b'{"quota": 1e308}', ""),  # a number no store holds: refused, never a 500
+], ids=["not-utf8", "bom", "deep", "deep-but-parses", "surrogate", "huge-number"])
+def test_bad_bytes_get_a_400_with_a_sentence(hub, path, method, raw, words):
+    user = "admin" if method == "PUT" else "alice" if path == "api/jobs" else None
+    if user is None:
+        status, answer = hub.request(method, hub.pool_url + path, hub.tester_token, raw=raw)
+    else:
+        status, answer = hub.api(method, path, user, raw=raw)
+    assert status == 400 and words in answer["error"], answer
+    assert "\n" not in answer["error"] and "Traceback" not in answer["error"]
+
+
+def test_a_retried_submit_returns_the_first_job(hub):
+    spec = {"gpus": 1, "command": ["true"], "name": "once"}
+    key = "9b2f6c1e-retry"
+    status, first = hub.request("POST", hub.pool_url + "api/jobs", hub.token("bob"),
+                                {**spec, "request_id": key})
+    assert status == 201 and first["request_id"] == key
+    again = hub.api("POST", "api/jobs", "bob", {**spec, "request_id": key})
+    assert again[0] == 200 and again[1]["id"] == first["id"]
+    # The same key in the header; a different spec under the same key is a conflict.
+    from urllib.request import Request, urlopen
+    req = Request(hub.pool_url + "api/jobs", data=json.dumps(spec).encode(), method="POST",
+                  headers={"Authorization": f"token {hub.token('bob')}",
+                           "Idempotency-Key": key, "Content-Type": "application/json"})
+    with urlopen(req) as r:
+        assert r.status == 200 and json.loads(r.read())["id"] == first["id"]
+    status, answer = hub.api("POST", "api/jobs", "bob", {**spec, "gpus": 2, "request_id": key})
+    assert status == 409 and "use a new request_id" in answer["error"]
+    # Keys are per user: alice's own key makes her own job.
+    status, hers = hub.api("POST", "api/jobs", "alice", {**spec, "request_id": key})
+    assert status == 201 and hers["id"] != first["id"]
+    status, answer = hub.api("POST", "api/jobs", "bob", {**spec, "request_id": "no spaces"})
+    assert status == 400 and "request_id" in answer["error"]
+    listed = hub.api("GET", "api/jobs?all=1", "admin")[1]["jobs"]
+    assert [j["id"] for j in listed if j.get("request_id") == key and j["user"] == "bob"] == \
+        [first["id"]]
 
 
 def test_quota_changes_are_checked_against_the_pool(hub):

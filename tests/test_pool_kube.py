@@ -7,6 +7,7 @@ project within its quota, and is requeued and resumed."""
 
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -25,10 +26,12 @@ c.PoolService.projects = {{"vision": {{"quota": 2, "groups": ["vision"]}},
                           "nlp": {{"quota": 2, "groups": ["nlp"]}}}}
 c.PoolService.cycle_interval = 0.2
 c.PoolService.grace_period = 3
+c.PoolService.min_runtime = 0  # preempt at once: these tests watch preemption
 c.KubernetesBackend.kubeconfig = {kubeconfig!r}
 c.KubernetesBackend.namespace = {namespace!r}
 c.KubernetesBackend.train_node_selector = {{"pool-kube-test": {namespace!r}}}
 c.KubernetesBackend.home_dir = {home!r}
+c.KubernetesBackend.rendezvous = "pod-ip"  # the test control plane has no DNS
 """
 
 # Checkpoints its attempt (rank 0; the ranks share the home volume), says when it is told to stop, runs until then.
@@ -126,6 +129,8 @@ def test_jobs_run_as_pods_wait_for_kubernetes_and_are_preempted_and_resumed(hub)
     assert log(hub, "bob", bob["id"]) == "bob was here\n"
     first = log(hub, "alice", alice["id"], attempt=1)
     assert first.endswith("got SIGTERM\n"), first
+    status, other = hub.api("GET", f"api/jobs/{alice['id']}/logs?attempt=1&rank=1", "alice")
+    assert status == 200 and "rank 1" in other and other.endswith("got SIGTERM\n"), other
 
     # Requeued with the same id and checkpoint directory: attempt 2 resumes from attempt 1.
     wait(lambda: "attempt 2 rank 0 resumes ['attempt-1']" in log(hub, "alice", alice["id"]),
@@ -136,3 +141,22 @@ def test_jobs_run_as_pods_wait_for_kubernetes_and_are_preempted_and_resumed(hub)
     assert hub.wait_job("alice", alice["id"], ("cancelled",))["state"] == "cancelled"
     wait(lambda: not api.get(f"/api/v1/namespaces/{ns}/pods")["items"],
          what="every job pod deleted")
+
+
+ALLREDUCE = str(Path(__file__).with_name("allreduce.py"))
+
+
+def test_a_two_node_job_all_reduces_through_the_api(hub):
+    for user, per_gpu, world in (("alice", False, 2), ("bob", True, 4)):
+        status, job_ = hub.api("POST", "api/jobs", user,
+                               {"gpus": 4, "command": [PY, ALLREDUCE], "per_gpu": per_gpu})
+        assert status == 201, job_
+        done = hub.wait_job(user, job_["id"], ("succeeded", "failed"), timeout=60)
+        assert (done["state"], done["ranks"]) == ("succeeded", world), done
+        total = sum(range(1, world + 1))
+        for rank in range(world):
+            status, text = hub.api("GET", f"api/jobs/{job_['id']}/logs?rank={rank}", user)
+            assert status == 200 and f"rank {rank} done" in text, text
+            assert f'"sum": [{total}, {total}, {total}, {total}]' in text
+        other = "bob" if user == "alice" else "alice"
+        assert hub.api("GET", f"api/jobs/{job_['id']}/logs?rank=1", other)[0] == 403

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from jupyter_gpushare.policy import Snapshot
-from jupyter_gpushare.policy.model import GPU
+from jupyter_gpushare.policy.model import DEFAULT_MIN_RUNTIME_S, GPU, PolicyConfig
 from jupyter_gpushare.sim.engine import SimConfig, Simulator, make_nodes
 from jupyter_gpushare.sim.metrics import percentile, summarize
 from jupyter_gpushare.sim.trace import TraceJob, apportion, read_quotas, read_trace
@@ -104,15 +104,22 @@ def test_json_has_every_contract_key(example):
     assert summary["completed"] == summary["jobs"] == 375
 
 
-def test_guarantee_holds_on_a_slice_of_philly(philly):
+@pytest.mark.parametrize("min_runtime", [0.0, DEFAULT_MIN_RUNTIME_S, 300.0])
+def test_guarantee_holds_on_a_slice_of_philly(philly, min_runtime):
+    # The bound: one cycle plus the grace period, plus the minimum runtime.
     trace, quotas = philly
     jobs = read_trace(trace)[:3000]
-    run = Simulator(jobs, apportion(read_quotas(quotas), 256), SimConfig(256)).run()
+    config = SimConfig(256, cycle_interval_s=1.0,
+                       policy_config=PolicyConfig(min_runtime_s=min_runtime))
+    run = Simulator(jobs, apportion(read_quotas(quotas), 256), config).run()
     summary = summarize(run)
     assert summary["completed"] == 3000
     assert summary["preemptions"] > 0  # contention happened ...
     assert summary["within_quota_preemptions"] == 0  # ... and the guarantee held
-    assert summary["p99_reclaim_s"] <= SimConfig(256).grace_s + SimConfig(256).cycle_interval_s
+    bound = config.grace_s + config.cycle_interval_s + min_runtime
+    assert max(run.reclaim_s) <= bound
+    if min_runtime >= 60:  # no attempt younger than the minimum is ever preempted
+        assert summary["preemptions_under_60s"] == 0
 
 
 def test_percentile_nearest_rank():
@@ -126,3 +133,25 @@ def test_nodes_cover_the_capacity():
     nodes = make_nodes(20, 8)
     assert [n.gpus for n in nodes] == [8, 8, 4]
     assert len({n.name for n in nodes}) == 3
+
+
+@pytest.mark.parametrize("claim_at, outcome", [(80, "finished"), (50, "requeued")])
+def test_a_victim_whose_work_ends_within_its_grace_finishes_and_is_never_rerun(claim_at,
+                                                                               outcome):
+    # A borrows both GPUs for 100 s; B claims its quota at claim_at with a 30 s grace. At 80
+    # A's work ends (at 100) within the grace: it exits 0 by itself and has finished, as the
+    # service records it (tests/test_pool_loop.py). At 50 the grace ends first: requeued.
+    jobs = [tj("a", 0, 100, 2, "A"), tj("b", claim_at, 10, 2, "B")]
+    summary, events = simulate(jobs, {"A": 0, "B": 2}, capacity=2, grace_s=30,
+                               checkpoint_interval_s=0)
+    starts = [(e["job"], e["attempt"]) for e in events if e["event"] == "start"]
+    assert summary["preemptions"] == 1
+    if outcome == "finished":
+        assert starts == [("a", 1), ("b", 1)]
+        assert summary["finished_while_preempted"] == 1 and summary["lost_gpu_hours"] == 0
+        finish = {e["job"]: e["t"] for e in events if e["event"] == "finish"}
+        assert finish["a"] == 100
+    else:
+        assert starts == [("a", 1), ("b", 1), ("a", 2)]
+        assert summary["finished_while_preempted"] == 0
+        assert summary["lost_gpu_hours"] == pytest.approx(2 * 80 / 3600, abs=0.01)

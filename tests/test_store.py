@@ -1,13 +1,9 @@
 """The pool's store: migrations build exactly the models, and nothing accepted is lost."""
 
-import os
-import shutil
-import subprocess
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
+from sqlalchemy.exc import IntegrityError
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
@@ -49,44 +45,33 @@ def test_jobs_attempts_and_events_survive_reopening(tmp_path):
     assert again.project("vision").quota == 3000
 
 
-def _postgres_bin():
-    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
-    return found[-1].parent if found else None
+def test_migrations_on_postgresql(postgresql):
+    url = postgresql.database()
+    store = Store(url)
+    assert schema_diff(store) == []
+    job = store.add_job(time.time(), user="bob", project="nlp", name="", gpus=1000,
+                        priority=0, command=["true"], env={}, checkpoint_dir="")
+    assert Store(url).job(job.id).user == "bob"
+    check_request_ids(store)
+    store.engine.dispose()
 
 
-def test_migrations_on_postgresql():
-    bin_dir = _postgres_bin()
-    if bin_dir is None:
-        pytest.skip("PostgreSQL is not installed (Debian: apt-get install postgresql); "
-                    "the store's PostgreSQL path is not tested here")
-    pytest.importorskip("psycopg", reason="pip install 'psycopg[binary]' to test PostgreSQL")
-    run_as = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []  # initdb refuses root
-    base = Path(tempfile.mkdtemp(prefix="gpushare-pg-"))  # pytest's own is closed to postgres
-    data, sock = base / "pg", base / "sock"
-    sock.mkdir()
-    if run_as:
-        shutil.chown(base, "postgres")
-        shutil.chown(sock, "postgres")
-    subprocess.run([*run_as, str(bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U",
-                    "gpushare"], check=True, capture_output=True)
-    # The server gets a log file, not our pipes: it outlives pg_ctl and would hold them open.
-    subprocess.run([*run_as, str(bin_dir / "pg_ctl"), "-D", str(data), "-w", "-l",
-                    str(base / "server.log"), "-o", f"-k {sock} -c listen_addresses=''", "start"],
-                   check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL)
-    try:
-        subprocess.run([*run_as, str(bin_dir / "createdb"), "-h", str(sock), "-U", "gpushare",
-                        "pool"], check=True, capture_output=True)
-        store = Store(f"postgresql+psycopg://gpushare@/pool?host={sock}")
-        assert schema_diff(store) == []
-        job = store.add_job(time.time(), user="bob", project="nlp", name="", gpus=1000,
-                            priority=0, command=["true"], env={}, checkpoint_dir="")
-        assert Store(f"postgresql+psycopg://gpushare@/pool?host={sock}").job(job.id).user == "bob"
-        store.engine.dispose()
-    finally:
-        subprocess.run([*run_as, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "fast",
-                        "stop"], capture_output=True)
-        shutil.rmtree(base, ignore_errors=True)
+def check_request_ids(store: Store):
+    fields = dict(project="a", name="", gpus=1000, priority=0, command=["true"], env={},
+                  checkpoint_dir="")
+    first, created = store.add_job_once(time.time(), "key-1", user="ann", **fields)
+    again, created_again = store.add_job_once(time.time(), "key-1", user="ann", **fields)
+    assert created and not created_again and again.id == first.id
+    other, created = store.add_job_once(time.time(), "key-1", user="bob", **fields)
+    assert created and other.id != first.id  # keys are per user
+    plain = [store.add_job_once(time.time(), None, user="ann", **fields) for _ in range(2)]
+    assert all(made for _, made in plain) and plain[0][0].id != plain[1][0].id
+    with pytest.raises(IntegrityError):  # the constraint holds where two tries race
+        store.add_job(time.time(), user="ann", request_id="key-1", **fields)
+
+
+def test_a_request_id_makes_one_job_per_user(tmp_path):
+    check_request_ids(Store(f"sqlite:///{tmp_path / 'pool.sqlite'}"))
 
 
 def test_counts_are_not_capped_by_list_limits(tmp_path):

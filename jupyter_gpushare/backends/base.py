@@ -1,6 +1,12 @@
 """Where train jobs run. A backend only runs what it is told; the pool service owns job
 states, decisions and the store. This class's docstrings are the contract a backend keeps
-(like JupyterHub's ``Spawner.start/stop/poll``)."""
+(like JupyterHub's ``Spawner.start/stop/poll``).
+
+An attempt is a gang of ranks (``ranks.layout``): one per node of its placement, or one per
+GPU with ``Launch.per_gpu``. Every rank gets ``ranks.rank_env`` with a rendezvous address that
+the backend provides (``MASTER_ADDR``/``MASTER_PORT``: where rank 0 can listen and every other
+rank can reach it), and its own log. The gang has one life: it starts whole, and when one rank
+fails or vanishes the backend stops the others and the attempt ends."""
 
 from __future__ import annotations
 
@@ -40,6 +46,7 @@ class Launch:
     placement: Mapping[str, int]  # node name -> milli-GPUs, as the policy placed the gang
     checkpoint_dir: str  # the same directory for every attempt of the job
     workdir: str | None = None  # None: the user's home directory
+    per_gpu: bool = False  # one rank per GPU instead of one per node
 
 
 @dataclass(frozen=True)
@@ -92,27 +99,35 @@ class Backend(LoggingConfigurable):
         raise NotImplementedError
 
     async def start(self, launch: Launch) -> Handle:
-        """Start one attempt, all of its gang at once or nothing, and return at once with a
-        handle (do not wait for the job). Raise ``BackendError`` when it cannot start;
-        then nothing of it may keep running."""
+        """Start one attempt, all of its ranks at once or nothing, and return at once with a
+        handle (do not wait for the job). Each rank runs on its node with that node's GPUs
+        and ``ranks.rank_env``. Raise ``BackendError`` when it cannot start; then nothing of
+        it may keep running."""
         raise NotImplementedError
 
     async def stop(self, job_id: str, attempt: int, grace_s: float) -> None:
-        """Ask the attempt to stop (SIGTERM or the platform's equivalent) and kill it if it
-        still runs after ``grace_s`` seconds. Return at once; the end is reported by
-        ``poll``. Stopping an attempt that already ended does nothing."""
+        """Ask every rank of the attempt to stop (SIGTERM or the platform's equivalent) and
+        kill what still runs after ``grace_s`` seconds. Return at once; the end is reported
+        by ``poll``. Stopping an attempt that already ended does nothing."""
         raise NotImplementedError
 
     async def poll(self) -> list[Exit]:
-        """The attempts that ended since the last call, each reported exactly once."""
+        """The attempts that ended since the last call, each reported exactly once. An
+        attempt ends when none of its ranks runs any more: ``succeeded`` when every rank
+        exited with 0. When one rank fails (or vanishes: ``lost``), the backend stops the
+        others with the grace period and reports the attempt, with that first rank's exit
+        code and a reason that names the rank, once they are gone; the GPUs are held until
+        then."""
         raise NotImplementedError
 
     async def adopt(self, handles: list[Handle]) -> list[Exit]:
-        """After a restart of the service: take back the attempts that still run (they
-        are then watched as if started by this process) and return an ``Exit`` for each
-        one that ended meanwhile or cannot be found (``lost``). Anything the backend runs
-        that no handle names is stopped: a job without a record must not hold GPUs. Stops
-        asked for before the restart are not remembered: the service asks again."""
+        """After a restart of the service: take back the attempts that still run, every
+        rank of them (they are then watched as if started by this process), and return an
+        ``Exit`` for each one that ended meanwhile or cannot be found (``lost``); an attempt
+        some of whose ranks ended badly meanwhile is handled as in ``poll``. Anything the
+        backend runs that no handle names is stopped: a job without a record must not hold
+        GPUs. Stops asked for before the restart are not remembered: the service asks
+        again."""
         raise NotImplementedError
 
     def reasons(self) -> dict[str, str]:
@@ -127,29 +142,30 @@ class Backend(LoggingConfigurable):
         pod's home volume); None: the user's account on the service's machine."""
         return None
 
-    def log_path(self, job_id: str, attempt: int):
-        """The first file of the attempt's log (stdout and stderr together, capped at
-        ``log_limit`` as ``logfile.py`` keeps it), or None when this backend keeps logs
-        elsewhere (then ``read_log_from`` is overridden)."""
+    def log_path(self, job_id: str, attempt: int, rank: int = 0):
+        """The first file of the log of one rank of the attempt (stdout and stderr together,
+        capped at ``log_limit`` as ``logfile.py`` keeps it), or None when this backend keeps
+        logs elsewhere (then ``read_log_from`` is overridden)."""
         return None
 
     async def read_log_from(self, job_id: str, attempt: int, offset: int = 0,
-                            size: int = logfile.READ_CHUNK) -> tuple[int, bytes]:
-        """At most ``size`` bytes of the attempt's output from byte ``offset`` on, as
-        ``(start, data)``: ``start`` is later than ``offset`` where the output there was
-        dropped (the log outgrew ``log_limit``); ``data`` is ``b""`` when there is no more
-        yet."""
-        path = self.log_path(job_id, attempt)
+                            size: int = logfile.READ_CHUNK, rank: int = 0) -> tuple[int, bytes]:
+        """At most ``size`` bytes of the output of rank ``rank`` of the attempt (the service
+        checks that it has one) from byte ``offset`` on, as ``(start, data)``: ``start`` is
+        later than ``offset`` where the output there was dropped (the log outgrew
+        ``log_limit``); ``data`` is ``b""`` when there is no more yet."""
+        path = self.log_path(job_id, attempt, rank)
         if path is None:
             return offset, b""
         return logfile.read(path, offset, size)
 
-    async def read_log(self, job_id: str, attempt: int, offset: int = 0) -> bytes:
-        """All the kept output of the attempt from byte ``offset`` on (at most
+    async def read_log(self, job_id: str, attempt: int, offset: int = 0,
+                       rank: int = 0) -> bytes:
+        """All the kept output of one rank of the attempt from byte ``offset`` on (at most
         ``log_limit`` bytes), with a line where output was dropped."""
         parts = []
         while True:
-            start, data = await self.read_log_from(job_id, attempt, offset)
+            start, data = await self.read_log_from(job_id, attempt, offset, rank=rank)
             if start > offset:
                 parts.append(logfile.dropped_note(start - offset))
             if not data:

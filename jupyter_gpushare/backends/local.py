@@ -1,10 +1,12 @@
 """Train jobs as processes on this machine: the embedded default backend.
 
-Each attempt runs under ``shim.py`` in a session of its own: the shim's pid names the job's
-process group, and the shim writes the exit status to a file, so that jobs outlive a restart
-of the service and a restarted service learns how they ended. Per attempt, ``state_dir``
-holds ``<job>/<attempt>.pid`` (how to find the group again), ``.exit`` (written by the shim)
-and ``.log`` (stdout and stderr).
+Each node of an attempt's placement runs its ranks under ``shim.py`` in a session of its
+own: the shim's pid names that node's process group, and the shim writes the exit status to
+a file, so that jobs outlive a restart of the service and a restarted service learns how they
+ended. A gang placed on two (simulated) nodes is two process groups on this machine, whose
+ranks meet at rank 0's address on loopback. Per attempt, ``state_dir`` holds
+``<job>/<attempt>[.node<N>].pid`` (how to find each group again), ``.exit`` (written by the
+shim) and one log per rank (``ranks.log_name``: ``<attempt>.log`` is rank 0's).
 
 GPUs are chosen here, not by the policy: the policy places milli-GPUs on nodes, this backend
 picks which devices of those nodes and names them by UUID in ``CUDA_VISIBLE_DEVICES``.
@@ -19,15 +21,16 @@ import os
 import pwd
 import re
 import signal
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
 
-from traitlets import Bool, Integer, List, Unicode, default, validate
+from traitlets import Bool, Float, Integer, List, Unicode, default, validate
 
 from .. import gpus as gpu_inventory
 from ..policy.model import GPU, Node, gpus_text
-from . import shim
+from . import ranks, shim
 from .base import Backend, BackendError, Exit, Handle, Launch, LocalAttempt, private_dir
 
 SIMULATED_LABEL = "gpushare.io/simulated"
@@ -53,24 +56,43 @@ class _Account:
 
 
 @dataclass
+class _Group:
+    """The ranks of one node of an attempt: one shim, one process group."""
+
+    node: str
+    pgid: int
+    start: int | None  # the shim's start time in clock ticks: guards against pid reuse
+    exit_path: str
+    ranks: tuple[int, ...]
+    proc: subprocess.Popen | None = None  # None once adopted: not our child
+    ended: Exit | None = None
+
+    def record(self) -> dict:
+        return {"node": self.node, "pgid": self.pgid, "start": self.start,
+                "exit": self.exit_path, "ranks": list(self.ranks)}
+
+
+@dataclass
 class _Attempt:
-    """A running attempt as this backend watches it."""
+    """A running attempt as this backend watches it: a gang of process groups."""
 
     job_id: str
     attempt: int
-    pgid: int
-    start: int | None  # the shim's start time in clock ticks: guards against pid reuse
     devices: dict[str, list[str]]  # node -> GPU UUIDs
-    exit_path: str
-    log_path: str
-    proc: subprocess.Popen | None = None  # None once adopted: not our child
+    groups: list[_Group]
+    master: str = ""  # rank 0's rendezvous address, host:port
     stopping: bool = False
+    failure: Exit | None = None  # the first rank that ended badly; the others are stopping
     timers: list = field(default_factory=list)
+
+    @property
+    def world_size(self) -> int:
+        return sum(len(g.ranks) for g in self.groups)
 
     def handle(self) -> Handle:
         return Handle(self.job_id, self.attempt, {
-            "pgid": self.pgid, "start": self.start, "devices": self.devices,
-            "exit": self.exit_path, "log": self.log_path})
+            "devices": self.devices, "master": self.master,
+            "groups": [g.record() for g in self.groups]})
 
 
 class LocalBackend(Backend):
@@ -109,6 +131,15 @@ class LocalBackend(Backend):
         as its submitting user and never as root, whatever this says.
         """).tag(config=True)
 
+    grace_period = Float(help="""
+        Seconds the other ranks of a gang get between SIGTERM and SIGKILL when one rank
+        has failed. Default: PoolService.grace_period.
+        """).tag(config=True)
+
+    @default("grace_period")
+    def _default_grace(self):
+        return float(getattr(self.parent, "grace_period", 30))
+
     env_keep = List(Unicode(), [
         "PATH", "PYTHONPATH", "CONDA_ROOT", "CONDA_DEFAULT_ENV", "VIRTUAL_ENV", "LANG", "LC_ALL",
     ], help="""
@@ -145,9 +176,9 @@ class LocalBackend(Backend):
         return {name: list(found) for name, (_source, found) in self._gpus().items()}
 
     def local_attempts(self) -> list[LocalAttempt]:
-        return [LocalAttempt(a.job_id, a.attempt, a.pgid,
-                             {n: tuple(u) for n, u in a.devices.items()})
-                for a in self._running.values()]
+        # One per node's process group: the processes of a group use that node's GPUs.
+        return [LocalAttempt(a.job_id, a.attempt, g.pgid, {g.node: tuple(a.devices[g.node])})
+                for a in self._running.values() for g in a.groups if g.node in a.devices]
 
     def _service_is_root(self) -> bool:
         return os.geteuid() == 0
@@ -167,9 +198,25 @@ class LocalBackend(Backend):
         account = self._account(launch.user)
         # No await from choosing devices to registering them: two starts cannot interleave.
         devices = self._choose(launch.placement)
-        self._running[key] = attempt = self._spawn(launch, account, devices)
-        self.log.info("Started attempt %d of job %s as %s on %s (process group %d)", launch.attempt,
-                      launch.job_id, account.name, ", ".join(devices), attempt.pgid)
+        lay = ranks.layout(launch.placement, launch.per_gpu)
+        master = ("127.0.0.1", _free_port())
+        groups: list[_Group] = []
+        try:
+            for node_rank, (node, _) in enumerate(lay.nodes):
+                groups.append(self._spawn(launch, account, devices[node], lay, node_rank,
+                                          master))
+        except BackendError:
+            for group in groups:  # a gang starts whole or not at all
+                _signal_group(group.pgid, group.start, signal.SIGKILL)
+                group.proc.wait()
+                _forget(group)
+            raise
+        self._running[key] = attempt = _Attempt(launch.job_id, launch.attempt, devices, groups,
+                                                f"{master[0]}:{master[1]}")
+        self.log.info("Started attempt %d of job %s as %s: %d rank(s) on %s (process group%s %s)",
+                      launch.attempt, launch.job_id, account.name, lay.world_size,
+                      ", ".join(devices), "s" if len(groups) > 1 else "",
+                      ", ".join(str(g.pgid) for g in groups))
         return attempt.handle()
 
     def _account(self, user: str) -> _Account:
@@ -210,16 +257,25 @@ class LocalBackend(Backend):
             raise BackendError("The job has no placement: it was not given any GPU.")
         return chosen
 
-    def _paths(self, job_id: str, attempt: int) -> tuple[str, str, str]:
+    def _paths(self, job_id: str, attempt: int, node_rank: int = 0) -> tuple[str, str]:
+        """The process record and exit file of one node's group."""
         base = os.path.join(self.state_dir, job_id, str(attempt))
-        return base + ".pid", base + ".exit", base + ".log"
+        if node_rank:
+            base += f".node{node_rank}"
+        return base + ".pid", base + ".exit"
 
-    def _spawn(self, launch: Launch, account: _Account, devices: dict[str, list[str]]) -> _Attempt:
-        pid_path, exit_path, log_path = self._paths(launch.job_id, launch.attempt)
+    def _spawn(self, launch: Launch, account: _Account, uuids: list[str], lay: ranks.Layout,
+               node_rank: int, master: tuple[str, int]) -> _Group:
+        pid_path, exit_path = self._paths(launch.job_id, launch.attempt, node_rank)
+        mine = lay.on_node(node_rank)
+        log_path = self.log_path(launch.job_id, launch.attempt, mine[0].rank)
         spec = {"user": account.name, "uid": account.uid if account.switch else None,
                 "gid": account.gid, "cwd": launch.workdir or account.home,
-                "checkpoint_dir": launch.checkpoint_dir, "log": log_path,
-                "log_limit": self.log_limit, "env": self._job_env(launch, account, devices)}
+                "checkpoint_dir": launch.checkpoint_dir, "log_limit": self.log_limit,
+                "env": self._job_env(launch, account, uuids), "grace_s": self.grace_period,
+                "ranks": [{"rank": r.rank, "env": ranks.rank_env(lay, r, *master),
+                           "log": self.log_path(launch.job_id, launch.attempt, r.rank)}
+                          for r in mine]}
         try:
             private_dir(self.state_dir)
             os.makedirs(os.path.dirname(pid_path), mode=0o700, exist_ok=True)
@@ -243,24 +299,27 @@ class LocalBackend(Backend):
             proc.stdin.write(json.dumps(spec).encode())
             proc.stdin.close()
             stat = shim.proc_stat(proc.pid)
-            attempt = _Attempt(launch.job_id, launch.attempt, proc.pid, stat and stat[2], devices,
-                               exit_path, log_path, proc)
+            group = _Group(lay.nodes[node_rank][0], proc.pid, stat and stat[2], exit_path,
+                           tuple(r.rank for r in mine), proc)
             _write_json(pid_path, {"job_id": launch.job_id, "attempt": launch.attempt,
-                                   "pgid": attempt.pgid, "start": attempt.start})
+                                   "node_rank": node_rank, "node": group.node,
+                                   "ranks": list(group.ranks), "world": lay.world_size,
+                                   "pgid": group.pgid,
+                                   "start": group.start, "devices": {group.node: uuids}})
         except OSError as exc:
             _signal_group(proc.pid, None, signal.SIGKILL)
             proc.wait()
             raise BackendError(f"The job could not be started ({exc.strerror or exc}).") from None
-        return attempt
+        return group
 
-    def _job_env(self, launch: Launch, account: _Account, devices: dict[str, list[str]]) -> dict:
+    def _job_env(self, launch: Launch, account: _Account, uuids: list[str]) -> dict:
         env = {k: os.environ[k] for k in self.env_keep if k in os.environ}
         env.setdefault("PATH", USER_PATH)
         env.update(HOME=account.home, USER=account.name, LOGNAME=account.name,
                    SHELL=account.shell or "/bin/sh", PYTHONUNBUFFERED="1")  # logs follow the job
         env.update(launch.env)
         env.update(CUDA_DEVICE_ORDER="PCI_BUS_ID",
-                   CUDA_VISIBLE_DEVICES=",".join(u for uuids in devices.values() for u in uuids),
+                   CUDA_VISIBLE_DEVICES=",".join(uuids),
                    GPUSHARE_JOB_ID=launch.job_id, GPUSHARE_ATTEMPT=str(launch.attempt),
                    GPUSHARE_CHECKPOINT_DIR=launch.checkpoint_dir)
         secret = os.environ.get("JUPYTERHUB_API_TOKEN")
@@ -278,10 +337,12 @@ class LocalBackend(Backend):
         if running is None:
             return
         running.stopping = True
-        self._stop_group(running.pgid, running.start, grace_s, running.timers)
+        for group in running.groups:
+            if group.ended is None:
+                self._stop_group(group.pgid, group.start, grace_s, running.timers)
 
     def _stop_group(self, pgid: int, start: int | None, grace_s: float, timers: list) -> None:
-        """SIGTERM now to the job (the shim survives it to record the exit), SIGKILL to
+        """SIGTERM now to the group (the shim survives it to record the exit), SIGKILL to
         whatever of it still runs after the grace period."""
         _signal_group(pgid, start, signal.SIGTERM)
         timers.append(asyncio.get_running_loop().call_later(
@@ -292,18 +353,43 @@ class LocalBackend(Backend):
         self._unreaped = [proc for proc in self._unreaped if proc.poll() is None]
         ended = []
         for key, running in list(self._running.items()):
-            if running.proc is not None:
-                running.proc.poll()
-            exit = _ended(running)
+            for group in running.groups:
+                if group.proc is not None:
+                    group.proc.poll()
+            exit = self._judge(running)
             if exit is not None:
                 del self._running[key]
-                _forget(running)
-                for timer in running.timers:
-                    timer.cancel()
-                if running.proc is not None and running.proc.poll() is None:
-                    self._unreaped.append(running.proc)
+                self._done(running)
                 ended.append(exit)
         return ended
+
+    def _judge(self, running: _Attempt) -> Exit | None:
+        """How the gang ended, or None while any rank runs. The first rank that ends badly
+        ends the gang: the others are stopped, and the attempt ends when they are gone."""
+        for group in running.groups:
+            if group.ended is None:
+                group.ended = _ended(running, group)
+        alive = [g for g in running.groups if g.ended is None]
+        if not alive:
+            bad = [g.ended for g in running.groups if g.ended.state != "succeeded"]
+            return running.failure or (bad[0] if bad else running.groups[0].ended)
+        if running.failure is None and not running.stopping:
+            bad = [g.ended for g in running.groups if g.ended and g.ended.state != "succeeded"]
+            if bad:
+                running.failure = bad[0]
+                self.log.info("Attempt %d of job %s: %s; stopping its other ranks",
+                              running.attempt, running.job_id, bad[0].reason)
+                for group in alive:
+                    self._stop_group(group.pgid, group.start, self.grace_period, running.timers)
+        return None
+
+    def _done(self, running: _Attempt) -> None:
+        for group in running.groups:
+            _forget(group)
+            if group.proc is not None and group.proc.poll() is None:
+                self._unreaped.append(group.proc)
+        for timer in running.timers:
+            timer.cancel()
 
     async def adopt(self, handles: list[Handle]) -> list[Exit]:
         exits = []
@@ -311,21 +397,25 @@ class LocalBackend(Backend):
             key = (handle.job_id, handle.attempt)
             if key in self._running:
                 continue
+            if "pgid" not in handle.data and "groups" not in handle.data:
+                # The service died before it stored the handle: what was written at start.
+                handle = Handle(*key, self._record_of(*key) or handle.data)
             try:
-                data = handle.data
-                running = _Attempt(handle.job_id, handle.attempt, int(data["pgid"]),
-                                   data.get("start"),
-                                   {n: list(u) for n, u in dict(data["devices"]).items()},
-                                   str(data["exit"]), str(data["log"]))
+                running = _from_handle(handle)
             except (KeyError, TypeError, ValueError):
                 exits.append(Exit(handle.job_id, handle.attempt, "lost",
                                   reason="its record does not say where it ran"))
                 continue
-            exit = _ended(running)
+            if handle.data.get("partial"):  # some of its ranks were never started: it ends
+                running.failure = Exit(*key, "lost", reason="the service stopped while "
+                                                            "starting its ranks")
+                for group in running.groups:
+                    self._stop_group(group.pgid, group.start, ORPHAN_GRACE_S, running.timers)
+            exit = self._judge(running)
             if exit is None:
                 self._running[key] = running
             else:
-                _forget(running)
+                self._done(running)
                 exits.append(exit)
         named = {(h.job_id, h.attempt) for h in handles} | set(self._running)
         for record in self._records():
@@ -337,8 +427,33 @@ class LocalBackend(Backend):
                 self._stop_group(record["pgid"], record.get("start"), ORPHAN_GRACE_S, [])
         return exits
 
+    def _record_of(self, job_id: str, attempt: int) -> dict | None:
+        """What this backend wrote when it started the attempt's groups, as a handle's data;
+        None when nothing was (never started, or its end already reported and forgotten)."""
+        if not _SAFE_ID.match(job_id):
+            return None
+        groups, devices, world = [], {}, 0
+        for record in self._records():
+            if (record.get("job_id"), record.get("attempt")) != (job_id, attempt):
+                continue
+            try:
+                world = int(record.get("world", 1))
+                node_rank = int(record.get("node_rank", 0))
+                node = str(record["node"])
+                groups.append((node_rank, {"node": node, "pgid": int(record["pgid"]),
+                                           "start": record.get("start"),
+                                           "exit": record["exit"],
+                                           "ranks": [int(r) for r in record["ranks"]]}))
+                devices.update(record.get("devices") or {})
+            except (KeyError, TypeError, ValueError):
+                return None
+        if not groups:
+            return None
+        return {"devices": devices, "groups": [g for _, g in sorted(groups, key=lambda x: x[0])],
+                "partial": sum(len(g["ranks"]) for _, g in groups) < world}
+
     def _records(self) -> list[dict]:
-        """The process records of attempts whose end has not been reported yet."""
+        """The process records of groups whose end has not been reported yet."""
         records = []
         for path in glob.glob(os.path.join(glob.escape(self.state_dir), "*", "*.pid")):
             try:
@@ -351,16 +466,38 @@ class LocalBackend(Backend):
             records.append(record)
         return records
 
-    def log_path(self, job_id: str, attempt: int):
+    def log_path(self, job_id: str, attempt: int, rank: int = 0):
         if not _SAFE_ID.match(job_id):
             return None
-        return self._paths(job_id, attempt)[2]
+        return os.path.join(self.state_dir, job_id, ranks.log_name(attempt, rank))
 
     async def shutdown(self) -> None:
         # Jobs keep running; a kill still pending after a stop is the restarted service's to repeat.
         for running in self._running.values():
             for timer in running.timers:
                 timer.cancel()
+
+
+def _free_port() -> int:
+    """A TCP port nothing listens on now, for rank 0's rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _from_handle(handle: Handle) -> _Attempt:
+    """The attempt a handle describes (an older service's handle is one group)."""
+    data = handle.data
+    devices = {str(n): [str(u) for u in uuids] for n, uuids in dict(data["devices"]).items()}
+    records = data.get("groups")
+    if records is None:
+        records = [{"node": next(iter(devices), ""), "pgid": data["pgid"],
+                    "start": data.get("start"), "exit": data["exit"], "ranks": [0]}]
+    groups = [_Group(str(r["node"]), int(r["pgid"]), r.get("start"), str(r["exit"]),
+                     tuple(int(x) for x in r["ranks"])) for r in records]
+    if not groups:
+        raise ValueError("no groups")
+    return _Attempt(handle.job_id, handle.attempt, devices, groups, str(data.get("master", "")))
 
 
 def _write_json(path: str, value) -> None:
@@ -403,49 +540,54 @@ def _signal_group(pgid: int, start: int | None, sig: int) -> None:
         pass
 
 
-def _forget(running: _Attempt) -> None:
-    """Drop the process record of a reported attempt: its pid may be reused from now on, and
+def _forget(group: _Group) -> None:
+    """Drop the process record of a reported group: its pid may be reused from now on, and
     the record must not make a later restart stop whoever gets it."""
     try:
-        os.unlink(running.exit_path[:-len(".exit")] + ".pid")
+        os.unlink(group.exit_path[:-len(".exit")] + ".pid")
     except OSError:
         pass
 
 
-def _read_exit(path: str) -> tuple[int | None, str]:
-    """The exit code the shim recorded (None: none yet) and, when the command could not be
-    run at all, the shim's sentence on why."""
+def _read_exit(path: str) -> tuple[int, int | None, str] | None:
+    """The shim's record: (return code, the rank that failed, if it says, and, when the
+    command could not be run at all, the shim's sentence on why); None before it is written."""
     try:
         with open(path) as f:
             record = json.load(f)
-        reason = record.get("reason")
-        return int(record["returncode"]), reason if isinstance(reason, str) else ""
+        rank, reason = record.get("rank"), record.get("reason")
+        return (int(record["returncode"]), None if rank is None else int(rank),
+                reason if isinstance(reason, str) else "")
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None, ""
+        return None
 
 
-def _ended(running: _Attempt) -> Exit | None:
-    """How the attempt ended, or None while it runs. A job killed by a signal gets exit
-    code 128 + the signal's number, as a shell (and Kubernetes) would report it."""
-    code, said = _read_exit(running.exit_path)
-    if code is None:
-        if _alive(running.pgid, running.start):
+def _ended(running: _Attempt, group: _Group) -> Exit | None:
+    """How one node's group ended, or None while it runs. A rank killed by a signal gets exit
+    code 128 + the signal's number, as a shell (and Kubernetes) would report it. In a gang of
+    several ranks the reason names the rank."""
+    record = _read_exit(group.exit_path)
+    if record is None:
+        if _alive(group.pgid, group.start):
             return None
-        code, said = _read_exit(running.exit_path)  # the shim may have written it meanwhile
+        record = _read_exit(group.exit_path)  # the shim may have written it meanwhile
     job, attempt = running.job_id, running.attempt
+    code, rank, said = record if record is not None else (None, None, "")
+    rank = group.ranks[0] if rank is None else rank
+    named = f"rank {rank}: " if running.world_size > 1 else ""
     if code is None:
-        if running.stopping:
+        if running.stopping or running.failure is not None:
             return Exit(job, attempt, "failed",
-                        reason="stopped; it ended without recording an exit status")
+                        reason=f"{named}stopped; it ended without recording an exit status")
         return Exit(job, attempt, "lost",
-                    reason="its processes are gone and no exit status was recorded")
+                    reason=f"{named}its processes are gone and no exit status was recorded")
     if code == 0:
         return Exit(job, attempt, "succeeded", 0)
     if code > 0:
-        return Exit(job, attempt, "failed", code, said or f"exited with code {code}")
+        return Exit(job, attempt, "failed", code, f"{named}{said or f'exited with code {code}'}")
     try:
         name = signal.Signals(-code).name
     except ValueError:
         name = f"signal {-code}"
-    return Exit(job, attempt, "failed", 128 - code,
-                f"{'stopped: ' if running.stopping else ''}killed by {name}")
+    stopped = "stopped: " if running.stopping or running.failure is not None else ""
+    return Exit(job, attempt, "failed", 128 - code, f"{named}{stopped}killed by {name}")

@@ -1,7 +1,14 @@
 """Runs one attempt of a local train job and records how it ended.
 
     python -I shim.py EXITFILE -- ARGV...
-    stdin: {"user", "uid", "gid", "cwd", "checkpoint_dir", "env", "log", "log_limit"}
+    stdin: {"user", "uid", "gid", "cwd", "checkpoint_dir", "env", "log_limit",
+            "ranks": [{"rank", "env", "log"}, ...], "grace_s"}
+
+One shim runs the ranks of one node of a gang: one, or one per GPU. Each rank is ARGV with
+``env`` and the rank's own variables, its output relayed into its own ``log``. When one rank
+fails the others get SIGTERM, then SIGKILL after ``grace_s`` (``launcher.Supervisor``).
+EXITFILE gets ``{"returncode", "rank", "reason"}`` of the first rank that failed
+(``reason``: why its command could not be run at all), or a returncode of 0.
 
 The local backend starts this shim in a new session, so the shim's pid names the job's
 process group, and the job outlives a restart of the service: the end is written to EXITFILE
@@ -11,8 +18,9 @@ Why it looks like this:
 - Where the service is root, so is the shim (the user cannot kill it or forge its exit
   file); only the forked child switches to the user. So the shim runs by path with ``-I``
   and a clean environment, reads the job's identity, directory and environment from stdin,
-  and imports nothing but the standard library (and ``logfile.py`` beside it).
-- The job's output comes to the shim through a pipe and goes to the log through
+  and imports nothing but the standard library (and ``logfile.py`` and ``launcher.py``
+  beside it).
+- Each rank's output comes to the shim through a pipe and goes to its log through
   ``logfile.CappedLog``, so a job printing without end keeps only ``log_limit`` bytes.
 - The stop signal goes to the whole process group. The shim catches it (does nothing) so
   that it lives to record the exit; the child gets default dispositions back before exec.
@@ -30,7 +38,8 @@ import sys
 import time
 import warnings  # noqa: F401  os.get_exec_path imports it lazily; after setuid the stdlib may be unreadable
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # logfile.py: ours, root's
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # ours, root's
+import launcher  # noqa: E402
 import logfile  # noqa: E402
 
 sys.path.pop(0)
@@ -118,9 +127,9 @@ def _run_child(argv, spec, said):
         os._exit(127 if isinstance(exc, FileNotFoundError) and step.startswith("run") else 126)
 
 
-def _write_exit(path, returncode, reason=""):
+def _write_exit(path, returncode, reason="", rank=None):
     tmp = f"{path}.tmp"
-    record = {"returncode": returncode}
+    record = {"returncode": returncode, "rank": rank}
     if reason:
         record["reason"] = reason
     with open(tmp, "w") as f:
@@ -146,31 +155,38 @@ def main(args):
     os.dup2(devnull, 0)
     os.close(devnull)
     sys.stderr.flush()
-    log = None
-    if spec.get("log"):
-        log = logfile.CappedLog(spec["log"], int(spec["log_limit"]), fresh=False)
-        out, into = os.pipe()
-    heard, said = os.pipe2(os.O_CLOEXEC)
-    pid = os.fork()
-    if pid == 0:
-        os.close(heard)
+    # An older service's spec: one rank, logged to "log".
+    ranks = spec.get("ranks") or [{"rank": None, "env": {}, "log": spec.get("log")}]
+    children, heard, logs = {}, {}, {}
+    for i, rank in enumerate(ranks):
+        log = None
+        if rank.get("log"):  # the first one may hold the service's start-up message: kept
+            log = logfile.CappedLog(rank["log"], int(spec["log_limit"]), fresh=i > 0)
+            out, into = os.pipe()
+        hear, said = os.pipe2(os.O_CLOEXEC)
+        pid = os.fork()
+        if pid == 0:
+            os.close(hear)
+            if log is not None:
+                os.dup2(into, 1)
+                os.dup2(into, 2)
+                os.close(into)
+                os.close(out)
+            _run_child(argv, {**spec, "env": {**spec["env"], **rank["env"]}}, said)
+        os.close(said)
         if log is not None:
-            os.dup2(into, 1)
-            os.dup2(into, 2)
             os.close(into)
-            os.close(out)
-        _run_child(argv, spec, said)
-    os.close(said)
-    if log is not None:
-        os.close(into)
-    reason = _read_all(heard)  # until the exec (or the child's sentence on why not)
-    if log is None:
-        _, status = os.waitpid(pid, 0)  # retried after our no-op signal handlers (PEP 475)
-    else:
-        status = _relay(out, log, pid)
-        log.close()
+            logs[out] = log
+        children[pid], heard[pid] = rank["rank"], hear
+    reasons = {pid: _read_all(fd) for pid, fd in heard.items()}  # each until its exec
+    gang = launcher.Supervisor(children, float(spec.get("grace_s", 10)))
+    _relay(logs, gang)
+    gang.wait()  # the ranks whose output ended before they did
+    status, rank = gang.result
     signal_members(os.getpgid(0), signal.SIGKILL, spare=os.getpid())
-    _write_exit(exit_path, os.waitstatus_to_exitcode(status), reason)
+    failed = next((pid for pid, r in children.items() if r == rank), None) if status else None
+    _write_exit(exit_path, os.waitstatus_to_exitcode(status), reasons.get(failed, ""),
+                rank if status else None)
 
 
 def _read_all(fd):
@@ -188,30 +204,33 @@ def _read_all(fd):
     return data.decode("utf-8", "replace")
 
 
-def _relay(out, log, pid):
-    """Copy the job's output to the log until every process that holds the pipe is gone;
-    return the child's wait status. Once the child has ended, the rest of its group is
-    killed, and output of processes outside it is read for STRAGGLERS_S more."""
-    status, until = None, None
-    while True:
-        ready, _, _ = select.select([out], [], [], 0.5)
-        if ready:
+def _relay(logs, gang):
+    """Copy each rank's output to its log until every process that holds a pipe is gone,
+    reaping the ranks as they end (``gang`` stops the others when one fails). Once every
+    rank has ended, the rest of the group is killed, and output of processes outside it is
+    read for STRAGGLERS_S more."""
+    until = None
+    while logs:
+        ready, _, _ = select.select(list(logs), [], [], 0.2)
+        for out in ready:
             data = os.read(out, 1 << 16)
-            if not data:
-                break
-            log.write(data)
-        if status is None:
-            done, code = os.waitpid(pid, os.WNOHANG)
-            if done:
-                status = code
+            if data:
+                logs[out].write(data)
+            else:
+                os.close(out)
+                logs.pop(out).close()
+        if not gang.done:
+            gang.reap()
+            if gang.done:
                 signal_members(os.getpgid(0), signal.SIGKILL, spare=os.getpid())
                 until = time.monotonic() + STRAGGLERS_S
+        elif until is None:
+            until = time.monotonic() + STRAGGLERS_S
         elif time.monotonic() > until:
             break
-    os.close(out)
-    if status is None:
-        _, status = os.waitpid(pid, 0)
-    return status
+    for out, log in logs.items():
+        os.close(out)
+        log.close()
 
 
 if __name__ == "__main__":

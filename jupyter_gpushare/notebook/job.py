@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import queue
 import shutil
+import sys
 import threading
 import time
 from typing import Callable, Iterator
@@ -23,6 +24,13 @@ from ..client import (ACTIVE_STATES, FINAL_STATES, ClientError, InvalidInput, Po
 from . import runner
 
 RETRY_MAX_S = 5.0  # longest pause between tries while the pool service cannot be reached
+
+
+def notebook_client() -> PoolClient:
+    """The client of a kernel: settings from the environment; while the pool service is
+    restarting it keeps trying and says so once in the cell (stderr)."""
+    return PoolClient(on_retry=lambda sentence: print(f"gpushare: {sentence}", file=sys.stderr,
+                                                      flush=True))
 
 
 class JobError(ClientError):
@@ -35,18 +43,23 @@ class JobTimeout(JobError, TimeoutError):
 
 def submit(command=None, *, source: str | None = None, gpus=1, project: str | None = None,
            name: str | None = None, priority=None, env=None, workdir: str | None = None,
-           with_vars: dict | None = None, out=None, client: PoolClient | None = None) -> "Job":
+           with_vars: dict | None = None, out=None, per_gpu: bool = False,
+           client: PoolClient | None = None, request_id: str | None = None) -> "Job":
     """Submit a train job and return its :class:`Job` at once.
 
     ``command`` (a list of words) runs as given; ``source`` (Python code) runs in a fresh
     process of this kernel's Python. ``with_vars`` ({name: value}, picklable) are defined
-    before ``source`` runs; ``out`` names variables that :meth:`Job.result` brings back.
+    before ``source`` runs; ``out`` names variables that :meth:`Job.result` brings back (from
+    rank 0 of a distributed job). A job on several nodes runs one rank per node, or one per
+    GPU with ``per_gpu``; each rank gets ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``...
     ``workdir`` (absolute) defaults to the current directory; ``project`` to your only one.
     The job gets this kernel's ``PATH`` unless ``env`` gives one.
     Bad values raise :class:`~jupyter_gpushare.client.InvalidInput`, and the pool's refusals
     :class:`~jupyter_gpushare.client.ClientError`, each with one sentence; nothing is submitted.
+    The submit goes through a restart of the pool service and never makes two jobs; give
+    ``request_id`` (e.g. a UUID) to submit again safely from elsewhere.
     """
-    client = client or PoolClient()
+    client = client or notebook_client()
     workdir = os.getcwd() if workdir is None else workdir
     out = _names(out, "out")
     if (with_vars or out) and source is None:
@@ -68,7 +81,7 @@ def submit(command=None, *, source: str | None = None, gpus=1, project: str | No
     # Checked in full before any file is written: bad input leaves nothing behind.
     spec = job_spec(["python"] if source is not None else command, source=None, gpus=gpus,
                     project=project, name=name, priority=priority, env=env, workdir=workdir,
-                    path=os.environ.get("PATH"))
+                    per_gpu=per_gpu, path=os.environ.get("PATH"))
     folder = None
     if source is not None:
         try:
@@ -82,7 +95,7 @@ def submit(command=None, *, source: str | None = None, gpus=1, project: str | No
                               f"({e.strerror}); run from a directory you can write") from None
         spec["command"] = runner.command(folder)
     try:
-        info = client.submit(spec)
+        info = client.submit(spec, request_id=request_id)
     except BaseException:
         _remove(folder)
         raise
@@ -95,7 +108,7 @@ class Job:
     def __init__(self, info: dict, client: PoolClient | None = None, *,
                  folder: str | None = None, out=()):
         self.id = info["id"]
-        self.client = client or PoolClient()
+        self.client = client or notebook_client()
         self._info = info
         self._folder = folder  # the runner's files, removed once nothing more is needed
         self._out = tuple(out)
@@ -107,7 +120,7 @@ class Job:
     def get(cls, job_id: str, client: PoolClient | None = None) -> "Job":
         """A handle on an existing job of yours (no ``result()`` values: those belong to the
         kernel that submitted it)."""
-        client = client or PoolClient()
+        client = client or notebook_client()
         return cls(client.job(job_id), client)
 
     def __repr__(self):
@@ -161,13 +174,16 @@ class Job:
             time.sleep(pause if left is None else min(pause, left))
             pause = min(pause * 1.5, 2.0)
 
-    def logs(self, follow: bool = False, attempt: int | None = None) -> Iterator[str]:
-        """The job's output as text chunks. Without ``follow``: what the attempt (default: the
-        current one) printed so far. With ``follow``: as it is printed, through later attempts
-        if the job is preempted and requeued, until the job ends."""
+    def logs(self, follow: bool = False, attempt: int | None = None, rank: int | None = None,
+             all_ranks: bool = False) -> Iterator[str]:
+        """The job's output as text chunks. Without ``follow``: what rank ``rank`` (default 0)
+        of the attempt (default: the current one) printed so far. With ``follow``: as it is
+        printed, through later attempts if the job is preempted and requeued, until the job
+        ends; a job with several ranks gives rank 0's lines (every rank's with ``all_ranks``)
+        as whole lines, each after ``[rank N] ``, unless ``rank`` names one."""
         if not follow or attempt is not None:
-            return self.client.logs(self.id, follow=follow, attempt=attempt)
-        return self._follow()
+            return self.client.logs(self.id, follow=follow, attempt=attempt, rank=rank)
+        return self._follow(rank=rank, all_ranks=all_ranks)
 
     def result(self) -> dict:
         """The ``out`` variables of a job that succeeded, as ``{name: value}``. Raises
@@ -217,16 +233,17 @@ class Job:
 
     def watch(self, on_output: Callable[[str], None],
               on_update: Callable[[dict, str | None], None] | None = None,
-              every: float = 1.0) -> dict:
-        """Follow the output (``on_output(text)``) and the state (``on_update(info,
-        problem)`` about every ``every`` seconds, ``problem`` a sentence while the pool cannot
-        be reached) until the job ends; return its final info. Callbacks run in this thread;
-        the output is read by a helper thread, so a KeyboardInterrupt lands here."""
+              every: float = 1.0, all_ranks: bool = False) -> dict:
+        """Follow the output (``on_output(text)``, as :meth:`logs` follows it) and the state
+        (``on_update(info, problem)`` about every ``every`` seconds, ``problem`` a sentence
+        while the pool cannot be reached) until the job ends; return its final info.
+        Callbacks run in this thread; the output is read by a helper thread, so a
+        KeyboardInterrupt lands here."""
         chunks: queue.Queue = queue.Queue()
 
         def follow():
             try:
-                for text in self._follow():
+                for text in self._follow(all_ranks=all_ranks):
                     chunks.put(("out", text))
                 chunks.put(("end", None))
             except BaseException as e:  # handed to the caller's thread
@@ -256,24 +273,82 @@ class Job:
                     on_update(self._info, None)
                 return self._info
 
-    def _follow(self) -> Iterator[str]:
-        written: dict[int, int] = {}  # attempt -> characters already given
+    def _follow(self, rank: int | None = None, all_ranks: bool = False) -> Iterator[str]:
+        written: dict[tuple, int] = {}  # (attempt, rank) -> characters already given
+        lines: dict[tuple, RankLines] = {}  # (attempt, rank) -> its partial line
         info, pause = self._retrying(self.info), 0.2
         while True:
             attempt, broke = info["attempt"], False
+            if all_ranks and info["state"] == "pending":
+                time.sleep(pause)  # its ranks are known once it is placed
+                pause = min(pause * 1.5, 2.0)
+                info = self._retrying(self.info)
+                continue
             try:
-                yield from _skip(self.client.logs(self.id, follow=True, attempt=attempt),
-                                 written, attempt)
+                if all_ranks and (info.get("ranks") or 1) > 1:
+                    yield from self._all_ranks(attempt, info["ranks"], written, lines)
+                else:
+                    yield from self._one_rank(attempt, rank, info, written, lines)
             except PoolUnreachable:  # a restarting service: try again, skip what was given
                 broke = True
                 time.sleep(pause)
                 pause = min(pause * 2, RETRY_MAX_S)
             info = self._retrying(self.info)
+            if not broke and (info["attempt"] != attempt or info["state"] in FINAL_STATES):
+                for key in sorted(k for k in lines if k[0] == attempt):
+                    if text := lines[key].end():  # the attempt is over: its last lines
+                        yield text
             if broke or info["attempt"] != attempt:
                 continue  # the same attempt again, or the next one after a requeue
             if info["state"] in FINAL_STATES:
                 return
             time.sleep(0.2)  # closed early while it still runs: open it again
+
+    def _one_rank(self, attempt, rank, info, written, lines) -> Iterator[str]:
+        """One rank's output of the attempt; rank 0's, prefixed, when the job has several
+        ranks and no rank was asked for (learnt when its first output comes)."""
+        key = (attempt, rank or 0)
+        chunks = _skip(self.client.logs(self.id, follow=True, attempt=attempt, rank=rank),
+                       written, key)
+        for text in chunks:
+            if key not in lines:
+                if info.get("ranks") is None or info["attempt"] != attempt:
+                    info = self._retrying(self.info)
+                several = rank is None and (info.get("ranks") or 1) > 1
+                lines[key] = RankLines(0 if several else None)
+            if text := lines[key].feed(text):
+                yield text
+
+    def _all_ranks(self, attempt, count, written, lines) -> Iterator[str]:
+        """Every rank's output of the attempt, read side by side, as prefixed whole lines."""
+        merged: queue.Queue = queue.Queue()
+
+        def read(rank):
+            key = (attempt, rank)
+            try:
+                for text in _skip(self.client.logs(self.id, follow=True, attempt=attempt,
+                                                   rank=rank), written, key):
+                    merged.put((key, text))
+                merged.put((key, None))
+            except BaseException as e:
+                merged.put((key, e))
+
+        for rank in range(count):
+            lines.setdefault((attempt, rank), RankLines(rank))
+            threading.Thread(target=read, args=(rank,), daemon=True,
+                             name=f"gpushare-logs-{self.id}-{rank}").start()
+        open_, error = count, None
+        while open_:
+            key, item = merged.get()
+            if isinstance(item, str):
+                if text := lines[key].feed(item):
+                    yield text
+                continue
+            open_ -= 1
+            if isinstance(item, BaseException) and error is None:
+                error = item
+        if error is not None:
+            raise error
 
     def _retrying(self, call):
         pause = 0.2
@@ -361,15 +436,35 @@ def _names(names, field: str) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _skip(chunks, written: dict, attempt: int) -> Iterator[str]:
-    """The chunks beyond what was already given of this attempt's output."""
-    done, seen = written.get(attempt, 0), 0
+def _skip(chunks, written: dict, key) -> Iterator[str]:
+    """The chunks beyond what was already given of this output (``key``: attempt, rank)."""
+    done, seen = written.get(key, 0), 0
     for text in chunks:
         start = max(0, done - seen)
         seen += len(text)
         if start < len(text):
-            written[attempt] = seen
+            written[key] = seen
             yield text[start:]
+
+
+class RankLines:
+    """One rank's output as whole lines, each after ``[rank N] `` (the pods' launcher writes
+    the same); ``rank`` None passes the text through as it comes."""
+
+    def __init__(self, rank: int | None):
+        self.prefix = None if rank is None else f"[rank {rank}] "
+        self.rest = ""
+
+    def feed(self, text: str) -> str:
+        if self.prefix is None:
+            return text
+        *done, self.rest = (self.rest + text).split("\n")
+        return "".join(f"{self.prefix}{line}\n" for line in done)
+
+    def end(self) -> str:
+        """The unfinished last line, ended (the stream closed)."""
+        rest, self.rest = self.rest, ""
+        return f"{self.prefix}{rest}\n" if self.prefix is not None and rest else ""
 
 
 def _remove(folder: str | None) -> None:

@@ -17,14 +17,14 @@ import sys
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.display import display
 
-from ..client import ClientError, InvalidInput, NoCredentials, PoolClient, add_job_options
-from .job import Job, JobError, describe, submit
+from ..client import ClientError, InvalidInput, NoCredentials, add_job_options
+from .job import Job, JobError, describe, notebook_client, submit
 
 USAGE = ("%%train [--gpus N] [--project P] [--name NAME] [--priority P] [--env K=V ...] "
-         "[--with VAR,...] [--out VAR,...] [--no-wait]")
+         "[--per-gpu] [--all-ranks] [--with VAR,...] [--out VAR,...] [--no-wait]")
 SCRIPT_USAGE = ("%train [--gpus N] [--project P] [--name NAME] [--priority P] [--env K=V ...] "
-                "[--no-wait] script.py [args...]")
-GPUSHARE_USAGE = ("%gpushare (the panel), %gpushare jobs, %gpushare logs JOB or "
+                "[--per-gpu] [--all-ranks] [--no-wait] script.py [args...]")
+GPUSHARE_USAGE = ("%gpushare (the panel), %gpushare jobs, %gpushare logs JOB [RANK] or "
                   "%gpushare cancel JOB")
 # The option that gives each submit() argument, for sentences about a bad value.
 _OPTION = {"gpus": "--gpus", "priority": "--priority", "name": "--name", "env": "--env",
@@ -92,6 +92,9 @@ def build_parser(script: bool) -> _Parser:
         parser.add_argument("--out", type=_var_names, action="extend", default=[],
                             metavar="VAR,...", help="variables to bring back into the "
                             "notebook when the job succeeds")
+    parser.add_argument("--all-ranks", action="store_true", help="follow the output of every "
+                        "rank of a distributed job, each line after [rank N] (default: rank "
+                        "0's)")
     parser.add_argument("--no-wait", action="store_true", help="return the Job at once "
                         "instead of following it")
     if script:
@@ -137,7 +140,7 @@ def one_sentence(e: ClientError) -> str:
 class GPUShareMagics(Magics):
     """``%%train``, ``%train`` and ``%gpushare``."""
 
-    def __init__(self, shell=None, client_factory=PoolClient):
+    def __init__(self, shell=None, client_factory=notebook_client):
         super().__init__(shell)
         self.client_factory = client_factory  # made per call: the environment may change
 
@@ -146,6 +149,7 @@ class GPUShareMagics(Magics):
         """%%train: run the cell as a train job; %train script.py [args]: run a script.
 
         Options: --gpus N, --project P, --name NAME, --priority P, --env K=V (repeat),
+        --per-gpu (one rank per GPU), --all-ranks (follow every rank's output),
         --with VAR,... and --out VAR,... (cells only), --no-wait (return the Job at once).
         """
         args = parse(line, script=cell is None)
@@ -157,7 +161,7 @@ class GPUShareMagics(Magics):
             raise TrainError(one_sentence(e)) from None
         if args.no_wait:
             return job
-        self._follow(job, load_out=cell is not None)
+        self._follow(job, load_out=cell is not None, all_ranks=args.all_ranks)
         return None
 
     @line_magic
@@ -176,8 +180,9 @@ class GPUShareMagics(Magics):
                 jobs = client.jobs()
                 print(format_jobs(jobs, width=None) if jobs else "no jobs")
                 return None
-            if len(words) == 2 and words[0] == "logs":
-                for text in client.logs(words[1]):
+            if len(words) in (2, 3) and words[0] == "logs" and all(w.isdigit()
+                                                                    for w in words[2:]):
+                for text in client.logs(words[1], rank=int(words[2]) if words[2:] else None):
                     sys.stdout.write(text)
                 sys.stdout.flush()
                 return None
@@ -196,7 +201,7 @@ class GPUShareMagics(Magics):
         client = self.client_factory()
         env = {k: v for item in args.env for k, v in item.items()}
         common = dict(gpus=args.gpus, name=args.name, priority=args.priority, env=env,
-                      workdir=os.getcwd(), client=client)
+                      workdir=os.getcwd(), per_gpu=args.per_gpu, client=client)
         if cell is None:
             script = os.path.join(os.getcwd(), args.script)
             if not os.path.isfile(script):
@@ -231,7 +236,7 @@ class GPUShareMagics(Magics):
         raise TrainError(f"you are in several projects ({', '.join(names)}); choose one with "
                          f"--project NAME")
 
-    def _follow(self, job: Job, load_out: bool) -> None:
+    def _follow(self, job: Job, load_out: bool, all_ranks: bool = False) -> None:
         """One live status line and the job's output as it is printed, until it ends."""
         shown = [describe(job._info)]
         status = display({"text/plain": shown[0]}, raw=True, display_id=True)
@@ -247,7 +252,7 @@ class GPUShareMagics(Magics):
             sys.stdout.flush()
 
         try:
-            info = job.watch(on_output, on_update)
+            info = job.watch(on_output, on_update, all_ranks=all_ranks)
         except KeyboardInterrupt:
             try:
                 on_update(job.cancel())

@@ -12,6 +12,8 @@ keeps trying.
 
 from __future__ import annotations
 
+import copy
+
 import html
 import os
 import threading
@@ -92,7 +94,7 @@ def job_rows(jobs: list[dict], now: float) -> list[dict]:
                      "position": "" if position is None else str(position),
                      "reason": job.get("reason") or "", "elapsed": elapsed(job, now),
                      "attempt": str(job.get("attempt") or 1),
-                     "active": job.get("state") in ACTIVE,
+                     "active": job.get("state") in ACTIVE, "ranks": job.get("ranks") or 1,
                      "use": gpu_use(job.get("usage"), now) if running else
                      {"text": "", "idle": "", "spark": []}})
     return rows
@@ -240,9 +242,14 @@ class _JobRow:
                                      layout=widgets.Layout(width="5.5em", flex="0 0 auto"))
         self.logs = widgets.Button(description="Logs", tooltip=f"show the logs of job {job_id}",
                                    layout=widgets.Layout(width="5em", flex="0 0 auto"))
+        # Whose log the Logs button shows, for a job with several ranks (hidden otherwise).
+        self.rank = widgets.Dropdown(options=[("rank 0", 0)], value=0,
+                                     tooltip=f"the rank of job {job_id} whose log to show",
+                                     layout=widgets.Layout(width="6.5em", flex="0 0 auto",
+                                                           display="none"))
         self.cancel.on_click(lambda _: panel.cancel(job_id))
-        self.logs.on_click(lambda _: panel.show_logs(job_id))
-        self.box = widgets.HBox([*self.cells.values(), self.cancel, self.logs],
+        self.logs.on_click(lambda _: panel.show_logs(job_id, self.rank.value))
+        self.box = widgets.HBox([*self.cells.values(), self.cancel, self.logs, self.rank],
                                 layout=widgets.Layout(width="100%"))
 
     def update(self, row: dict) -> None:
@@ -256,10 +263,14 @@ class _JobRow:
             self.cells[key].value = text
         self.cells["reason"].tooltip = row["reason"]
         self.cancel.disabled = not row["active"]
+        if len(self.rank.options) != row["ranks"]:
+            self.rank.options = [(f"rank {r}", r) for r in range(row["ranks"])]
+            self.rank.value = 0
+        self.rank.layout.display = None if row["ranks"] > 1 else "none"
 
     def close(self) -> None:
         self.box.close()
-        for widget in (*self.cells.values(), self.cancel, self.logs):
+        for widget in (*self.cells.values(), self.cancel, self.logs, self.rank):
             widget.close()
 
 
@@ -272,6 +283,16 @@ class Panel(widgets.VBox):
     ``interval`` seconds once displayed (or after :meth:`start`) until :meth:`close`.
     """
 
+    @property
+    def client(self) -> PoolClient:
+        return self._client
+
+    @client.setter
+    def client(self, value: PoolClient) -> None:
+        # The panel polls and says when the pool is away: its calls are not retried inside.
+        self._client = copy.copy(value)
+        self._client.retry_s = 0
+
     def __init__(self, client: PoolClient | None = None, interval: float = 5.0, *,
                  server: PoolClient | None | bool = True, max_jobs: int = 20, **kwargs):
         if not interval > 0:
@@ -279,7 +300,7 @@ class Panel(widgets.VBox):
         self.client = client or PoolClient(timeout=10.0)
         if server is True:
             url = server_url()
-            server = PoolClient(url, timeout=5.0) if url else None
+            server = PoolClient(url, timeout=5.0, retry_s=0) if url else None
         self.server = server or None
         self.interval = interval
         self.max_jobs = max_jobs
@@ -426,10 +447,11 @@ class Panel(widgets.VBox):
             return
         self.refresh()
 
-    def show_logs(self, job_id: str) -> None:
-        """The end of the job's log (its current attempt) in the panel's output area."""
+    def show_logs(self, job_id: str, rank: int = 0) -> None:
+        """The end of the log of one rank of the job (its current attempt) in the panel's
+        output area."""
         try:
-            text = "".join(self.client.logs(job_id))
+            text = "".join(self.client.logs(job_id, rank=rank))
         except ClientError as e:
             text = f"{str(e)[:1].upper()}{str(e)[1:]}\n"
         else:
@@ -437,4 +459,5 @@ class Panel(widgets.VBox):
             text = (f"[… the first {len(text) - LOG_TAIL} characters left out]\n" if cut
                     else "") + text[-LOG_TAIL:]
         self.logs.outputs = ({"output_type": "stream", "name": "stdout",
-                              "text": f"── logs of job {job_id} ──\n{text or '(no output yet)'}"},)
+                              "text": f"── logs of job {job_id}{f', rank {rank}' if rank else ''} "
+                                      f"──\n{text or '(no output yet)'}"},)

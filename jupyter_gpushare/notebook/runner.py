@@ -7,7 +7,8 @@ kernel's own Python::
 
     python -P -u -m jupyter_gpushare.notebook.runner FOLDER
 
-and writes ``out.pkl`` (the ``--out`` values) and ``result.json`` (what could not be sent back).
+and writes ``out.pkl`` (the ``--out`` values) and ``result.json`` (what could not be sent back);
+in a distributed job, every rank runs the cell and rank 0 alone writes them.
 Files are the channel because the job sees the notebook's files wherever it runs (on
 Kubernetes the notebook's volumes are mounted in the job's pod); no token or socket is needed.
 
@@ -282,6 +283,8 @@ def run(folder: str) -> int:
         return 1
     sys.stdout.flush()
     try:
+        if os.environ.get("RANK", "0") != "0":
+            return 0  # a distributed cell's --out values come from rank 0 alone
         return send_back(fd, namespace, out)
     finally:
         os.close(fd)

@@ -66,6 +66,12 @@ class GPUShareExtension(LoggingConfigurable):
         Seconds to wait for the pool to connect and answer (followed logs excepted).
         """).tag(config=True)
 
+    retry_timeout = Float(10.0, min=0.0, help="""
+        Seconds a read or a submit keeps trying while the pool service is not answering (it
+        is back within seconds of a crash), before the browser gets a 502. Submits carry the
+        browser's Idempotency-Key (or one made here), so a retry never makes a second job.
+        """).tag(config=True)
+
     max_log_followers = Integer(16, min=1, help="""
         Streams of followed logs (GET api/jobs/{id}/logs?follow=1) this server serves at once;
         each holds a thread until its job's attempt ends. More are refused with a 503.
@@ -105,7 +111,9 @@ class GPUShareExtension(LoggingConfigurable):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.client = PoolClient(self.pool_url or None, self.pool_token or None,
-                                 timeout=self.request_timeout)
+                                 timeout=self.request_timeout, retry_s=self.retry_timeout,
+                                 on_retry=lambda sentence: self.log.warning("gpushare: %s",
+                                                                            sentence))
         self.executor = ThreadPoolExecutor(8, thread_name_prefix="gpushare-pool")
         self.following = 0  # streams of followed logs now
         self._following_lock = threading.Lock()
@@ -276,7 +284,9 @@ class JobsHandler(GPUShareHandler):
             env = spec.setdefault("env", {})
             if isinstance(env, dict):
                 env.setdefault("PATH", os.environ["PATH"])
-        self.reply(await self.pool(lambda c: c.submit(spec)), 201)
+        # The browser's key, so that its retries and ours make one job between them.
+        key = self.request.headers.get("Idempotency-Key") or None
+        self.reply(await self.pool(lambda c: c.submit(spec, request_id=key)), 201)
 
 
 class JobHandler(GPUShareHandler):
@@ -295,15 +305,15 @@ class LogsHandler(GPUShareHandler):
     @web.authenticated
     @authorized
     async def get(self, job_id):
-        attempt = self.get_argument("attempt", None)
+        attempt, rank = self.get_argument("attempt", None), self.get_argument("rank", None)
         if self.get_argument("follow", "0") in ("0", "", "false"):
-            text = await self.pool(lambda c: "".join(c.logs(job_id, attempt=attempt)))
+            text = await self.pool(lambda c: "".join(c.logs(job_id, attempt=attempt, rank=rank)))
             self.set_header("Content-Type", "text/plain; charset=utf-8")
             self.finish(text)
             return
-        await self.follow(job_id, attempt)
+        await self.follow(job_id, attempt, rank)
 
-    async def follow(self, job_id, attempt):
+    async def follow(self, job_id, attempt, rank=None):
         """Stream the pool's followed logs. The blocking read may wait hours for output, so it
         gets its own thread, not one of the pool-call threads; it ends with the attempt, or at
         its next output once the browser has gone."""
@@ -323,7 +333,7 @@ class LogsHandler(GPUShareHandler):
 
         def pump():
             try:
-                for chunk in ext.client.logs(job_id, follow=True, attempt=attempt):
+                for chunk in ext.client.logs(job_id, follow=True, attempt=attempt, rank=rank):
                     if self._gone.is_set():
                         return
                     put(chunk)

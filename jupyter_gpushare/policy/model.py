@@ -142,12 +142,19 @@ class Slice:
     gpu: int
 
 
+DEFAULT_MIN_RUNTIME_S = 30.0
+"""The service's and ``gpushare simulate``'s default minimum runtime: without one, a job that
+borrowed an idle GPU could be preempted milliseconds after it started by the next job within
+quota, again and again (README: anti-thrash, measured on the Philly trace)."""
+
+
 @dataclass(frozen=True, slots=True)
 class PolicyConfig:
     """Knobs of the guaranteed-quota policy. Times are seconds."""
 
     min_runtime_s: float = 0.0
-    """A running job is not preempted before it has run this long."""
+    """A running job is not preempted before it has run this long. The pure policy's default
+    is 0; the service and the simulator's command line use ``DEFAULT_MIN_RUNTIME_S``."""
     reserve_after_s: float = 1800.0
     """A job pending this long gets nodes reserved: no borrowing job starts there until it does."""
     reclaim_fair_share: bool = False

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 
 from jupyterhub.services.auth import HubAuthenticated, UserNotAllowed
@@ -16,14 +17,18 @@ from tornado import web
 from tornado.iostream import StreamClosedError
 
 from ..backends import logfile
+from ..backends.ranks import world_size
 from ..policy import SliceRefused
 from ..policy.model import GPU
 from .directory import HubUnavailable, TooManyFailures, Who
 from .models import JobRow, ProjectRow
 from .openapi import SPEC
-from .validate import Invalid, job_spec, project_name, project_update
+from .validate import Invalid, job_spec, project_name, project_update, request_id
 
 STATES = ("pending", "running", "succeeded", "failed", "cancelled")
+MAX_DEPTH = 32  # nesting of a JSON body: specs are two levels deep
+_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}\Z")  # job and slice ids (j-…, s-…)
+_PROJECT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}\Z")
 _LISTS: dict[tuple, str] = {}  # rendered job lists, by caller, query and store version
 LIST_ARGUMENTS = ("all", "limit", "project", "state")  # the rest say nothing: not in the key
 
@@ -93,10 +98,27 @@ class PoolHandler(HubAuthenticated, web.RequestHandler):
         raise web.HTTPError(status, reason=message)
 
     def body(self):
+        """The request's JSON body, or a 400 with a sentence: bytes that are not UTF-8, text
+        that is not JSON, nesting deeper than MAX_DEPTH, text no store can hold."""
+        raw = self.request.body or b"null"
         try:
-            return json.loads(self.request.body or b"null")
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            self.fail(400, f"the body is not UTF-8 text (byte {e.start} is not); send JSON "
+                           f"encoded as UTF-8")
+        try:
+            value = json.loads(text)
+        except RecursionError:
+            self.fail(400, f"the body nests deeper than {MAX_DEPTH} levels; send a flatter "
+                           f"JSON object")
         except ValueError as e:
-            self.fail(400, f"the body is not valid JSON ({e.msg} at character {e.pos})")
+            where = f" ({e.msg} at character {e.pos})" if isinstance(e, json.JSONDecodeError) \
+                else ""
+            self.fail(400, f"the body is not valid JSON{where}")
+        problem = _unstorable(value)
+        if problem:
+            self.fail(400, problem)
+        return value
 
     def reply(self, obj, status: int = 200):
         self.set_status(status)
@@ -110,7 +132,7 @@ class PoolHandler(HubAuthenticated, web.RequestHandler):
         return [p for p in self.pool.store.projects() if self.member_of(p)]
 
     def own_job(self, job_id: str) -> JobRow:
-        row = self.pool.store.job(job_id)
+        row = self.pool.store.job(job_id) if _ID.match(job_id) else None
         if row is None:
             self.fail(404, f"there is no job {job_id}")
         if not (self.who.is_user(row.user) or self.who.admin):
@@ -126,6 +148,8 @@ class PoolHandler(HubAuthenticated, web.RequestHandler):
             "finished": row.finished, "exit_code": row.exit_code,
             "placement": {n: m / GPU for n, m in (row.placement or {}).items()},
             "preempting": bool(row.preempting),
+            "per_gpu": bool(row.per_gpu),
+            "ranks": world_size(row.placement, row.per_gpu) if row.placement else None,
             "queue_position": ex.positions.get(row.id) if row.state == "pending" else None,
             "reason": self.why_text(row, ex),
             "usage": self.pool.usage.meter.holder_now("job", f"{row.id}/{row.attempt}")
@@ -139,6 +163,7 @@ class PoolHandler(HubAuthenticated, web.RequestHandler):
             out["command"] = row.command
             out["env"] = row.env
             out["workdir"] = row.workdir
+            out["request_id"] = row.request_id
         return out
 
     @staticmethod
@@ -229,7 +254,7 @@ class JobsHandler(PoolHandler):
             self.fail(400, f"state must be one of {', '.join(STATES)}, not {state!r}")
         states = (state,) if state else None
         limit = self.get_argument("limit", "100")
-        if not limit.isdigit() or not 1 <= int(limit) <= 1000:
+        if not re.fullmatch(r"[0-9]{1,4}", limit) or not 1 <= int(limit) <= 1000:
             self.fail(400, f"limit must be a whole number from 1 to 1000, not {limit!r}")
         limit = int(limit)
         project = self.get_argument("project", None)
@@ -238,7 +263,7 @@ class JobsHandler(PoolHandler):
                 self.fail(403, "only admins can list every job; leave out all=1 for yours")
             rows = store.jobs(states=states, limit=limit)
         elif project is not None:
-            row = store.project(project)
+            row = store.project(project) if _PROJECT.match(project) else None
             if row is None:
                 self.fail(400, f"there is no project {project!r}")
             if not self.member_of(row):
@@ -256,6 +281,11 @@ class JobsHandler(PoolHandler):
             self.fail(403, "train jobs are submitted by users, not by services")
         try:
             spec = job_spec(self.body(), self.pool.max_job_size)
+            spec["request_id"] = self._request_id(spec["request_id"])
+            if spec["request_id"] is not None:  # a retry: the job the first try made
+                row = self.pool.store.job_for_request(self.who.name, spec["request_id"])
+                if row is not None:
+                    return self._again(row, spec)
             project = self._project(spec.pop("project"), spec["gpus"], spec["priority"])
         except Invalid as e:
             self.fail(e.status, str(e))
@@ -263,8 +293,33 @@ class JobsHandler(PoolHandler):
         if self.pool.store.state_counts(self.who.name).get("pending", 0) >= cap:
             self.fail(429, f"you have {cap} jobs waiting, the most one user may; wait for some "
                            f"to start, or cancel some")
-        row = self.pool.submit(self.who.name, project, spec)
+        row, created = self.pool.submit(self.who.name, project, spec)
+        if not created:  # a concurrent try of the same request won
+            return self._again(row, spec)
         self.reply(self.job_json(row, True), 201)
+
+    def _request_id(self, in_body: str | None) -> str | None:
+        header = self.request.headers.get("Idempotency-Key")
+        if header is None:
+            return in_body
+        header = request_id(header)
+        if in_body is not None and in_body != header:
+            raise Invalid("the Idempotency-Key header and request_id differ; send one of them")
+        return header
+
+    def _again(self, row: JobRow, spec: dict) -> None:
+        """Answer a retried submit with its job (200, not 201), unless the key was used for a
+        different job: then 409, since a key names one submit."""
+        asked = {"gpus": spec["gpus"], "name": spec["name"], "priority": spec["priority"],
+                 "env": spec["env"], "workdir": spec.get("workdir"),
+                 "command": self.pool.command_for(spec)}
+        had = {"gpus": row.gpus, "name": row.name, "priority": row.priority, "env": row.env,
+               "workdir": row.workdir, "command": row.command}
+        project = spec.get("project")
+        if asked != had or project not in (None, row.project):
+            self.fail(409, f"request_id {row.request_id} was used for job {row.id}, which "
+                           f"asked for something else; use a new request_id for a new job")
+        self.reply(self.job_json(row, True), 200)
 
     def _project(self, name, gpus: int, priority: int = 0) -> ProjectRow:
         mine = self.my_projects()
@@ -346,6 +401,7 @@ class LogsHandler(PoolHandler):
                 self.fail(400, f"attempt must be a whole number, not {attempt!r}")
             if not 1 <= attempt <= row.attempt:
                 self.fail(400, f"job {job_id} has attempts 1 to {row.attempt}")
+        rank = self._rank(row, attempt)
         follow = self.get_argument("follow", "0") not in ("0", "", "false")
         if follow:
             followers, cap = self.pool.followers, self.pool.max_followers_per_user
@@ -357,18 +413,19 @@ class LogsHandler(PoolHandler):
         try:
             if follow:  # the answer starts now, even while the job prints nothing
                 await self.flush()
-            await self._stream(job_id, row, attempt, follow)
+            await self._stream(job_id, row, attempt, rank, follow)
         finally:
             self._unfollow()
         if not self._gone:
             self.finish()
 
-    async def _stream(self, job_id: str, row: JobRow, attempt: int, follow: bool) -> None:
-        """The log in bounded chunks; with ``follow``, then what the attempt prints, until
-        it ends or the client goes."""
+    async def _stream(self, job_id: str, row: JobRow, attempt: int, rank: int,
+                      follow: bool) -> None:
+        """The log of one rank in bounded chunks; with ``follow``, then what the attempt
+        prints, until it ends or the client goes."""
         backend, offset, pause = self.pool.backend, 0, 0.02
         while not self._gone:
-            start, chunk = await backend.read_log_from(row.id, attempt, offset)
+            start, chunk = await backend.read_log_from(row.id, attempt, offset, rank=rank)
             if start > offset:
                 self.write(logfile.dropped_note(start - offset))
             offset = start + len(chunk)
@@ -386,12 +443,34 @@ class LogsHandler(PoolHandler):
             if not (row.state in ("pending", "running") and row.attempt == attempt
                     or row.attempt < attempt):
                 # It ended: what it printed last may have come after the read above.
-                start, chunk = await backend.read_log_from(row.id, attempt, offset)
+                start, chunk = await backend.read_log_from(row.id, attempt, offset, rank=rank)
                 if chunk:
                     continue
                 return
             await asyncio.sleep(pause)
             pause = min(pause * 2, 0.2)
+
+    def _rank(self, row: JobRow, attempt: int) -> int:
+        """``?rank=N`` (default 0), checked against the ranks the attempt has."""
+        text = self.get_argument("rank", "0")
+        if not text.isdigit() or len(text) > 6:
+            self.fail(400, f"rank must be a whole number from 0, not {text!r}")
+        rank = int(text)
+        if rank == 0:
+            return 0
+        if attempt == row.attempt:
+            placement = row.placement if row.state != "pending" else None
+        else:
+            placement = next((a.placement for a in self.pool.store.attempts(row.id)
+                              if a.attempt == attempt), None)
+        if not placement:
+            self.fail(400, f"attempt {attempt} of job {row.id} has not started, so it has "
+                           f"only rank 0 for now; ask again once it runs")
+        count = world_size(placement, row.per_gpu)
+        if rank >= count:
+            self.fail(400, f"attempt {attempt} of job {row.id} has ranks 0 to {count - 1}, "
+                           f"not {rank}")
+        return rank
 
 
 class ProjectsHandler(PoolHandler):
@@ -483,7 +562,7 @@ class SliceHandler(PoolHandler):
     def delete(self, slice_id):
         if not (self.who.admin or self.who.kind == "service"):
             self.fail(403, "build slices are released by the hub's spawner, not by users")
-        row = self.pool.store.remove_slice(slice_id)
+        row = self.pool.store.remove_slice(slice_id) if _ID.match(slice_id) else None
         if row is None:
             self.fail(404, f"there is no slice {slice_id}")
         self.reply(slice_json(row, self.pool))
@@ -532,3 +611,26 @@ def routes(prefix: str) -> list:
         (rf"{p}/metrics", MetricsHandler),
         (rf"{p}/api/openapi.json", OpenAPIHandler),
     ]
+
+
+def _unstorable(value) -> str | None:
+    """Why a parsed JSON body cannot be taken (too deep, or a string with a lone surrogate
+    such as "\\ud800", which is no text any database holds), or None. Iterative, so that
+    no nesting can exhaust the stack."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return f"the body nests deeper than {MAX_DEPTH} levels; send a flatter JSON object"
+        if isinstance(item, dict):
+            stack.extend((k, depth + 1) for k in item)
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+        elif isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return ("the body has a string with a lone UTF-16 surrogate (\\ud800 to "
+                        "\\udfff), which is not text; send valid Unicode")
+    return None

@@ -25,7 +25,7 @@ from .. import gpus as gpu_inventory
 from ..backends.base import Backend, Launch, private_dir
 from ..backends.local import SIMULATED_LABEL, LocalBackend
 from ..policy import SliceRefused, place_slice
-from ..policy.model import BUILD, GPU, TRAIN, Node, PolicyConfig, Slice
+from ..policy.model import BUILD, DEFAULT_MIN_RUNTIME_S, GPU, TRAIN, Node, PolicyConfig, Slice
 from .api import routes
 from .directory import HubDirectory, HubTokens
 from .loop import Scheduler
@@ -88,7 +88,12 @@ class PoolService(Application):
                            "also runs one at once.").tag(config=True)
     grace_period = Float(30.0, help="Seconds a preempted or cancelled job gets between "
                          "SIGTERM and SIGKILL, to write a checkpoint.").tag(config=True)
-    min_runtime = Float(0.0, help="Seconds a job runs before it may be preempted.").tag(config=True)
+    min_runtime = Float(DEFAULT_MIN_RUNTIME_S, help="Seconds a job runs before it may be "
+                        "preempted, so that a job that borrowed an idle GPU is not stopped "
+                        "again and again right after it starts (thrash). A job within quota "
+                        "waits at most this long more for its GPUs: the guarantee is one "
+                        "cycle plus the grace period plus min_runtime. 0 turns it off."
+                        ).tag(config=True)
     reserve_after = Float(1800.0, help="Seconds a job waits before nodes are reserved for it, "
                           "so a stream of small jobs cannot starve a large gang.").tag(config=True)
     preempt_within_project = Bool(False, help="Let a higher-priority job preempt lower-priority "
@@ -216,6 +221,7 @@ class PoolService(Application):
             preempt_within_project=self.preempt_within_project,
             reclaim_fair_share=self.reclaim_fair_share),
             self.grace_period, self.launch_for, self.log)
+        self.scheduler.explained.nodes = self.backend.nodes()  # api/pool before the first cycle
         self.usage = GPUUsage(self, parent=self)
         self.scheduler.idle_jobs = self.usage.idle_jobs
         api_url = os.environ.get("JUPYTERHUB_API_URL", "")
@@ -281,14 +287,22 @@ class PoolService(Application):
         return sum(n.milli for n in self.backend.nodes() if n.pool == TRAIN)
 
     # -- what handlers call ---------------------------------------------------------------
-    def submit(self, user: str, project: ProjectRow, spec: dict) -> JobRow:
-        command = spec["command"] or [self.python, "-c", SOURCE_BOOTSTRAP, spec["source"]]
-        row = self.store.add_job(time.time(), user=user, project=project.name, name=spec["name"],
-                                 gpus=spec["gpus"], priority=spec["priority"], command=command,
-                                 env=spec["env"], workdir=spec.get("workdir"),
-                                 checkpoint_dir="")
-        self.scheduler.wake()
-        return row
+    def command_for(self, spec: dict) -> list[str]:
+        """The argv a checked job spec runs: its command, or its source run by ``python``
+        (with the working folder kept off ``sys.path``)."""
+        return spec["command"] or [self.python, "-c", SOURCE_BOOTSTRAP, spec["source"]]
+
+    def submit(self, user: str, project: ProjectRow, spec: dict) -> tuple[JobRow, bool]:
+        """Store a checked job spec; ``(job, created)``: a spec whose ``request_id`` the user
+        already submitted gets that job back, and no second one is made."""
+        row, created = self.store.add_job_once(
+            time.time(), spec.get("request_id"), user=user, project=project.name,
+            name=spec["name"], gpus=spec["gpus"], priority=spec["priority"],
+            command=self.command_for(spec), env=spec["env"], workdir=spec.get("workdir"),
+            per_gpu=spec.get("per_gpu", False), checkpoint_dir="")
+        if created:
+            self.scheduler.wake()
+        return row, created
 
     def create_project(self, name: str, fields: dict) -> ProjectRow:
         row = ProjectRow(name=name, **{"quota": 0, "groups": [name], "over_quota_weight": 1,
@@ -306,7 +320,8 @@ class PoolService(Application):
             home = str(Path(self.state_dir) / "home" / row.user)
         checkpoint = self.checkpoint_dir_template.format(home=home, user=row.user, job_id=row.id)
         return Launch(row.id, row.attempt, row.user, row.project, tuple(row.command),
-                      dict(row.env), dict(row.placement), checkpoint, row.workdir)
+                      dict(row.env), dict(row.placement), checkpoint, row.workdir,
+                      per_gpu=bool(row.per_gpu))
 
     def metrics(self) -> str:
         from .metrics import render
@@ -333,19 +348,21 @@ class PoolService(Application):
         asyncio.run(self._serve())
 
     async def _serve(self):
+        """Answer the API at once; adopt what still runs in the background (the scheduling
+        loop starts with it); stop cleanly on SIGTERM or SIGINT, leaving jobs running."""
         url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
         loop = asyncio.get_running_loop()
         stopping: asyncio.Future = loop.create_future()
         for sig in (signal.SIGINT, signal.SIGTERM):  # the hub sends SIGINT, then SIGTERM
             loop.add_signal_handler(sig, lambda s=sig: stopping.done() or
                                     stopping.set_result(signal.Signals(s).name))
-        await self.scheduler.reconcile()
         app = self.make_app()
         server = app.listen(url.port, self.ip or url.hostname, **self.server_limits())
+        nodes = self.backend.nodes()
         self.log.info("gpushare pool service on %s:%s, train pool of %g GPUs%s", url.hostname,
-                      url.port, self.train_capacity() / GPU,
-                      " (simulated)" if any(n.labels.get("gpushare.io/simulated")
-                                            for n in self.backend.nodes()) else "")
+                      url.port, sum(n.milli for n in nodes if n.pool == TRAIN) / GPU,
+                      " (simulated)" if any(n.labels.get(SIMULATED_LABEL) for n in nodes)
+                      else "")
         # Slices the spawners of a stopping hub could not release (the hub stops its
         # services first) are released now, in the background (sweep.py).
         sweeping = asyncio.ensure_future(release_stale(
@@ -354,6 +371,7 @@ class PoolService(Application):
         sweeping.add_done_callback(lambda f: f.cancelled() or f.exception() is None or
                                    self.log.error("Releasing stale build slices failed: %s",
                                                   f.exception()))
+        # The loop adopts what still runs first (reconcile), while the API already answers.
         running = asyncio.ensure_future(self.scheduler.run(self.cycle_interval))
         beside = [asyncio.ensure_future(c) for c in self.usage.coroutines()]
         try:

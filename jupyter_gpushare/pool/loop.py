@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from ..backends.base import Backend, BackendError, Exit, Handle
 from ..policy import JobState, Node, PolicyConfig, Project, Snapshot, TrainJob, cycle
+from ..policy.outcome import FAILED, PREEMPTED, SUCCEEDED, after_stop
 from .models import JobRow
 from .store import Store
 
@@ -46,10 +47,18 @@ class Scheduler:
         self._wake.set()
 
     async def run(self, interval_s: float, exit_poll_s: float = 0.1) -> None:
-        """A cycle every ``interval_s``, or at once when woken. Between cycles the backend is
-        asked every ``exit_poll_s`` whether attempts ended (cheap), so a finished job is
-        recorded, and its GPUs given out, without waiting for the next cycle."""
+        """First ``reconcile`` (the API answers meanwhile), then a cycle every
+        ``interval_s``, or at once when woken. Between cycles the backend is asked every
+        ``exit_poll_s`` whether attempts ended (cheap), so a finished job is recorded, and
+        its GPUs given out, without waiting for the next cycle."""
         loop = asyncio.get_running_loop()
+        while True:
+            try:
+                await self.reconcile()
+                break
+            except Exception:  # the store or the platform is not there yet: try again
+                self.log.exception("adopting running jobs failed; trying again")
+                await asyncio.sleep(interval_s)
         while True:
             try:
                 await self.tick()
@@ -76,16 +85,19 @@ class Scheduler:
         return bool(exits)
 
     async def reconcile(self) -> None:
-        """After a restart: adopt what still runs, requeue what died (attempt + 1)."""
+        """After a restart: adopt what still runs, requeue what died (attempt + 1). Holds the
+        lock, so a cancel that comes meanwhile waits for it."""
+        async with self._lock:
+            await self._reconcile()
+
+    async def _reconcile(self) -> None:
         handles = []
         for row in self.store.active():
             if row.state != "running":
                 continue
-            if not row.handle:  # recorded as started, but the backend never took it
-                self.store.requeue(row.id, time.time(), "lost",
-                                   "the service stopped while starting it")
-                continue
-            handles.append(Handle(row.id, row.attempt, row.handle))
+            # A start whose handle was never stored (the service died while starting it):
+            # the backend looks for it by job and attempt, else it is lost and requeued.
+            handles.append(Handle(row.id, row.attempt, row.handle or {}))
         exits = await self.backend.adopt(handles)
         self._apply_exits(exits, time.time())
         for row in self.store.active():  # stops asked for before the restart, asked again
@@ -149,8 +161,20 @@ class Scheduler:
             if row.cancel_requested:
                 self.store.finish(row.id, now, "cancelled", ex.exit_code, "cancelled by its user")
             elif row.preempting:
-                self.store.requeue(row.id, now, "preempted",
-                                   "preempted; requeued to resume from its checkpoint")
+                # Ended during its grace period: by our stop (requeued), or by itself
+                # (finished by its exit code, never run again): policy/outcome.py.
+                outcome = PREEMPTED if ex.state == "lost" else after_stop(ex.exit_code)
+                if outcome == PREEMPTED:
+                    self.store.requeue(row.id, now, "preempted",
+                                       "preempted; requeued to resume from its checkpoint",
+                                       ex.exit_code)
+                elif outcome == SUCCEEDED:
+                    self.store.finish(row.id, now, SUCCEEDED, 0,
+                                      "finished by itself while being preempted")
+                else:
+                    self.store.finish(row.id, now, FAILED, ex.exit_code,
+                                      f"exited with code {ex.exit_code} while being preempted "
+                                      f"(a stopped job exits 143 to be resumed)")
             elif ex.state == "lost":
                 self.store.requeue(row.id, now, "lost", ex.reason or "its process vanished")
             else:

@@ -6,7 +6,8 @@ checks that the migrations build exactly these tables.
 
 from __future__ import annotations
 
-from sqlalchemy import JSON, BigInteger, Boolean, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import (JSON, BigInteger, Boolean, Float, ForeignKey, Index, Integer, String,
+                        Text, UniqueConstraint, false)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -32,6 +33,8 @@ class ProjectRow(Base):
 
 class JobRow(Base):
     __tablename__ = "jobs"
+    # A client-chosen key (Idempotency-Key or request_id): a retried submit finds its job.
+    __table_args__ = (UniqueConstraint("user", "request_id", name="uq_jobs_user_request_id"),)
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     user: Mapped[str] = mapped_column(String(255), index=True)
@@ -42,6 +45,7 @@ class JobRow(Base):
     command: Mapped[list] = mapped_column(JSON)
     env: Mapped[dict] = mapped_column(JSON, default=dict)
     workdir: Mapped[str | None] = mapped_column(Text, nullable=True)
+    per_gpu: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     checkpoint_dir: Mapped[str] = mapped_column(Text, default="")
     state: Mapped[str] = mapped_column(String(16), index=True)
     attempt: Mapped[int] = mapped_column(Integer, default=1)
@@ -55,6 +59,7 @@ class JobRow(Base):
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     message: Mapped[str] = mapped_column(Text, default="")  # why it ended, in words
+    request_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class AttemptRow(Base):

@@ -16,14 +16,30 @@ def _ok(schema_ref: str, description: str = "OK") -> dict:
 
 
 def _errors(*codes: int) -> dict:
-    words = {400: "bad input", 403: "not yours or not allowed", 404: "no such thing",
-             409: "quota or state conflict", 413: "body (or job) too large",
+    """Error answers. 403 (no token, a token the hub does not accept, or not allowed), 429
+    (too many unknown tokens lately) and 503 (JupyterHub does not answer, so rights cannot be
+    checked) can come from every operation but the document itself; 401 never does."""
+    words = {400: "bad input: a body that is not UTF-8, not JSON, nested too deep or not "
+                  "what the operation takes, or a bad parameter",
+             403: "no JupyterHub token, a token the hub does not accept, or not yours / not "
+                  "allowed",
+             404: "no such thing", 409: "quota or state conflict",
+             413: "body (or job) too large",
              429: "too many: your waiting jobs or followed logs, or unknown tokens lately",
              503: "JupyterHub does not answer, so your rights cannot be checked"}
-    return {str(c): {**_ERROR, "description": words[c]} for c in codes}
+    return {str(c): {**_ERROR, "description": words[c]} for c in sorted({403, 429, 503, *codes})}
+
+
+def _text(description: str) -> dict:
+    return {"description": description,
+            "content": {"text/plain": {"schema": {"type": "string"}}}}
 
 
 JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
+REQUEST_ID = {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,64}$",
+              "description": "a key of the client's choosing, e.g. a UUID: a submit retried "
+                             "with the same key returns the job the first try made (200) "
+                             "instead of making a second one"}
 SLICE_ID = {"name": "slice_id", "in": "path", "required": True, "schema": {"type": "string"}}
 _RATIO = {"type": "number", "nullable": True}
 _FIGURES = {
@@ -79,9 +95,16 @@ SPEC = {
                     "env": {"type": "object", "additionalProperties": {"type": "string"}},
                     "workdir": {"type": "string", "description": "absolute path the job runs "
                                 "in; default: your home directory"},
+                    "request_id": REQUEST_ID,
+                    "per_gpu": {"type": "boolean", "default": False,
+                                "description": "one rank per GPU (each with its LOCAL_RANK) "
+                                "instead of one per node (torchrun-style)"},
                 }},
             "Job": {
                 "type": "object",
+                "required": ["id", "name", "user", "project", "gpus", "priority", "state",
+                             "attempt", "submitted", "started", "finished", "exit_code",
+                             "placement", "preempting", "queue_position", "reason"],
                 "properties": {
                     "id": {"type": "string"}, "name": {"type": "string"},
                     "user": {"type": "string"}, "project": {"type": "string"},
@@ -101,16 +124,24 @@ SPEC = {
                     "requeued": {"type": "string", "nullable": True,
                                  "description": "while a later attempt waits or runs: why "
                                  "the one before it ended (preempted or lost)"},
+                    "per_gpu": {"type": "boolean"},
+                    "ranks": {"type": "integer", "nullable": True,
+                              "description": "how many ranks (processes with their own log) "
+                              "the current attempt has; null until it is placed"},
                     "command": {"type": "array", "items": {"type": "string"},
                                 "description": "only for the job's owner and admins"},
                     "env": {"type": "object", "description": "only for the owner and admins"},
                     "workdir": {"type": "string", "nullable": True,
                                 "description": "only for the owner and admins"},
+                    "request_id": {"type": "string", "nullable": True,
+                                   "description": "only for the owner and admins"},
                 }},
-            "JobList": {"type": "object", "properties": {
+            "JobList": {"type": "object", "required": ["jobs"], "properties": {
                 "jobs": {"type": "array", "items": {"$ref": "#/components/schemas/Job"}}}},
             "Project": {
                 "type": "object",
+                "required": ["name", "quota", "over_quota_weight", "limit", "priority",
+                             "groups", "in_use", "borrowed", "deserved", "pending"],
                 "properties": {
                     "name": {"type": "string"}, "quota": {"type": "number"},
                     "over_quota_weight": {"type": "integer"},
@@ -121,15 +152,16 @@ SPEC = {
                     "in_use": {"type": "number"}, "borrowed": {"type": "number"},
                     "deserved": {"type": "number"}, "pending": {"type": "integer"},
                 }},
-            "ProjectList": {"type": "object", "properties": {
+            "ProjectList": {"type": "object", "required": ["projects"], "properties": {
                 "projects": {"type": "array", "items": {"$ref": "#/components/schemas/Project"}}}},
             "ProjectUpdate": {
                 "type": "object", "additionalProperties": False,
                 "properties": {
-                    "quota": {"type": "number", "minimum": 0},
-                    "over_quota_weight": {"type": "integer", "minimum": 0},
-                    "limit": {"type": "number", "minimum": 0, "nullable": True},
-                    "priority": {"type": "integer"},
+                    "quota": {"type": "number", "minimum": 0, "maximum": 1_000_000},
+                    "over_quota_weight": {"type": "integer", "minimum": 0, "maximum": 1000},
+                    "limit": {"type": "number", "minimum": 0, "maximum": 1_000_000,
+                              "nullable": True},
+                    "priority": {"type": "integer", "minimum": -1000, "maximum": 1000},
                     "groups": {"type": "array", "items": {"type": "string"}},
                     "job_priority_min": {"type": "integer", "minimum": -100, "maximum": 100,
                                          "description": "lowest priority members may give "
@@ -140,9 +172,10 @@ SPEC = {
             "SliceRequest": {"type": "object", "additionalProperties": False,
                              "required": ["user", "gpus"], "properties": {
                                  "user": {"type": "string"}, "server": {"type": "string"},
-                                 "gpus": {"type": "number", "exclusiveMinimum": 0,
-                                          "maximum": 1}}},
-            "Slice": {"type": "object", "properties": {
+                                 "gpus": {"type": "number", "minimum": 0,
+                                          "exclusiveMinimum": True, "maximum": 1}}},
+            "Slice": {"type": "object", "required": ["id", "user", "server", "gpus", "node",
+                                                     "gpu", "uuid", "created"], "properties": {
                 "id": {"type": "string"}, "user": {"type": "string"},
                 "server": {"type": "string"}, "gpus": {"type": "number"},
                 "node": {"type": "string"}, "gpu": {"type": "integer"},
@@ -155,9 +188,10 @@ SPEC = {
                          "server is warned that it will be culled", "properties": {
                              "warned_at": {"type": "number"}, "cull_at": {"type": "number"},
                              "reason": {"type": "string"}}}}},
-            "SliceList": {"type": "object", "properties": {
+            "SliceList": {"type": "object", "required": ["slices"], "properties": {
                 "slices": {"type": "array", "items": {"$ref": "#/components/schemas/Slice"}}}},
-            "Pool": {"type": "object", "properties": {
+            "Pool": {"type": "object", "required": ["capacity", "in_use", "simulated", "nodes",
+                                                    "build"], "properties": {
                 "capacity": {"type": "number"}, "in_use": {"type": "number"},
                 "simulated": {"type": "boolean"},
                 "nodes": {"type": "array", "items": {"type": "object"}},
@@ -243,8 +277,9 @@ SPEC = {
                       "{slice}; believed only where the pool agrees it runs on that node",
                       "properties": {"job": {"type": "string"}, "attempt": {"type": "integer"},
                                      "slice": {"type": "string"}}},
-            "Quota": {"type": "object", "properties": {
-                "user": {"type": "string"},
+            "Quota": {"type": "object", "required": ["user", "admin", "projects", "jobs"],
+                      "properties": {
+                "user": {"type": "string"}, "admin": {"type": "boolean"},
                 "projects": {"type": "array", "items": {"$ref": "#/components/schemas/Project"}},
                 "jobs": {"type": "object", "additionalProperties": {"type": "integer"}}}},
         },
@@ -253,9 +288,9 @@ SPEC = {
     "paths": {
         "/api/pool": {"get": {"summary": "The train pool: nodes, GPUs, use; the pool map "
                                          "(each GPU's holders, utilization and memory now)",
-                              "responses": {"200": _ok("Pool")}}},
+                              "responses": {"200": _ok("Pool"), **_errors()}}},
         "/api/quota": {"get": {"summary": "Your projects' quotas and use, your job counts",
-                               "responses": {"200": _ok("Quota")}}},
+                               "responses": {"200": _ok("Quota"), **_errors()}}},
         "/api/jobs": {
             "get": {"summary": "Your jobs; ?project=P: that project's queue (you must be a "
                                "member; other users' jobs without command or env); ?all=1: "
@@ -263,53 +298,68 @@ SPEC = {
                     "parameters": [
                         {"name": "project", "in": "query", "schema": {"type": "string"}},
                         {"name": "all", "in": "query", "schema": {"type": "string"}},
-                        {"name": "state", "in": "query", "schema": {"type": "string"}},
+                        {"name": "state", "in": "query", "schema": {
+                            "type": "string", "enum": ["pending", "running", "succeeded",
+                                                       "failed", "cancelled"]}},
                         {"name": "limit", "in": "query", "description": "newest first; "
                          "default 100, at most 1000",
                          "schema": {"type": "integer", "minimum": 1, "maximum": 1000}}],
-                    "responses": {"200": _ok("JobList"), **_errors(400, 403)}},
-            "post": {"summary": "Submit a train job",
+                    "responses": {"200": _ok("JobList"), **_errors(400)}},
+            "post": {"summary": "Submit a train job. With an Idempotency-Key header (or "
+                                "request_id) a retried submit returns the job the first try "
+                                "made, with 200, and never makes a second one",
+                     "parameters": [{"name": "Idempotency-Key", "in": "header",
+                                     "schema": REQUEST_ID}],
                      "requestBody": {"required": True, "content": {"application/json": {
                          "schema": {"$ref": "#/components/schemas/JobSpec"}}}},
                      "responses": {"201": _ok("Job", "accepted"),
-                                   **_errors(400, 403, 409, 413, 429)}},
+                                   "200": _ok("Job", "accepted before: a retry with the same "
+                                                     "key gets the job it made"),
+                                   **_errors(400, 409, 413)}},
         },
         "/api/jobs/{job_id}": {
             "get": {"summary": "One of your jobs", "parameters": [JOB_ID],
-                    "responses": {"200": _ok("Job"), **_errors(403, 404)}},
+                    "responses": {"200": _ok("Job"), **_errors(400, 404)}},
             "delete": {"summary": "Cancel one of your jobs", "parameters": [JOB_ID],
-                       "responses": {"200": _ok("Job"), **_errors(403, 404, 409)}},
+                       "responses": {"200": _ok("Job"), **_errors(400, 404, 409)}},
         },
         "/api/jobs/{job_id}/logs": {
-            "get": {"summary": "The job's output; ?follow=1 streams until it ends (a few at "
-                               "once per user); where output was dropped (the log outgrew "
-                               "its limit), a line says so",
+            "get": {"summary": "The output of one rank of the job (rank 0 by default); "
+                               "?follow=1 streams until the attempt ends (a few at once per "
+                               "user); where output was dropped (the log outgrew its limit), "
+                               "a line says so",
                     "parameters": [JOB_ID,
                                    {"name": "follow", "in": "query", "schema": {"type": "string"}},
-                                   {"name": "attempt", "in": "query", "schema": {"type": "integer"}}],
-                    "responses": {"200": {"description": "text/plain output"},
-                                  **_errors(400, 403, 404, 429)}},
+                                   {"name": "attempt", "in": "query",
+                                    "schema": {"type": "integer", "minimum": 1}},
+                                   {"name": "rank", "in": "query", "description": "0 to the "
+                                    "attempt's ranks - 1 (the job's ranks field)",
+                                    "schema": {"type": "integer", "minimum": 0, "default": 0}}],
+                    "responses": {"200": _text("the output of one rank of the attempt (stdout "
+                                               "and stderr)"),
+                                  **_errors(400, 404)}},
         },
         "/api/projects": {"get": {"summary": "Every project with its quota and use",
-                                  "responses": {"200": _ok("ProjectList")}}},
+                                  "responses": {"200": _ok("ProjectList"), **_errors()}}},
         "/api/projects/{name}": {
-            "put": {"summary": "Change a project (admins); quotas may not exceed the train pool",
+            "put": {"summary": "Change or create a project (admins); quotas may not exceed the "
+                               "train pool",
                     "parameters": [{"name": "name", "in": "path", "required": True,
                                     "schema": {"type": "string"}}],
                     "requestBody": {"required": True, "content": {"application/json": {
                         "schema": {"$ref": "#/components/schemas/ProjectUpdate"}}}},
-                    "responses": {"200": _ok("Project"), **_errors(400, 403, 404, 409)}},
+                    "responses": {"200": _ok("Project"), **_errors(400, 409, 413)}},
         },
         "/api/slices": {
             "get": {"summary": "Build slices: yours, or all for admins and the spawner",
-                    "responses": {"200": _ok("SliceList")}},
+                    "responses": {"200": _ok("SliceList"), **_errors()}},
             "post": {"summary": "Reserve a build slice for a user's notebook server (the "
                                 "spawner, a JupyterHub service, or admins); packed best fit "
                                 "within the user's build allowance",
                      "requestBody": {"required": True, "content": {"application/json": {
                          "schema": {"$ref": "#/components/schemas/SliceRequest"}}}},
                      "responses": {"201": _ok("Slice", "reserved"),
-                                   **_errors(400, 403, 409, 413)}},
+                                   **_errors(400, 409, 413)}},
         },
         "/api/slices/{slice_id}": {
             "patch": {"summary": "Say which process is the slice's notebook server (the "
@@ -321,7 +371,7 @@ SPEC = {
                       "responses": {"200": _ok("Slice"), **_errors(400, 403, 404)}},
             "delete": {"summary": "Release a build slice (the spawner or admins)",
                        "parameters": [SLICE_ID],
-                       "responses": {"200": _ok("Slice"), **_errors(403, 404)}},
+                       "responses": {"200": _ok("Slice"), **_errors(400, 404)}},
         },
         "/api/usage": {
             "get": {"summary": "Allocation and utilization over a window, by project, user, "
@@ -364,10 +414,13 @@ SPEC = {
                                    **_errors(400, 403, 413)}},
         },
         "/metrics": {"get": {"summary": "Prometheus metrics (admins)",
-                             "responses": {"200": {"description": "text/plain; version=0.0.4"},
-                                           **_errors(403)}}},
+                             "responses": {"200": _text("Prometheus text format 0.0.4"),
+                                           **_errors()}}},
         "/api/openapi.json": {"get": {"summary": "This document", "security": [],
-                                      "responses": {"200": {"description": "OpenAPI 3"}}}},
+                                      "responses": {"200": {
+                                          "description": "OpenAPI 3.0.3",
+                                          "content": {"application/json": {
+                                              "schema": {"type": "object"}}}}}}},
     },
 }
 

@@ -16,6 +16,7 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import create_engine, event, func, make_url, select
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import sessionmaker
 
 from .models import AttemptRow, EventRow, JobRow, ProjectRow, SliceRow
@@ -120,6 +121,28 @@ class Store:
             s.commit()
             return row
 
+    def add_job_once(self, now: float, request_id: str | None, **fields) -> tuple[JobRow, bool]:
+        """``add_job`` unless the user already has a job made for ``request_id`` (a retried
+        submit): then that job. Returns ``(job, created)``. The unique constraint on (user,
+        request_id) decides a race between two tries."""
+        if request_id is None:
+            return self.add_job(now, **fields), True
+        found = self.job_for_request(fields["user"], request_id)
+        if found is not None:
+            return found, False
+        try:
+            return self.add_job(now, request_id=request_id, **fields), True
+        except IntegrityError:
+            found = self.job_for_request(fields["user"], request_id)
+            if found is None:
+                raise
+            return found, False
+
+    def job_for_request(self, user: str, request_id: str) -> JobRow | None:
+        with self.session() as s:
+            return s.scalars(select(JobRow).where(JobRow.user == user,
+                                                  JobRow.request_id == request_id)).first()
+
     def job(self, job_id: str) -> JobRow | None:
         with self.session() as s:
             return s.get(JobRow, job_id)
@@ -199,12 +222,13 @@ class Store:
             s.commit()
             return row
 
-    def requeue(self, job_id: str, now: float, outcome: str, detail: str = "") -> JobRow:
+    def requeue(self, job_id: str, now: float, outcome: str, detail: str = "",
+                exit_code: int | None = None) -> JobRow:
         """The attempt ended without finishing the job (preempted or lost): the job waits
         again with the same id, the next attempt number and the same checkpoint directory."""
         with self.session() as s:
             row = s.get(JobRow, job_id)
-            self._end_attempt(s, row, now, outcome, None)
+            self._end_attempt(s, row, now, outcome, exit_code)
             row.state, row.attempt, row.pending_since = "pending", row.attempt + 1, now
             row.placement, row.handle, row.preempting, row.started = {}, {}, False, None
             row.message = detail  # why there is a next attempt, until the job ends

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import re
 
+from ..backends.ranks import RESERVED as RANK_ENV
 from ..policy.model import GPU
 
-JOB_FIELDS = {"project", "gpus", "command", "source", "name", "priority", "env", "workdir"}
+JOB_FIELDS = {"project", "gpus", "command", "source", "name", "priority", "env", "workdir",
+              "request_id", "per_gpu"}
 PROJECT_FIELDS = {"quota", "over_quota_weight", "limit", "priority", "groups",
                   "job_priority_min", "job_priority_max"}
 JOB_PRIORITY = (-100, 100)  # what a project's job priority range may span
@@ -14,6 +16,8 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")  # \Z: "$" would let a final
 _RESERVED_ENV = ("GPUSHARE_", "JUPYTERHUB_", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
                  "NVIDIA_VISIBLE_DEVICES")
 _PROJECT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}\Z")
+MAX_GPUS = 1_000_000
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}\Z")
 
 
 class Invalid(ValueError):
@@ -45,6 +49,8 @@ def _gpus_amount(value, name: str) -> int:
         raise Invalid(f"{name} must be a number of GPUs, not {value!r}")
     if value < 0 or value != value or value in (float("inf"),):
         raise Invalid(f"{name} must be 0 or more GPUs, not {value!r}")
+    if value > MAX_GPUS:  # beyond any pool, and beyond what the store's integers hold
+        raise Invalid(f"{name} must be at most {MAX_GPUS:,} GPUs, not {value!r}")
     milli = round(value * GPU)
     if abs(milli - value * GPU) > 1e-6:
         raise Invalid(f"{name} has more than three decimals ({value!r}); GPUs are counted "
@@ -94,6 +100,8 @@ def job_spec(body, max_size: int = MAX_JOB_SIZE) -> dict:
             raise Invalid(f"env name {key!r} is not a valid variable name")
         if key.startswith(_RESERVED_ENV):
             raise Invalid(f"env may not set {key}: the pool sets it for each attempt")
+        if key in RANK_ENV:
+            raise Invalid(f"env may not set {key}: the pool sets it for each rank")
         if not isinstance(value, str) or "\0" in value or len(value) > 32_768:
             raise Invalid(f"env {key} must be a string of at most 32 KiB without NUL")
     workdir = body.get("workdir")
@@ -101,15 +109,30 @@ def job_spec(body, max_size: int = MAX_JOB_SIZE) -> dict:
                                 or "\0" in workdir or len(workdir) > 4096):
         raise Invalid(f"workdir must be an absolute path like /home/you/project, not "
                       f"{workdir!r}; leave it out to run in your home directory")
+    per_gpu = body.get("per_gpu", False)
+    if not isinstance(per_gpu, bool):
+        raise Invalid(f"per_gpu must be true (one rank per GPU) or false (one rank per node, "
+                      f"the default), not {per_gpu!r}")
     size = sum(len(a.encode("utf-8", "surrogatepass")) for a in [
         *(command or ()), source or "", workdir or "", *env, *env.values()])
     if size > max_size:
         raise Invalid(f"the job's command, source, env and workdir take {size // 1024} KiB "
                       f"together, more than the {max_size // 1024} KiB allowed; put large code "
                       f"or data in a file", 413)
+    key = body.get("request_id")
     return {"gpus": gpus * GPU, "command": command, "source": source, "name": name,
             "priority": priority, "env": dict(env), "project": body.get("project"),
-            "workdir": workdir}
+            "workdir": workdir, "request_id": None if key is None else request_id(key),
+            "per_gpu": per_gpu}
+
+
+def request_id(value) -> str:
+    """A client-chosen key that makes a retried submit return the job the first try made
+    (the ``Idempotency-Key`` header or the ``request_id`` field), e.g. a UUID."""
+    if not isinstance(value, str) or not _REQUEST_ID.match(value):
+        raise Invalid(f"request_id (or the Idempotency-Key header) must be 1 to 64 letters, "
+                      f"digits, '.', '_', ':' or '-', such as a UUID, not {value!r}")
+    return value
 
 
 def project_update(body, current: dict | None) -> dict:

@@ -5,7 +5,9 @@ cycle); the policy sees one immutable snapshot per cycle, exactly as the service
 
 Preemption is modelled honestly: a job told to stop keeps its GPUs for the termination
 grace period and then loses the work done since its last checkpoint (one every
-``checkpoint_interval_s`` of run time). That loss, grace included, is ``lost_gpu_s``.
+``checkpoint_interval_s`` of run time). That loss, grace included, is ``lost_gpu_s``. A job
+whose work ends within its grace period exits 0 by itself and has finished; only one that
+our stop ends is requeued (``policy/outcome.py``, the rule the service applies too).
 """
 
 from __future__ import annotations
@@ -51,10 +53,12 @@ class JobRecord:
     attempt_start: float | None = None
     finish: float | None = None
     preemptions: int = 0
+    young_preemptions: int = 0  # of attempts that had run less than a minute: thrash
     lost_gpu_s: float = 0.0
     allocated_gpu_s: float = 0.0
     claim_since: float | None = None  # when GPUs were first reclaimed for its guarantee
     unschedulable: str | None = None
+    finished_while_preempted: bool = False  # its work ended within a grace period
 
 
 @dataclass
@@ -161,6 +165,8 @@ class Simulator:
         job = self.active.get(job_id)
         if job is None or rec.attempt != attempt or not job.running:
             return  # a stale event of an attempt that was preempted
+        if job.preempting:  # its work ended within the grace: exit 0, the job has finished
+            rec.finished_while_preempted = True
         rec.allocated_gpu_s += rec.trace.gpus / GPU * (t - rec.attempt_start)
         rec.finish = t
         rec.remaining = 0.0
@@ -175,6 +181,8 @@ class Simulator:
         job = self.active.get(job_id)
         if job is None or rec.attempt != attempt:
             return
+        # Still running at the end of its grace: our stop ends it (143 or 137), so it is
+        # requeued with the work saved by its last checkpoint.
         ran = t - rec.attempt_start
         interval = self.cfg.checkpoint_interval_s
         saved = math.floor((ran - self.cfg.grace_s) / interval) * interval if interval > 0 else 0.0
@@ -255,7 +263,10 @@ class Simulator:
             self.within_quota += 1
         self.usage[job.project] -= job.gpus
         rec.preemptions += 1
+        rec.young_preemptions += t - rec.attempt_start < 60
         self.active.put(replace(job, preempting=True))
+        # A job whose work ends within the grace period finishes (its FINISH event comes
+        # first); only one still running when the grace ends is released and requeued.
         if rec.attempt_start + rec.remaining > t + self.cfg.grace_s:
             self._push(t + self.cfg.grace_s, RELEASE, job_id, rec.attempt)
         self._emit(t, "preempt", rec, attempt=rec.attempt)

@@ -59,6 +59,8 @@ def summarize(run: SimRun) -> dict:
         "avg_queue_s": round(_mean(queued), 1),
         "p99_queue_s": round(percentile(queued, 99), 1),
         "preemptions": sum(r.preemptions for r in recs),
+        "preemptions_under_60s": sum(r.young_preemptions for r in recs),
+        "finished_while_preempted": sum(r.finished_while_preempted for r in recs),
         "lost_gpu_hours": round(sum(r.lost_gpu_s for r in recs) / 3600, 2),
         "within_quota_preemptions": run.within_quota_preemptions,
         "p99_reclaim_s": round(percentile(run.reclaim_s, 99), 1),

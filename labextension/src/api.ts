@@ -6,7 +6,17 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
-import { BuildSlice, Job, Quota, TrainSpec, buildSlice, errorMessage } from './model';
+import {
+  BuildSlice,
+  Job,
+  Quota,
+  RetryOptions,
+  TrainSpec,
+  buildSlice,
+  errorMessage,
+  newRequestId,
+  retrying
+} from './model';
 
 /** A request the server or the pool refused or could not answer: `message` is one sentence. */
 export class GpushareError extends Error {
@@ -26,16 +36,17 @@ export class GpushareError extends Error {
 export class GpushareAPI {
   constructor(readonly settings: ServerConnection.ISettings = ServerConnection.makeSettings()) {}
 
-  quota(): Promise<Quota> {
-    return this.json('quota');
+  /** `retry`: keep trying while the pool cannot be reached (the poll backs off instead). */
+  quota(retry?: RetryOptions): Promise<Quota> {
+    return this.json('quota', {}, retry);
   }
 
   async jobs(): Promise<Job[]> {
     return (await this.json<{ jobs: Job[] }>('jobs?limit=50')).jobs;
   }
 
-  pool(): Promise<{ capacity: number; simulated: boolean }> {
-    return this.json('pool');
+  pool(retry?: RetryOptions): Promise<{ capacity: number; simulated: boolean }> {
+    return this.json('pool', {}, retry);
   }
 
   /** This server's build slice, or null when it holds none. */
@@ -43,8 +54,14 @@ export class GpushareAPI {
     return buildSlice(await this.json<unknown>('slice'));
   }
 
-  submit(spec: TrainSpec): Promise<Job> {
-    return this.json('jobs', { method: 'POST', body: JSON.stringify(spec) });
+  /**
+   * Submit a train job with `requestId` as its Idempotency-Key. Tried again while the pool
+   * cannot be reached: a try that reached it before a crash gets the same job back, never a
+   * second one.
+   */
+  submit(spec: TrainSpec, requestId: string = newRequestId(), retry: RetryOptions = {}): Promise<Job> {
+    const init = { method: 'POST', body: JSON.stringify(spec), headers: { 'Idempotency-Key': requestId } };
+    return this.json('jobs', init, retry);
   }
 
   cancel(id: string): Promise<Job> {
@@ -52,16 +69,25 @@ export class GpushareAPI {
   }
 
   /**
-   * The job's output, passed to `onText` as it arrives; with `follow` until the job ends.
-   * Resolves when the stream ends; `signal` stops it.
+   * The output of one rank of the job (0 by default), passed to `onText` as it arrives; with
+   * `follow` until the attempt ends. Resolves when the stream ends; `signal` stops it.
    */
   async logs(
     id: string,
     follow: boolean,
     onText: (text: string) => void,
-    signal?: AbortSignal
+    signal?: AbortSignal,
+    rank = 0
   ): Promise<void> {
-    const path = `jobs/${encodeURIComponent(id)}/logs${follow ? '?follow=1' : ''}`;
+    const query = new URLSearchParams();
+    if (follow) {
+      query.set('follow', '1');
+    }
+    if (rank) {
+      query.set('rank', String(rank));
+    }
+    const search = query.toString();
+    const path = `jobs/${encodeURIComponent(id)}/logs${search ? `?${search}` : ''}`;
     const response = await this.request(path, { signal });
     const reader = response.body?.getReader();
     if (!reader) {
@@ -79,9 +105,12 @@ export class GpushareAPI {
     onText(decoder.decode());
   }
 
-  private async json<T>(path: string, init: RequestInit = {}): Promise<T> {
-    const response = await this.request(path, init);
-    return (await response.json()) as T;
+  private async json<T>(path: string, init: RequestInit = {}, retry?: RetryOptions): Promise<T> {
+    const once = async () => (await (await this.request(path, init)).json()) as T;
+    if (!retry) {
+      return once();
+    }
+    return retrying(once, error => error instanceof GpushareError && error.unreachable, retry);
   }
 
   private async request(path: string, init: RequestInit): Promise<Response> {

@@ -8,7 +8,16 @@ import { Dialog, Notification, showDialog, showErrorMessage } from '@jupyterlab/
 import { Widget } from '@lumino/widgets';
 
 import { GpushareAPI, GpushareError } from './api';
-import { Job, TrainForm, TrainLimits, TrainTarget, gpuAmount, trainSpec } from './model';
+import {
+  Job,
+  RetryOptions,
+  TrainForm,
+  TrainLimits,
+  TrainTarget,
+  gpuAmount,
+  newRequestId,
+  trainSpec
+} from './model';
 
 class TrainJobBody extends Widget implements Dialog.IBodyWidget<TrainForm> {
   constructor(
@@ -38,6 +47,9 @@ class TrainJobBody extends Widget implements Dialog.IBodyWidget<TrainForm> {
       );
     }
     this._project.value = form.project || (limits.projects.length === 1 ? limits.projects[0].name : '');
+    this._perGpu.type = 'checkbox';
+    this._perGpu.name = 'per_gpu';
+    this._perGpu.checked = form.perGpu === true;
     for (const node of [this._gpus, this._project, this._name]) {
       node.classList.add('jp-mod-styled');
     }
@@ -52,10 +64,17 @@ class TrainJobBody extends Widget implements Dialog.IBodyWidget<TrainForm> {
     runs.textContent = `Runs ${target.python} ${target.path.split('/').pop()} in its folder.`;
     this._error.className = 'jp-GpushareDialog-error';
     this._error.setAttribute('role', 'alert');
+    const perGpu = document.createElement('label');
+    perGpu.className = 'jp-GpushareDialog-perGpu';
+    perGpu.title =
+      'Without it, one process per node runs (start your own workers, e.g. with torchrun); ' +
+      'with it, one process per GPU, each with its RANK and LOCAL_RANK.';
+    perGpu.append(this._perGpu, ' One process per GPU');
     this.node.append(
       field(`GPUs${capacity}`, this._gpus),
       field('Project', this._project),
       field('Name', this._name),
+      perGpu,
       runs,
       this._error
     );
@@ -64,7 +83,12 @@ class TrainJobBody extends Widget implements Dialog.IBodyWidget<TrainForm> {
   }
 
   getValue(): TrainForm {
-    return { gpus: this._gpus.value, project: this._project.value, name: this._name.value };
+    return {
+      gpus: this._gpus.value,
+      project: this._project.value,
+      name: this._name.value,
+      perGpu: this._perGpu.checked
+    };
   }
 
   // Registered before the dialog's own listener, so its check sees this one's verdict.
@@ -93,15 +117,18 @@ class TrainJobBody extends Widget implements Dialog.IBodyWidget<TrainForm> {
   private _gpus = document.createElement('input');
   private _project = document.createElement('select');
   private _name = document.createElement('input');
+  private _perGpu = document.createElement('input');
   private _error = document.createElement('p');
   private _refusal: string;
 }
 
 /** Ask, check, submit; resolves to the job, or null when the user gave up. */
 export async function runAsTrainJob(api: GpushareAPI, target: TrainTarget): Promise<Job | null> {
+  // While the pool restarts (seconds), reads and the submit are tried again, said in one line.
+  const retry: RetryOptions = { onRetry: text => Notification.info(text, { autoClose: 5000 }) };
   let limits: TrainLimits;
   try {
-    const [quota, pool] = await Promise.all([api.quota(), api.pool()]);
+    const [quota, pool] = await Promise.all([api.quota(retry), api.pool(retry)]);
     limits = { projects: quota.projects, capacity: pool.capacity };
   } catch (error) {
     await showErrorMessage('Cannot run a train job now', (error as Error).message);
@@ -126,7 +153,7 @@ export async function runAsTrainJob(api: GpushareAPI, target: TrainTarget): Prom
       continue;
     }
     try {
-      const job = await api.submit(checked.spec);
+      const job = await api.submit(checked.spec, newRequestId(), retry);
       Notification.success(`Train job ${job.name || job.id} submitted: ${job.state}.`, { autoClose: 5000 });
       return job;
     } catch (error) {

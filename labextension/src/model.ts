@@ -27,6 +27,10 @@ export interface Job {
   preempting?: boolean;
   /** While running: its GPU use as the pool reads it. */
   usage?: Usage | null;
+  /** One rank per GPU instead of one per node. */
+  per_gpu?: boolean;
+  /** How many ranks (each with its own log) the current attempt has; null until placed. */
+  ranks?: number | null;
 }
 
 /**
@@ -314,6 +318,8 @@ export interface JobRow {
   attempt: string;
   cancellable: boolean;
   followable: boolean;
+  /** Ranks whose logs can be chosen (1: only rank 0, no choice to offer). */
+  ranks: number;
 }
 
 export function jobRow(job: Job, now: number): JobRow {
@@ -336,7 +342,8 @@ export function jobRow(job: Job, now: number): JobRow {
     elapsed: elapsed(job, now),
     attempt: String(job.attempt),
     cancellable: live,
-    followable: job.state !== 'pending' || job.attempt > 1
+    followable: job.state !== 'pending' || job.attempt > 1,
+    ranks: Math.max(1, job.ranks ?? 1)
   };
 }
 
@@ -476,6 +483,7 @@ export interface TrainSpec {
   name?: string;
   command: string[];
   workdir?: string;
+  per_gpu?: boolean;
 }
 
 /** What the user typed into the dialog. */
@@ -483,6 +491,8 @@ export interface TrainForm {
   gpus: string;
   project: string;
   name: string;
+  /** One rank per GPU (each with its LOCAL_RANK) instead of one per node. */
+  perGpu?: boolean;
 }
 
 /** What the dialog knows of the pool to check the form against before sending it. */
@@ -553,6 +563,9 @@ export function trainSpec(
   if (project) {
     spec.project = project.name;
   }
+  if (form.perGpu) {
+    spec.per_gpu = true;
+  }
   return { spec };
 }
 
@@ -583,4 +596,59 @@ export function errorMessage(status: number, body: string): string {
     return 'The gpushare server extension is not enabled in this notebook server (HTTP 404).';
   }
   return `The gpushare request failed (HTTP ${status}).`;
+}
+
+/** How a call is tried again while the pool (or this server) cannot be reached. */
+export interface RetryOptions {
+  /** Called once per outage with one sentence, e.g. to show a notification. */
+  onRetry?: (sentence: string) => void;
+  /** How long to keep trying, in milliseconds (default 20 s: the pool is back within seconds). */
+  budgetMs?: number;
+  /** The first pause; it doubles up to `maxPauseMs` (defaults 250 ms and 2 s). */
+  firstPauseMs?: number;
+  maxPauseMs?: number;
+  sleep?: (ms: number) => Promise<void>;
+  now?: () => number;
+}
+
+export const RESTARTING = 'The pool service is not answering (it may be restarting); trying again.';
+
+/**
+ * `call()`, tried again with a growing pause while it fails with an error for which
+ * `unreachable(error)` is true, for at most `budgetMs`; any other error is thrown at once. A
+ * submit retried this way carries the same Idempotency-Key, so it never makes two jobs.
+ */
+export async function retrying<T>(
+  call: () => Promise<T>,
+  unreachable: (error: unknown) => boolean,
+  options: RetryOptions = {}
+): Promise<T> {
+  const now = options.now ?? (() => Date.now());
+  const sleep = options.sleep ?? ((ms: number) => new Promise<void>(resolve => setTimeout(resolve, ms)));
+  const deadline = now() + (options.budgetMs ?? 20000);
+  let pause = options.firstPauseMs ?? 250;
+  let told = false;
+  for (;;) {
+    try {
+      return await call();
+    } catch (error) {
+      const left = deadline - now();
+      if (!unreachable(error) || left <= 0) {
+        throw error;
+      }
+      if (!told) {
+        options.onRetry?.(RESTARTING);
+        told = true;
+      }
+      await sleep(Math.min(pause, left));
+      pause = Math.min(pause * 2, options.maxPauseMs ?? 2000);
+    }
+  }
+}
+
+/** A new key for one submit (32 hex digits), from `random(n)` bytes (crypto by default). */
+export function newRequestId(
+  random: (n: number) => Uint8Array = n => globalThis.crypto.getRandomValues(new Uint8Array(n))
+): string {
+  return Array.from(random(16), b => b.toString(16).padStart(2, '0')).join('');
 }

@@ -93,6 +93,15 @@ export class GpusharePanel extends Widget {
     this._log.className = 'jp-GpusharePanel-log';
     this._logTitle.className = 'jp-GpusharePanel-logTitle';
     this._server.className = 'jp-GpusharePanel-server';
+    this._rank.className = 'jp-GpusharePanel-rank jp-mod-styled';
+    this._rank.title = 'The rank whose output to show';
+    this._rank.hidden = true;
+    this._rank.onchange = () => {
+      const job = this._shown === null ? undefined : this.model.job(this._shown);
+      if (job) {
+        void this.showLogs(job, Number(this._rank.value));
+      }
+    };
     this.node.append(
       header,
       this._server,
@@ -101,6 +110,7 @@ export class GpusharePanel extends Widget {
       el('h3', '', 'Your train jobs'),
       this._table,
       this._logTitle,
+      this._rank,
       this._log
     );
     this._quotas.className = 'jp-GpusharePanel-quotas';
@@ -254,20 +264,24 @@ export class GpusharePanel extends Widget {
     void this.model.refresh();
   }
 
-  /** Show a job's output and follow it while the job lives, attempt after attempt. */
-  async showLogs(job: Job): Promise<void> {
+  /**
+   * Show the output of one rank of a job (rank 0 unless chosen in the rank selector, which
+   * a job with several ranks gets) and follow it while the job lives, attempt after attempt.
+   */
+  async showLogs(job: Job, rank = 0): Promise<void> {
     this._following?.abort();
     const control = new AbortController();
     this._following = control;
     this._shown = job.id;
     this._log.textContent = '';
     this._logTitle.textContent = `Logs: ${job.name || job.id}`;
+    this._showRanks(job, rank);
     this.update();
     let attempt = job.attempt;
     for (;;) {
       const live = job.state === 'pending' || job.state === 'running';
       try {
-        await this.model.api.logs(job.id, live, text => this._append(text), control.signal);
+        await this.model.api.logs(job.id, live, text => this._append(text), control.signal, rank);
       } catch (error) {
         if (control.signal.aborted) {
           return;
@@ -286,11 +300,24 @@ export class GpusharePanel extends Widget {
       }
       job = now;
       attempt = now.attempt;
+      this._showRanks(job, rank);
       this._append(`\n--- attempt ${attempt} ---\n`);
     }
     if (!control.signal.aborted) {
       this._logTitle.textContent = `Logs: ${job.name || job.id} (ended)`;
     }
+  }
+
+  /** The rank selector: shown for a job of several ranks, on the rank being shown. */
+  private _showRanks(job: Job, rank: number): void {
+    const count = jobRow(job, 0).ranks;
+    if (this._rank.options.length !== count) {
+      this._rank.replaceChildren(
+        ...Array.from({ length: count }, (_, r) => new Option(`rank ${r}`, String(r)))
+      );
+    }
+    this._rank.value = String(Math.min(rank, count - 1));
+    this._rank.hidden = count < 2;
   }
 
   private _append(text: string): void {
@@ -312,6 +339,7 @@ export class GpusharePanel extends Widget {
   private _table = el('table');
   private _logTitle = el('h3');
   private _log = el('pre');
+  private _rank = el('select');
   private _shown: string | null = null;
   private _following: AbortController | null = null;
 }

@@ -21,8 +21,10 @@ import {
   idleText,
   jobRow,
   minuteValues,
+  newRequestId,
   percent,
   quotaBar,
+  retrying,
   roughDuration,
   sentence,
   size,
@@ -131,6 +133,12 @@ describe('job table rows', () => {
 
   test('a job without a name is shown by its id', () => {
     assert.equal(jobRow(job({ name: '', id: 'abc123' }), 0).name, 'abc123');
+  });
+
+  test('a distributed job offers the logs of each of its ranks', () => {
+    assert.equal(jobRow(job({}), 0).ranks, 1);
+    assert.equal(jobRow(job({ ranks: null }), 0).ranks, 1);
+    assert.equal(jobRow(job({ state: 'running', started: 0, ranks: 8, per_gpu: true }), 0).ranks, 8);
   });
 
   test('running first, then pending by position, then ended newest first', () => {
@@ -312,6 +320,13 @@ describe('Run as train job: checking the form', () => {
     });
   });
 
+  test('one process per GPU when asked', () => {
+    const out = trainSpec({ gpus: '4', project: 'vision', name: 'x', perGpu: true }, limits, target);
+    assert.ok('spec' in out && out.spec.per_gpu === true);
+    const plain = trainSpec({ gpus: '4', project: 'vision', name: 'x', perGpu: false }, limits, target);
+    assert.ok('spec' in plain && !('per_gpu' in plain.spec));
+  });
+
   test('a script at the root runs in the root; without a root, in the home directory', () => {
     const one = { projects: [project('vision', 2, 0)], capacity: 8 };
     const atRoot = trainSpec({ gpus: '1', project: '', name: 'x' }, one, { ...target, path: 't.py' });
@@ -362,5 +377,67 @@ describe('error sentences', () => {
     assert.match(errorMessage(502, '<html>'), /pool cannot be reached \(HTTP 502\)/);
     assert.match(errorMessage(404, ''), /server extension is not enabled/);
     assert.equal(errorMessage(500, 'oops'), 'The gpushare request failed (HTTP 500).');
+  });
+});
+
+describe('retrying through a pool restart', () => {
+  const unreachable = (e: unknown) => (e as Error).message === 'down';
+  function clock() {
+    let t = 0;
+    return { now: () => t, sleep: async (ms: number) => void (t += ms), slept: () => t };
+  }
+
+  test('tries again while unreachable, tells once, and returns the answer', async () => {
+    const c = clock();
+    const told: string[] = [];
+    let calls = 0;
+    const answer = await retrying(
+      async () => {
+        calls += 1;
+        if (calls < 4) {
+          throw new Error('down');
+        }
+        return 'job';
+      },
+      unreachable,
+      { onRetry: text => told.push(text), now: c.now, sleep: c.sleep }
+    );
+    assert.equal(answer, 'job');
+    assert.equal(calls, 4);
+    assert.equal(told.length, 1);
+    assert.match(told[0], /restarting/);
+    assert.equal(c.slept(), 250 + 500 + 1000);
+  });
+
+  test('gives up after its budget, and never retries a refusal', async () => {
+    const c = clock();
+    await assert.rejects(
+      retrying(async () => Promise.reject(new Error('down')), unreachable, {
+        budgetMs: 3000,
+        now: c.now,
+        sleep: c.sleep
+      }),
+      /down/
+    );
+    assert.equal(c.slept(), 3000);
+    let calls = 0;
+    await assert.rejects(
+      retrying(
+        async () => {
+          calls += 1;
+          throw new Error('not yours');
+        },
+        unreachable,
+        { now: c.now, sleep: c.sleep }
+      ),
+      /not yours/
+    );
+    assert.equal(calls, 1);
+  });
+
+  test('request ids are 32 hex digits, new each time', () => {
+    assert.equal(newRequestId(n => new Uint8Array(n).fill(171)), 'ab'.repeat(16));
+    assert.match(newRequestId(), /^[0-9a-f]{32}$/);
+    assert.notEqual(newRequestId(), newRequestId());
   });
 });

@@ -195,6 +195,19 @@ async def test_logs_read_and_followed_as_they_are_printed(hub, call, jp_fetch):
     assert (status, refused["error"]) == (400, f"job {job['id']} has attempts 1 to 1")
 
 
+async def test_each_ranks_log_through_the_server(hub, call):
+    status, job = await call("POST", "api/jobs", {
+        "gpus": 2, "per_gpu": True, "source": "import os\nprint('rank', os.environ['RANK'])\n"})
+    assert status == 201 and job["per_gpu"] is True, job
+    hub.wait_job("alice", job["id"], ("succeeded",))
+    for rank in (0, 1):
+        status, text = await call("GET", f"api/jobs/{job['id']}/logs", params={"rank": str(rank)})
+        assert (status, text) == (200, f"rank {rank}\n")
+    status, refused = await call("GET", f"api/jobs/{job['id']}/logs", params={"rank": "5"})
+    assert (status, refused["error"]) == (400, f"attempt 1 of job {job['id']} has ranks 0 to 1, "
+                                               f"not 5")
+
+
 @pytest.mark.parametrize("method, path, body, status, error", [
     ("GET", "api/jobs/nope", None, 404, "there is no job nope"),
     ("GET", "api/jobs/nope/logs", None, 404, "there is no job nope"),
@@ -224,8 +237,8 @@ async def test_an_admin_only_route_is_refused_for_the_servers_owner(call):
 # -- a pool that cannot be reached -------------------------------------------------------------
 
 @pytest.mark.parametrize("extension_config, status, words", [
-    ({"pool_url": f"http://127.0.0.1:{free_port()}/services/gpushare/", "pool_token": "t0ken"},
-     502, "cannot be reached (connection refused)"),
+    ({"pool_url": f"http://127.0.0.1:{free_port()}/services/gpushare/", "pool_token": "t0ken",
+      "retry_timeout": 0}, 502, "cannot be reached (connection refused)"),
     ({"pool_url": "", "pool_token": "t0ken"}, 503,
      "this notebook server cannot reach the pool: no pool service address: set GPUSHARE_URL "
      "(e.g. http://127.0.0.1:8000/services/gpushare/) or pass c.GPUShareExtension.pool_url"),
@@ -237,6 +250,19 @@ async def test_pool_down_or_not_configured_is_one_sentence(call, monkeypatch, st
         got, answer = await call("GET", path)
         assert got == status and words in answer["error"] and "\n" not in answer["error"]
         assert "t0ken" not in answer["error"]
+
+
+async def test_a_retried_submit_with_the_browsers_key_makes_one_job(hub, call):
+    spec = {"command": ["true"], "gpus": 1, "name": "retried"}
+    headers = {"Idempotency-Key": "lab-7f3e"}
+    status, first = await call("POST", "api/jobs", spec, headers=headers)
+    status2, again = await call("POST", "api/jobs", spec, headers=headers)
+    assert status == status2 == 201 and first["id"] == again["id"]
+    assert again["request_id"] == "lab-7f3e"
+    _, mine = hub.api("GET", "api/jobs", "alice")
+    assert [j["id"] for j in mine["jobs"] if j["name"] == "retried"] == [first["id"]]
+    status, third = await call("POST", "api/jobs", spec)  # no key: the extension makes one
+    assert status == 201 and third["id"] != first["id"] and third["request_id"]
 
 
 # -- authentication and XSRF -------------------------------------------------------------------

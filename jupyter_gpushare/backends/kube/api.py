@@ -79,6 +79,7 @@ class KubeAPI:
                  log: logging.Logger | None = None, timeout_s: float = 30):
         self.client = api_client
         self.core = client.CoreV1Api(api_client)
+        self.networking = client.NetworkingV1Api(api_client)
         self.retry_s = retry_s
         self.timeout_s = timeout_s
         self.log = log or logging.getLogger("gpushare.kube")

@@ -4,18 +4,21 @@ The pool service decides admission, quotas, preemption and placement; Kubernetes
 pods. An attempt is one pod per node of its placement (a gang: all created, or none left),
 pinned to its node by required node affinity, requesting the node's share of whole GPUs
 (``nvidia.com/gpu``; the device plugin sets ``CUDA_VISIBLE_DEVICES``), in the image, home
-volume, security context and environment of the user's notebook pod.
+volume, security context and environment of the user's notebook pod. A pod runs its node's
+rank, or all of them under ``launcher.py`` in a per-GPU job.
+
+A multi-node gang gets a headless Service (its DNS name is ``MASTER_ADDR``) and a
+NetworkPolicy that lets its pods, and only them, reach each other; both are owned by rank 0's
+pod, so they go with it. Where the cluster has no DNS (``rendezvous = "pod-ip"``) rank 0 is
+created first and the other ranks get its pod IP once it has one.
 
 Four reflectors (reflector.py) keep what the backend reads: our job pods, the train pool's
-nodes, the namespace's pod events and the users' notebook pods. ``poll`` judges each attempt
-from the cache: every pod Succeeded → succeeded; one Failed → failed with its exit code; a
-pod deleted by someone else, or on a node that left the pool → lost (the service requeues).
-
-An attempt's output is rank 0's log, followed from the API into
-``state_dir/<job>/<attempt>.log`` while it runs (``logfile.CappedLog``: at most ``log_limit``
-bytes, its beginning and its latest output) and read from there; ``<attempt>.exit`` records the
-end before the pods are deleted. A follow that breaks (the API server restarts, a watch
-timeout) starts again from the beginning of the pod's log, which rewrites the same bytes.
+nodes, the namespace's pod events and the users' notebook pods. ``poll`` judges each gang
+from the cache (gang.py): every pod Succeeded → succeeded; the first pod Failed, deleted by
+someone else or on a node that left the pool ends the gang: the others are deleted with the
+grace period, and the attempt is reported failed (or lost: the service requeues) once no pod
+runs. Each pod's log is followed into its ranks' capped logs while it runs and read from
+there (logs.py), so it outlives the pods.
 """
 
 from __future__ import annotations
@@ -23,197 +26,49 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import json
 import math
-import os
 import time
-from dataclasses import dataclass
-
-from traitlets import Bool, Dict, Enum, Float, Integer, List, Unicode, default, validate
 
 from ...policy.model import GPU, Node, gpus_text
 from .. import logfile
-from ..base import Backend, BackendError, Exit, Handle, Launch, private_dir
+from ..base import BackendError, Exit, Handle, Launch, private_dir
+from . import adoption
 from . import objects as k8s
-from .api import KubeAPI, KubeError, default_namespace, make_client
+from .api import KubeAPI, KubeError, make_client
+from .gang import Gang, PodRanks, judge
+from .logs import PodLogs
+from .options import KubernetesOptions, user_names  # noqa: F401  (user_names: as before)
+from .podops import PodOps
 from .reflector import Reflector
 
 NOTEBOOK_USER = "hub.jupyter.org/username"  # KubeSpawner's annotation: the exact name
 NOTEBOOK_SERVER = "hub.jupyter.org/servername"
-FOLLOW_READ_TIMEOUT_S = 600  # a silent job's log is followed anew after this
-DELETE_RETRY_S = 5.0
 ARCHIVE_WAIT_S = 2.0
 
 
-@dataclass
-class _Attempt:
-    job_id: str
-    attempt: int
-    pods: tuple[str, ...]
-    placement: dict[str, int]
-    created_at: float  # time.monotonic() when its pods existed; -inf when adopted
-    stopping: bool = False
-    archiver: asyncio.Task | None = None
-
-    @property
-    def key(self):
-        return (self.job_id, self.attempt)
-
-
-class KubernetesBackend(Backend):
+class KubernetesBackend(KubernetesOptions):
     """Runs each train job as pods on the nodes of a Kubernetes train pool."""
-
-    kubeconfig = Unicode("", help="""
-        Path of a kubeconfig for the Kubernetes API. Empty: the service account of the pod
-        the service runs in (the hub pod of zero-to-jupyterhub), else $KUBECONFIG or
-        ~/.kube/config.
-        """).tag(config=True)
-
-    namespace = Unicode(help="""
-        Namespace of the job pods (and of the notebook pods whose image and volumes jobs
-        take). Default: the namespace the service runs in, else "default".
-        """).tag(config=True)
-
-    @default("namespace")
-    def _default_namespace(self):
-        return default_namespace()
-
-    train_node_selector = Dict({"gpushare.jupyter.org/pool": "train"}, help="""
-        Labels of the train pool's nodes: every node with all of them is in the pool, with
-        its allocatable gpu_resource as its GPUs. Nodes of the build pool must not match.
-        """).tag(config=True)
-
-    gpu_resource = Unicode("nvidia.com/gpu", help="""
-        Extended resource of one whole GPU on train nodes, as the NVIDIA device plugin
-        advertises it (without renaming); job pods request their GPUs as this.
-        """).tag(config=True)
-
-    tolerations = List(Dict(), [{"key": "nvidia.com/gpu", "operator": "Exists",
-                                 "effect": "NoSchedule"}], help="""
-        Tolerations of job pods, for the taints that keep other pods off GPU nodes.
-        """).tag(config=True)
-
-    use_notebook_pod = Bool(True, help="""
-        Run a job in the image, home volume, security context and (non-secret) environment
-        of its user's running notebook pod (found by KubeSpawner's labels), so that code
-        written in the notebook finds its files and packages. Without such a pod (or with
-        this off), image, volumes, volume_mounts, pod_security_context and
-        security_context below are used. Never copied: secrets, service account tokens,
-        the build slice's GPU settings. The home volume must be ReadWriteMany (NFS, ...)
-        for a job on a train node to mount it while the notebook has it mounted too.
-        """).tag(config=True)
-
-    notebook_selector = Unicode("component=singleuser-server", help="""
-        Label selector of notebook pods (KubeSpawner's component label).
-        """).tag(config=True)
-
-    image = Unicode("quay.io/jupyter/base-notebook:latest", help="""
-        Image of job pods when the user has no notebook pod to take it from.
-        """).tag(config=True)
-
-    home_dir = Unicode("/home/jovyan", help="""
-        Working directory of job pods (when the job names none) and the {home} of
-        PoolService.checkpoint_dir_template, when the user has no notebook pod to take it
-        from.
-        """).tag(config=True)
-
-    volumes = List(Dict(), help="""
-        Volumes of job pods when the user has no notebook pod, as in a pod spec; {username}
-        is the user's name as KubeSpawner writes it under slug_scheme ({safe_username},
-        {escaped_username} and {unescaped_username} too), so
-        [{"name": "home", "persistentVolumeClaim": {"claimName": "claim-{username}"}}]
-        names zero-to-jupyterhub's home volume. A claim whose name depends on the user is
-        mounted only if KubeSpawner made it for that very user (see verify_claims).
-        """).tag(config=True)
-
-    slug_scheme = Enum(["safe", "escape"], "safe", help="""
-        How {username} is written in volumes and volume_mounts: as the hub's
-        c.KubeSpawner.slug_scheme does ("safe", KubeSpawner 7's default, or "escape", the
-        scheme of KubeSpawner < 7). The two can name different users alike, so this must be
-        the hub's.
-        """).tag(config=True)
-
-    verify_claims = Bool(True, help="""
-        Mount a home volume claim whose name depends on the user only if it is KubeSpawner's
-        claim for that very user (its annotation hub.jupyter.org/username, on a claim of the
-        user's default server), whatever its name: under another slug scheme, or kept from
-        KubeSpawner < 7, a name made from a template can be another user's claim. A user
-        without one is told to start their notebook server once. Off: trust the names
-        volumes expand to.
-        """).tag(config=True)
-
-    volume_mounts = List(Dict(), help="""
-        Volume mounts of the job container when the user has no notebook pod, e.g.
-        [{"name": "home", "mountPath": "/home/jovyan"}]; {username} is expanded.
-        """).tag(config=True)
-
-    pod_security_context = Dict({"fsGroup": 100}, help="""
-        Pod securityContext of job pods when the user has no notebook pod.
-        """).tag(config=True)
-
-    security_context = Dict({"runAsUser": 1000, "runAsGroup": 100, "runAsNonRoot": True,
-                             "allowPrivilegeEscalation": False}, help="""
-        Container securityContext of job pods when the user has no notebook pod.
-        """).tag(config=True)
-
-    cpu_per_gpu = Float(0.0, help="""
-        CPU cores a job pod requests per GPU (0: none requested).
-        """).tag(config=True)
-
-    memory_per_gpu = Float(0.0, help="""
-        Memory in GiB a job pod requests, and is limited to, per GPU (0: none).
-        """).tag(config=True)
-
-    extra_labels = Dict(help="Labels added to every job pod.").tag(config=True)
-    extra_annotations = Dict(help="Annotations added to every job pod.").tag(config=True)
-    extra_pod_config = Dict(help="""
-        Fields merged into every job pod's spec (camelCase, as in a manifest), e.g.
-        {"runtimeClassName": "nvidia", "priorityClassName": "train"}.
-        """).tag(config=True)
-
-    grace_period = Integer(help="""
-        terminationGracePeriodSeconds of job pods. Default: PoolService.grace_period.
-        """).tag(config=True)
-
-    @default("grace_period")
-    def _default_grace(self):
-        return math.ceil(getattr(self.parent, "grace_period", 30))
-
-    state_dir = Unicode(help="""
-        Directory of the logs of ended attempts (read from the API before their pods are
-        deleted) and of their exit records. Default: PoolService.state_dir/kubernetes.
-        """).tag(config=True)
-
-    @default("state_dir")
-    def _default_state_dir(self):
-        return os.path.abspath("gpushare-kubernetes")
-
-    @validate("state_dir")
-    def _absolute_state_dir(self, proposal):
-        return os.path.abspath(os.path.expanduser(proposal.value))
-
-    api_retry_timeout = Float(30.0, help="""
-        Seconds a request to the Kubernetes API is tried again while it fails in a way that
-        may pass (no connection, 429, 5xx) before the backend gives up on it.
-        """).tag(config=True)
-
-    watch_timeout = Integer(300, help="""
-        Seconds after which the API server ends a watch and the backend starts the next one.
-        """).tag(config=True)
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.api: KubeAPI | None = None
         self.pods = self.node_cache = self.events = self.notebooks = None
-        self._running: dict[tuple[str, int], _Attempt] = {}
+        self._logs: PodLogs | None = None
+        self._running: dict[tuple[str, int], Gang] = {}
         self._ended: dict[str, k8s.PodState] = {}  # terminal states seen before a poll
         self._seen: set[str] = set()  # pods of running attempts the watch has shown
         self._watched: set[str] = set()  # the pods of running attempts
-        self._doomed: dict[str, tuple[int | None, float]] = {}  # pod -> (grace, last try)
-        self._tasks: set[asyncio.Task] = set()
-        self._winding: dict[tuple[str, int], asyncio.Task] = {}  # ended: log kept, pods deleted
+        self.ops: PodOps | None = None  # creating and deleting, once connected
+        self._winding: dict[tuple[str, int], asyncio.Task] = {}  # ended: logs kept, pods deleted
         self._last_nodes: list[Node] = []
         self._ready_lock: asyncio.Lock | None = None
+
+    @property
+    def logs(self) -> PodLogs:
+        if self._logs is None:
+            self._logs = PodLogs(self.state_dir, self.namespace, self.log_limit, self.log)
+        self._logs.api = self.api
+        return self._logs
 
     # --- the connection and the caches ---
 
@@ -226,6 +81,7 @@ class KubernetesBackend(Backend):
                 private_dir(self.state_dir)  # kept logs of every user's jobs
                 self.api = KubeAPI(await make_client(self.kubeconfig), self.api_retry_timeout,
                                    self.log)
+                self.ops = PodOps(self.api, self.namespace, self.api_retry_timeout, self.log)
                 core, ns = self.api.core, self.namespace
                 watch = functools.partial(Reflector, log=self.log, timeout_s=self.watch_timeout)
                 self.pods = watch(f"job pods in {ns}", functools.partial(
@@ -300,29 +156,39 @@ class KubernetesBackend(Backend):
             raise BackendError(f"Attempt {launch.attempt} of job {launch.job_id} is already "
                                "running.")
         self._check_placement(launch.placement)
-        template = self._template(launch.user)
+        template, settings = self._template(launch.user), self.pod_settings()
         if template.source == "configuration":
             template = await self._own_claims(template, launch.user)
-        pods = k8s.job_pods(launch, template, self._settings())
-        results = await asyncio.gather(*(self._create(p) for p in pods), return_exceptions=True)
-        failed = [r for r in results if isinstance(r, BaseException)]
-        if failed:
-            created = [p["metadata"]["name"] for p, r in zip(pods, results)
-                       if not isinstance(r, BaseException)]
-            await asyncio.gather(*(self._delete(name, 0) for name in created))
-            if not isinstance(failed[0], KubeError):
-                raise failed[0]
-            raise BackendError(self._sentence(failed[0])) from None
-        names = tuple(p["metadata"]["name"] for p in pods)
-        self._watched.update(names)
-        self._running[key] = a = _Attempt(launch.job_id, launch.attempt, names,
-                                          dict(launch.placement), time.monotonic())
-        a.archiver = self._spawn(self._follow_log(a))
-        self.log.info("Started attempt %d of job %s as pod(s) %s (%s from the %s)",
-                      launch.attempt, launch.job_id, ", ".join(names), template.image,
-                      template.source)
-        return Handle(launch.job_id, launch.attempt, {
-            "namespace": self.namespace, "pods": list(names), "placement": dict(launch.placement)})
+        build = functools.partial(k8s.job_pods, launch, template, settings)
+        port = self.rendezvous_port
+        if len(launch.placement) == 1:
+            pods = build(k8s.Rendezvous("127.0.0.1", port))
+            gang = self._gang(launch, pods)
+            await self.ops.create_all(pods)
+        elif self.rendezvous == "dns":
+            pods = build(k8s.Rendezvous(k8s.service_address(
+                launch.job_id, launch.attempt, self.namespace, self.cluster_domain), port))
+            gang = self._gang(launch, pods, k8s.rendezvous_name(launch.job_id, launch.attempt))
+            await self.ops.create_gang(launch, settings, port, pods[0], pods[1:])
+        else:  # rank 0 first; the others once its pod has an IP
+            first = build(k8s.Rendezvous("", port))
+            gang = self._gang(launch, first, k8s.rendezvous_name(launch.job_id, launch.attempt))
+            gang.waiting = frozenset(gang.names[1:])
+            gang.later = lambda ip: build(k8s.Rendezvous(ip, port))[1:]
+            await self.ops.create_gang(launch, settings, port, first[0], [])
+        gang.created_at = time.monotonic()
+        self._watched.update(gang.names)
+        self._running[key] = gang
+        self._follow(gang)
+        self.log.info("Started attempt %d of job %s: %d rank(s) in pod(s) %s (%s from the %s)",
+                      launch.attempt, launch.job_id, gang.world_size, ", ".join(gang.names),
+                      template.image, template.source)
+        return Handle(launch.job_id, launch.attempt, gang.handle_data(self.namespace))
+
+    def _gang(self, launch: Launch, pods: list[dict], rendezvous: str | None = None) -> Gang:
+        return Gang(launch.job_id, launch.attempt,
+                    tuple(PodRanks.of_pod(p, i) for i, p in enumerate(pods)),
+                    dict(launch.placement), time.monotonic(), rendezvous)
 
     def _check_placement(self, placement) -> None:
         known = self.node_cache.objects
@@ -334,13 +200,6 @@ class KubernetesBackend(Backend):
             if milli <= 0 or milli % GPU:
                 raise BackendError(f"A train job runs on whole GPUs, not on "
                                    f"{gpus_text(milli)} of {node}.")
-
-    def _settings(self) -> k8s.PodSettings:
-        return k8s.PodSettings(
-            namespace=self.namespace, grace_s=self.grace_period, gpu_resource=self.gpu_resource,
-            tolerations=tuple(self.tolerations), labels=dict(self.extra_labels),
-            annotations=dict(self.extra_annotations), cpu_per_gpu=self.cpu_per_gpu,
-            memory_per_gpu_gib=self.memory_per_gpu, extra_pod_config=dict(self.extra_pod_config))
 
     def _template(self, user: str) -> k8s.PodTemplate:
         """From the user's running notebook pod (their default server first), else from
@@ -354,13 +213,7 @@ class KubernetesBackend(Backend):
                                      .get(NOTEBOOK_SERVER, ""), p["metadata"]["name"]))
             if mine:
                 return k8s.notebook_template(mine[0])
-        names = user_names(user, self.slug_scheme)
-        return k8s.PodTemplate(
-            image=self.image, working_dir=self.home_dir,
-            volumes=tuple(k8s.expand(self.volumes, **names)),
-            volume_mounts=tuple(k8s.expand(self.volume_mounts, **names)),
-            pod_security_context=dict(self.pod_security_context),
-            security_context=dict(self.security_context))
+        return self.configured_template(user)
 
     async def _own_claims(self, template: k8s.PodTemplate, user: str) -> k8s.PodTemplate:
         """The configured volumes with each per-user claim replaced by the claim KubeSpawner
@@ -394,225 +247,193 @@ class KubernetesBackend(Backend):
     def user_home(self, user: str) -> str | None:
         return self._template(user).working_dir
 
-    async def _create(self, pod: dict) -> None:
-        name = pod["metadata"]["name"]
-        try:
-            await self.api.json(f"create pod {name}", self.api.core.create_namespaced_pod,
-                                self.namespace, pod)
-        except KubeError as e:
-            if e.status != 409:
-                raise
-            # Ours already (an answer lost on the way, then the retry): the same attempt.
-            existing = await self.api.json(f"read pod {name}", self.api.core.read_namespaced_pod,
-                                           name, self.namespace)
-            labels = existing["metadata"].get("labels") or {}
-            mine = pod["metadata"]["labels"]
-            if (labels.get(k8s.JOB), labels.get(k8s.ATTEMPT)) != (mine[k8s.JOB], mine[k8s.ATTEMPT]):
-                raise
+    def _create_waiting(self, gang: Gang) -> None:
+        """"pod-ip": once rank 0's pod has its IP, create the other ranks with it."""
+        if gang.later is None or gang.stopping or gang.failure is not None:
+            return
+        ip = ((self.pods.objects.get(gang.names[0]) or {}).get("status") or {}).get("podIP")
+        if ip:
+            manifests, gang.later = gang.later(ip), None
+            self.ops.spawn(self._create_late(gang, manifests))
 
-    def _sentence(self, e: KubeError) -> str:
-        said = e.message.split(": ", 1)[-1].rstrip(".")
-        if e.status in (401, 403):
-            return (f"The pool service may not create pods in namespace {self.namespace} "
-                    f"(Kubernetes said: {said}); an administrator must grant it the rules of "
-                    f"hub_config/kubernetes-rbac.yaml.")
-        if e.status in (400, 422):
-            return f"Kubernetes refused the job's pod: {said}."
-        if e.status == 409:
-            return f"A pod of this job's name already exists and is not the job's: {said}."
-        return (f"The Kubernetes API did not accept the job's pods within "
-                f"{self.api_retry_timeout:g} s ({said}); the job can be submitted again.")
+    async def _create_late(self, gang: Gang, manifests: list[dict]) -> None:
+        try:
+            await self.ops.create_all(manifests)
+        except BackendError as e:
+            if not gang.stopping and gang.failure is None:
+                gang.failure = Exit(gang.job_id, gang.attempt, "failed",
+                                    reason=f"its other ranks could not be started: {e}")
+                self._halt(gang, 0)
+            return
+        gang.created_at, gang.waiting = time.monotonic(), frozenset()
+        self._follow(gang)
+        if gang.stopping or gang.failure is not None:  # stopped meanwhile: these too
+            self._halt(gang, self.grace_period)
 
     # --- stop, poll, adopt ---
 
     async def stop(self, job_id: str, attempt: int, grace_s: float) -> None:
-        a = self._running.get((job_id, attempt))
-        if a is None:
+        gang = self._running.get((job_id, attempt))
+        if gang is None:
             return
-        a.stopping = True
-        if a.archiver is None:
-            a.archiver = self._spawn(self._follow_log(a))
-            await asyncio.sleep(0)  # the log stream is asked for before the pods go
-        for name in a.pods:
-            self._doom(name, max(0, math.ceil(grace_s)))
+        gang.stopping = True
+        self._halt(gang, max(0, math.ceil(grace_s)))  # their logs are followed to the end
 
-    def _doom(self, name: str, grace: int | None) -> None:
-        """Delete the pod (again on later polls until it is gone)."""
-        self._doomed[name] = (grace, time.monotonic())
-        self._spawn(self._delete(name, grace))
-
-    async def _delete(self, name: str, grace: int | None) -> None:
-        kwargs = {} if grace is None else {"grace_period_seconds": grace}
-        try:
-            await self.api.json(f"delete pod {name}", self.api.core.delete_namespaced_pod,
-                                name, self.namespace, **kwargs)
-        except KubeError as e:
-            if e.status == 404:
-                self._doomed.pop(name, None)
+    def _halt(self, gang: Gang, grace: int) -> None:
+        """Delete every pod of the gang: those that run with ``grace`` (their logs are
+        followed to the end), those that ended once their logs are kept."""
+        for i, (name, node) in enumerate(zip(gang.names, sorted(gang.placement))):
+            pod = self.pods.objects.get(name)
+            if name in gang.waiting or pod is None or name in self.ops.doomed:
+                continue
+            if self._node_gone(pod, node):  # no kubelet is left to wait for, nor a log
+                self.ops.doom(name, 0)
+            elif k8s.pod_state(pod).phase in ("succeeded", "failed"):
+                gang.keepers.setdefault(i, self.ops.spawn(self._keep_and_delete(gang, i)))
             else:
-                self.log.warning("Could not delete pod %s (%s); trying again", name, e)
+                self.ops.doom(name, grace)
 
-    def _spawn(self, coro) -> asyncio.Task:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+    def _follow(self, gang: Gang) -> None:
+        """Follow every pod's log into its ranks' logs while the gang lives."""
+        for i, pod in enumerate(gang.pods):
+            if i not in gang.followers and pod.name not in gang.waiting:
+                gang.followers[i] = self.ops.spawn(self.logs.follow(
+                    gang.key, pod, functools.partial(self._container_done, gang, i)))
+
+    def _container_done(self, gang: Gang, index: int) -> bool | None:
+        """Whether a pod's container has ended (True), the pod is gone (False), or it is
+        still to be followed (None: it runs, or starts, or the watch has not shown it)."""
+        name = gang.names[index]
+        if name in gang.waiting:  # not created yet
+            return False if gang.stopping or gang.failure is not None else None
+        pod = self.pods.objects.get(name)
+        if pod is not None:
+            return True if k8s.pod_state(pod).phase in ("succeeded", "failed") else None
+        if name in self._ended:
+            return True
+        if gang.key in self._running and name not in self._seen:
+            return None  # created; the watch has not shown it yet
+        # deleted: by our stop (its log ran to the end), or by someone else
+        return gang.stopping or gang.failure is not None
+
+    async def _kept(self, gang: Gang, index: int) -> None:
+        """The pod's log whole in its ranks' logs: followed to its end, else read again."""
+        followed = False
+        task = gang.followers.get(index)
+        if task is not None:  # its last words may be on their way
+            try:
+                await asyncio.wait_for(asyncio.shield(task), ARCHIVE_WAIT_S)
+                followed = task.result()
+            except (asyncio.TimeoutError, Exception):
+                task.cancel()
+        if not followed and gang.names[index] in self.pods.objects:
+            await self.logs.archive(gang.key, gang.pods[index])
+
+    async def _keep_and_delete(self, gang: Gang, index: int) -> None:
+        """An ended pod of a gang that stops: its log first, then the pod."""
+        name = gang.names[index]
+        self.ops.doomed[name] = (0, time.monotonic())  # not deleted twice meanwhile
+        await self._kept(gang, index)
+        self.ops.doom(name, 0)
 
     async def poll(self) -> list[Exit]:
         if self.api is None:
             return []
         ended = []
-        for a in list(self._running.values()):
-            exit = self._judge(a)
+        for gang in list(self._running.values()):
+            self._create_waiting(gang)
+            failing = gang.failure
+            nodes = sorted(gang.placement)  # node rank order, as the pods were made
+            exit = judge(gang, [self._pod_state(gang, name, node)
+                                for name, node in zip(gang.names, nodes)])
             if exit is not None:
-                ended.append((a, exit))
-                del self._running[a.key]
-        for a, exit in ended:
-            self._write(a.key, "exit", json.dumps({
-                "state": exit.state, "exit_code": exit.exit_code, "reason": exit.reason}).encode())
-            for name in a.pods:
+                ended.append((gang, exit))
+                del self._running[gang.key]
+            elif failing is None and gang.failure is not None:  # one life: stop the others
+                self.log.info("Attempt %d of job %s: %s; stopping its other ranks",
+                              gang.attempt, gang.job_id, gang.failure.reason)
+                self._halt(gang, self.grace_period)
+        for gang, exit in ended:
+            self.logs.record_exit(gang.key, exit)
+            for name in gang.names:
                 self._ended.pop(name, None)
                 self._seen.discard(name)
                 self._watched.discard(name)
-            # Reported at once; the log is kept and the pods deleted meanwhile.
-            self._winding[a.key] = self._spawn(self._wind_up(a))
-        self._retry_deletions()
+            # Reported at once; the logs are kept and the pods deleted meanwhile.
+            self._winding[gang.key] = self.ops.spawn(self._wind_up(gang))
+        self.ops.retry_deletions(self.pods)
         return [exit for _, exit in ended]
 
-    def _judge(self, a: _Attempt) -> Exit | None:
-        """How the attempt ended, from the cache; None while it runs (or starts)."""
-        states = [self._pod_state(a, name) for name in a.pods]
-        phases = {s.phase for s in states}
-        if a.stopping:
-            if phases <= {"gone", "succeeded", "failed"}:  # no pod holds GPUs any more
-                code = next((s.exit_code for s in states if s.exit_code is not None), None)
-                return Exit(a.job_id, a.attempt, "failed", code, "stopped")
-            return None
-        failed = [s for s in states if s.phase == "failed"]
-        if failed:
-            return Exit(a.job_id, a.attempt, "failed", failed[0].exit_code, failed[0].reason)
-        gone = [s for s in states if s.phase == "gone"]
-        if gone:
-            return Exit(a.job_id, a.attempt, "lost", reason=gone[0].reason)
-        if phases == {"succeeded"}:
-            return Exit(a.job_id, a.attempt, "succeeded", 0)
-        return None
-
-    def _pod_state(self, a: _Attempt, name: str) -> k8s.PodState:
+    def _pod_state(self, gang: Gang, name: str, node: str) -> k8s.PodState:
+        if name in gang.waiting:  # never created: nothing to wait for once the gang stops
+            if gang.stopping or gang.failure is not None:
+                return k8s.PodState("gone", reason=f"its pod {name} was never created")
+            return k8s.PodState("pending")
         pod = self.pods.objects.get(name)
         if pod is None:
             if name in self._ended:
                 return self._ended[name]
-            if name not in self._seen and a.created_at > self.pods.listed_at:
+            if name not in self._seen and gang.created_at > self.pods.listed_at:
                 return k8s.PodState("pending")  # created; the watch has not shown it yet
             return k8s.PodState("gone", reason=f"its pod {name} was deleted outside the "
                                                "pool service")
         state = k8s.pod_state(pod)
         if state.phase in ("succeeded", "failed"):
             return state
-        if self._node_gone(pod):
-            return k8s.PodState("gone", reason=f"its node {pod['spec']['nodeName']} left the "
-                                               "train pool")
-        if pod["metadata"].get("deletionTimestamp") and name not in self._doomed:
+        if self._node_gone(pod, node):  # bound to it, or pinned to it and still waiting
+            return k8s.PodState("gone", reason=f"its node {node} left the train pool")
+        if pod["metadata"].get("deletionTimestamp") and name not in self.ops.doomed:
             return k8s.PodState("gone", reason=f"its pod {name} is being deleted outside the "
                                                "pool service")
         return state
 
-    def _node_gone(self, pod: dict) -> bool:
-        node = (pod.get("spec") or {}).get("nodeName")
+    def _node_gone(self, pod: dict, node: str | None = None) -> bool:
+        node = (pod.get("spec") or {}).get("nodeName") or node
         return bool(node) and self.node_cache.synced.is_set() and \
             node not in self.node_cache.objects
 
-    async def _wind_up(self, a: _Attempt) -> None:
-        """Keep the log (rank 0's), then delete what is left of the pods."""
+    async def _wind_up(self, gang: Gang) -> None:
+        """Keep every pod's log, then delete what is left of the pods and the rendezvous."""
         try:
-            followed = False
-            if a.archiver is not None:  # its last words may be on their way
-                try:
-                    await asyncio.wait_for(asyncio.shield(a.archiver), ARCHIVE_WAIT_S)
-                    followed = a.archiver.result()
-                except (asyncio.TimeoutError, Exception):
-                    a.archiver.cancel()
-            if not followed and a.pods[0] in self.pods.objects:
-                await self._archive(a.key, a.pods[0])
-            for name in a.pods:
+            async def keep(i):
+                keeper = gang.keepers.get(i)
+                if keeper is not None:
+                    await asyncio.wait_for(asyncio.shield(keeper), ARCHIVE_WAIT_S + 60)
+                else:
+                    await self._kept(gang, i)
+            await asyncio.gather(*(keep(i) for i in range(len(gang.pods))),
+                                 return_exceptions=True)
+            for name in gang.names:
                 pod = self.pods.objects.get(name)
-                if pod is not None and name not in self._doomed:
+                if pod is not None and name not in self.ops.doomed:
                     # No kubelet is left to wait for: on a gone node, or after the end.
                     ended = k8s.pod_state(pod).phase in ("succeeded", "failed")
-                    self._doom(name, 0 if ended or self._node_gone(pod) else None)
+                    self.ops.doom(name, 0 if ended or self._node_gone(pod) else None)
+            if gang.rendezvous:
+                await self.ops.delete_rendezvous(gang.rendezvous)
         finally:
-            self._winding.pop(a.key, None)
-
-    async def _archive(self, key, pod_name: str) -> None:
-        """The pod's whole log into the attempt's capped file (anew: a follower may have
-        left part of it), streamed, never in memory whole."""
-        path = self._path(key, "log")
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        log = logfile.CappedLog(path, self.log_limit)
-        try:
-            response = await self.api.core.read_namespaced_pod_log(
-                pod_name, self.namespace, _preload_content=False, _request_timeout=(10, 60))
-            try:
-                if response.status != 200:
-                    raise KubeError(response.status, "", (await response.text())[:300])
-                async for chunk in response.content.iter_any():
-                    log.write(chunk)
-            finally:
-                response.release()
-        except Exception as e:  # kept as far as it came, and said so
-            log.write(f"\n[gpushare: the log could not be read from Kubernetes: "
-                      f"{str(e).splitlines()[0] if str(e) else type(e).__name__}]\n".encode())
-        finally:
-            log.close()
-
-    def _retry_deletions(self) -> None:
-        now = time.monotonic()
-        for name, (grace, tried) in list(self._doomed.items()):
-            pod = self.pods.objects.get(name)
-            if pod is None and self.pods.listed_at > tried:
-                del self._doomed[name]
-            elif pod is not None and not pod["metadata"].get("deletionTimestamp") \
-                    and now - tried > DELETE_RETRY_S:
-                self._doom(name, grace)
+            self._winding.pop(gang.key, None)
 
     async def adopt(self, handles: list[Handle]) -> list[Exit]:
         await self._ready()
-        exits, named = [], set()
-        for h in handles:
-            key = (h.job_id, h.attempt)
-            named.add(key)
-            if key in self._running:
-                continue
-            recorded = self._read_exit(key)
-            pods = [str(p) for p in (h.data.get("pods") or [])]
-            if recorded is not None:
-                exits.append(recorded)
-            elif not pods or h.data.get("namespace", self.namespace) != self.namespace:
-                exits.append(Exit(*key, "lost", reason="its record does not name its pods"))
-            elif not any(p in self.pods.objects for p in pods):
-                exits.append(Exit(*key, "lost", reason="its pods are gone"))
-            else:
-                placement = {str(n): int(m) for n, m in dict(h.data.get("placement") or {}).items()}
-                self._running[key] = a = _Attempt(*key, tuple(pods), placement, float("-inf"))
-                self._watched.update(pods)
-                a.archiver = self._spawn(self._follow_log(a))
-        for name, pod in list(self.pods.objects.items()):
-            labels = pod["metadata"].get("labels") or {}
-            key = (labels.get(k8s.JOB), _int(labels.get(k8s.ATTEMPT)))
-            if key not in named and key not in self._running and name not in self._doomed:
-                if k8s.pod_state(pod).phase in ("succeeded", "failed"):
-                    # Ended, reported, not yet cleaned up when the service stopped.
-                    self._spawn(self._clean_up(key, name, labels.get(k8s.RANK) == "0"))
-                    continue
-                self.log.warning("Deleting pod %s: no job of the pool service runs in it", name)
-                self._doom(name, None)
-        return exits
+        plan = adoption.plan(handles, self.pods.objects, self.logs.read_exit, self.namespace,
+                             set(self._running), self.ops.doomed)
+        for gang in plan.gangs:
+            self._running[gang.key] = gang
+            self._watched.update(gang.names)
+            self._follow(gang)
+        for key, name, index in plan.clean:
+            self.ops.spawn(self._clean_up(key, name, index))
+        for name in plan.orphans:
+            self.log.warning("Deleting pod %s: no job of the pool service runs in it", name)
+            self.ops.doom(name, None)
+        return plan.exits
 
-    async def _clean_up(self, key, name: str, keep_log: bool) -> None:
-        if keep_log and key[0] and key[1] is not None:
-            await self._archive(key, name)
-        self._doom(name, 0)
+    async def _clean_up(self, key, name: str, index: int | None) -> None:
+        pod = self.pods.objects.get(name)
+        if index is not None and pod is not None:
+            await self.logs.archive(key, PodRanks.of_pod(pod, index))
+        self.ops.doom(name, 0)
 
     # --- what the service shows ---
 
@@ -625,109 +446,45 @@ class KubernetesBackend(Backend):
             if name.startswith(k8s.POD_PREFIX):
                 events.setdefault(name, []).append(e)
         out = {}
-        for a in self._running.values():
-            if a.stopping:
+        for gang in self._running.values():
+            if gang.stopping or gang.failure is not None:
                 continue
-            for name in a.pods:
+            for name in gang.names:
                 pod = self.pods.objects.get(name)
-                why = "creating its pods" if pod is None else k8s.waiting_reason(
-                    pod, k8s.newest_event(e for e in events.get(name, ())
-                                          if _about(e, pod)))
+                if name in gang.waiting:
+                    why = "creating its other ranks once rank 0 has its address"
+                elif pod is None:
+                    why = "creating its pods"
+                else:
+                    why = k8s.waiting_reason(pod, k8s.newest_event(
+                        e for e in events.get(name, ()) if _about(e, pod)))
                 if why:
-                    out[a.job_id] = f"starting on Kubernetes: {why}"
+                    out[gang.job_id] = f"starting on Kubernetes: {why}"
                     break
         return out
 
     # --- logs ---
 
-    def _path(self, key, kind: str) -> str:
-        job_id, attempt = key
-        return os.path.join(self.state_dir, k8s.label_value(job_id), f"{int(attempt)}.{kind}")
-
-    def _write(self, key, kind: str, data: bytes) -> None:
-        path = self._path(key, kind)
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        tmp = path + ".tmp"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-
-    def _read_exit(self, key) -> Exit | None:
-        try:
-            with open(self._path(key, "exit")) as f:
-                record = json.load(f)
-            return Exit(*key, record["state"], record.get("exit_code"), record.get("reason", ""))
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-
-    async def _follow_log(self, a: _Attempt) -> bool:
-        """Rank 0's log into its capped file while the attempt runs; True once its container
-        has ended and the log is whole. Until the container starts, and after a broken
-        stream, it asks again (from the beginning)."""
-        path = self._path(a.key, "log")
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        pause = 0.2
-        while True:
-            try:
-                response = await self.api.core.read_namespaced_pod_log(
-                    a.pods[0], self.namespace, follow=True, _preload_content=False,
-                    _request_timeout=(10, FOLLOW_READ_TIMEOUT_S))
-                try:
-                    if response.status == 200:
-                        log = logfile.CappedLog(path, self.log_limit)
-                        try:
-                            async for chunk in response.content.iter_any():
-                                log.write(chunk)
-                        finally:
-                            log.close()
-                        pause = 0.2
-                finally:
-                    response.release()
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # the log is kept as far as it came; ask again
-                self.log.debug("Following the log of %s broke off: %s", a.pods[0], e)
-            done = self._container_done(a)
-            if done is not None:
-                return done and os.path.exists(path)
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, 5.0)
-
-    def _container_done(self, a: _Attempt) -> bool | None:
-        """Whether rank 0's container has ended (True), its pod is gone (False), or it is
-        still to be followed (None: it runs, or starts, or the watch has not shown it)."""
-        name = a.pods[0]
-        pod = self.pods.objects.get(name)
-        if pod is not None:
-            return True if k8s.pod_state(pod).phase in ("succeeded", "failed") else None
-        if name in self._ended:
-            return True
-        if a.key in self._running and name not in self._seen:
-            return None  # created; the watch has not shown it yet
-        return a.stopping  # deleted: by our stop (its log ran to the end), or by someone else
-
     async def read_log_from(self, job_id: str, attempt: int, offset: int = 0,
-                            size: int = logfile.READ_CHUNK) -> tuple[int, bytes]:
+                            size: int = logfile.READ_CHUNK, rank: int = 0) -> tuple[int, bytes]:
         winding = self._winding.get((job_id, attempt))
-        if winding is not None:  # just ended: its log is being kept
+        if winding is not None:  # just ended: its logs are being kept
             try:
                 await asyncio.wait_for(asyncio.shield(winding), 10)
             except (asyncio.TimeoutError, Exception):
                 pass
-        return logfile.read(self._path((job_id, attempt), "log"), offset, size)
+        return self.logs.read((job_id, attempt), rank, offset, size)
 
     async def shutdown(self) -> None:
         # Jobs keep running; deletions not done yet are the restarted service's to repeat.
         for reflector in (self.pods, self.node_cache, self.events, self.notebooks):
             if reflector is not None:
                 await reflector.stop()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.ops is not None:
+            await self.ops.shutdown()
         if self.api is not None:
             await self.api.close()
             self.api = None
-
 
 def _about(event: dict, pod: dict) -> bool:
     """The event is about this very pod, and still says something once it is bound."""
@@ -737,27 +494,9 @@ def _about(event: dict, pod: dict) -> bool:
     return not ((pod.get("spec") or {}).get("nodeName") and event.get("reason") == "FailedScheduling")
 
 
-def _int(value) -> int | None:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
-
-
 def _in_event_loop() -> bool:
     try:
         asyncio.get_running_loop()
         return True
     except RuntimeError:
         return False
-
-
-def user_names(user: str, scheme: str = "safe") -> dict[str, str]:
-    """The names KubeSpawner's templates know for the user's default server, as its
-    ``_expand_user_properties`` makes them under ``scheme``."""
-    from kubespawner.slugs import escape_slug, safe_slug  # when needed: it loads KubeSpawner
-    safe, escaped = safe_slug(user, max_length=48), escape_slug(user)
-    username = safe if scheme == "safe" else escaped
-    return {"username": username, "unescaped_username": user, "safe_username": safe,
-            "escaped_username": escaped, "servername": "", "user_server": username,
-            "safe_user_server": safe, "escaped_user_server": escaped}

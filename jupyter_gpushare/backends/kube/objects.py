@@ -1,7 +1,8 @@
 """Kubernetes objects of the train pool as pure functions over plain dicts (the API's JSON):
-the pods of a job attempt, what a job pod takes from the user's notebook pod, the train
-pool's nodes, and how a pod's status reads as a job's state. No I/O; tested by comparing
-whole manifests (like KubeSpawner's ``objects.py``).
+the pods of a job attempt with each rank's environment, the rendezvous Service and the
+NetworkPolicy of a multi-node gang, what a job pod takes from the user's notebook pod, the
+train pool's nodes, and how a pod's status reads as a job's state. No I/O; tested by
+comparing whole manifests (like KubeSpawner's ``objects.py``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from ...policy.model import GPU, Node
+from .. import launcher, ranks
 from ..base import Launch
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -20,7 +22,8 @@ MANAGER = "jupyter-gpushare"
 COMPONENT = "app.kubernetes.io/component"
 JOB = "gpushare.jupyter.org/job"
 ATTEMPT = "gpushare.jupyter.org/attempt"
-RANK = "gpushare.jupyter.org/rank"
+RANK = "gpushare.jupyter.org/rank"  # the pod's node rank
+RANKS = "gpushare.jupyter.org/ranks"  # "first-last": the ranks a per-GPU pod runs
 USER = "gpushare.jupyter.org/user"
 PROJECT = "gpushare.jupyter.org/project"
 POD_PREFIX = "gpushare-"
@@ -88,6 +91,31 @@ class PodSettings:
     cpu_per_gpu: float = 0.0
     memory_per_gpu_gib: float = 0.0
     extra_pod_config: Mapping = field(default_factory=dict)
+    launcher_python: str = "python3"  # runs a per-GPU pod's ranks (launcher.py)
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where the ranks meet rank 0: ``address`` as the other ranks reach it, or "" for rank
+    0's own pod IP (``status.podIP``, known to the pod itself before anyone else)."""
+
+    address: str
+    port: int = ranks.DEFAULT_PORT
+
+
+LOCAL = Rendezvous("127.0.0.1")
+"""A gang on one node: its ranks share the pod's network."""
+
+
+def rendezvous_name(job_id: str, attempt: int) -> str:
+    """The name of a gang's Service and NetworkPolicy."""
+    return f"{POD_PREFIX}{job_id}-{attempt}".lower()
+
+
+def service_address(job_id: str, attempt: int, namespace: str,
+                    cluster_domain: str = "cluster.local") -> str:
+    """The DNS name of the gang's headless Service: rank 0's pod IP."""
+    return f"{rendezvous_name(job_id, attempt)}.{namespace}.svc.{cluster_domain}"
 
 
 def _matches(name: str, patterns) -> bool:
@@ -158,22 +186,30 @@ def expand(value, **names):
     return value
 
 
-def job_pods(launch: Launch, template: PodTemplate, settings: PodSettings) -> list[dict]:
-    """One pod per node of the attempt's placement (rank 0 on the first node by name), each
-    pinned to its node by required node affinity, so the real scheduler still checks that
-    the GPUs are free there."""
-    nodes = sorted(launch.placement.items())
-    return [_pod(launch, template, settings, rank, node, milli, len(nodes))
-            for rank, (node, milli) in enumerate(nodes)]
+def job_pods(launch: Launch, template: PodTemplate, settings: PodSettings,
+             rendezvous: Rendezvous = LOCAL) -> list[dict]:
+    """One pod per node of the attempt's placement (node rank 0 on the first node by name),
+    each pinned to its node by required node affinity, so the real scheduler still checks
+    that the GPUs are free there. A pod runs its node's rank, or with ``per_gpu`` all its
+    node's ranks under ``launcher.py``; each rank gets ``ranks.rank_env``."""
+    lay = ranks.layout(launch.placement, launch.per_gpu)
+    return [_pod(launch, template, settings, lay, node_rank, rendezvous)
+            for node_rank in range(len(lay.nodes))]
 
 
-def _pod(launch: Launch, template: PodTemplate, settings: PodSettings, rank: int, node: str,
-         milli: int, size: int) -> dict:
-    gpus = milli // GPU
+def _pod(launch: Launch, template: PodTemplate, settings: PodSettings, lay: ranks.Layout,
+         node_rank: int, rendezvous: Rendezvous) -> dict:
+    node, gpus = lay.nodes[node_rank]
+    mine = lay.on_node(node_rank)
     labels = {**settings.labels, MANAGED_BY: MANAGER, COMPONENT: "train-job",
-              JOB: launch.job_id, ATTEMPT: str(launch.attempt), RANK: str(rank),
+              JOB: launch.job_id, ATTEMPT: str(launch.attempt), RANK: str(node_rank),
               USER: label_value(launch.user), PROJECT: label_value(launch.project)}
     annotations = {**settings.annotations, USER: launch.user, PROJECT: launch.project}
+    command = list(launch.command)
+    if lay.per_gpu:
+        annotations[RANKS] = f"{mine[0].rank}-{mine[-1].rank}"
+        command = [settings.launcher_python, "-c", launcher_source(), "--grace",
+                   str(settings.grace_s), "--", *command]
     limits = {settings.gpu_resource: str(gpus)}
     requests = {}
     if settings.cpu_per_gpu:
@@ -187,9 +223,9 @@ def _pod(launch: Launch, template: PodTemplate, settings: PodSettings, rank: int
         "image": template.image,
         # The checkpoint directory exists before the job starts, as on the local backend.
         "command": ["/bin/sh", "-c", 'mkdir -p "$GPUSHARE_CHECKPOINT_DIR" && exec "$@"',
-                    "gpushare-job", *launch.command],
+                    "gpushare-job", *command],
         "workingDir": launch.workdir or template.working_dir,
-        "env": _env(launch, template, rank, size),
+        "env": _env(launch, template, lay, mine[0], rendezvous),
         "resources": resources,
     }
     if template.image_pull_policy:
@@ -219,20 +255,74 @@ def _pod(launch: Launch, template: PodTemplate, settings: PodSettings, rank: int
         spec["imagePullSecrets"] = [dict(s) for s in template.image_pull_secrets]
     spec.update(settings.extra_pod_config)
     return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": pod_name(launch.job_id, launch.attempt, rank),
+            "metadata": {"name": pod_name(launch.job_id, launch.attempt, node_rank),
                          "namespace": settings.namespace, "labels": labels,
                          "annotations": annotations},
             "spec": spec}
 
 
-def _env(launch: Launch, template: PodTemplate, rank: int, size: int) -> list[dict]:
+def _env(launch: Launch, template: PodTemplate, lay: ranks.Layout, first: ranks.Rank,
+         rendezvous: Rendezvous) -> list[dict]:
+    # The rank's variables refer to MASTER_ADDR by Kubernetes' $(VAR), so that rank 0 may
+    # take its own pod IP from the downward API before anyone knows it.
+    rank = ranks.rank_env(lay, first, "$(MASTER_ADDR)", rendezvous.port)
+    del rank["MASTER_ADDR"]
     ours = {**{k: v for k, v in launch.env.items() if not _matches(k.upper(), ("*TOKEN*",))},
             "PYTHONUNBUFFERED": "1",  # the log follows the job
             "GPUSHARE_JOB_ID": launch.job_id, "GPUSHARE_ATTEMPT": str(launch.attempt),
-            "GPUSHARE_CHECKPOINT_DIR": launch.checkpoint_dir,
-            "GPUSHARE_RANK": str(rank), "GPUSHARE_NUM_NODES": str(size)}
-    inherited = [dict(e) for e in template.env if e.get("name") not in ours]
-    return inherited + [{"name": k, "value": v} for k, v in ours.items()]
+            "GPUSHARE_CHECKPOINT_DIR": launch.checkpoint_dir}
+    master = ({"name": "MASTER_ADDR", "value": rendezvous.address} if rendezvous.address else
+              {"name": "MASTER_ADDR", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
+    inherited = [dict(e) for e in template.env
+                 if e.get("name") not in ours and e.get("name") not in rank
+                 and e.get("name") != "MASTER_ADDR"]
+    return (inherited + [{"name": k, "value": v} for k, v in ours.items()] + [master]
+            + [{"name": k, "value": v} for k, v in rank.items()])
+
+
+def launcher_source() -> str:
+    """launcher.py's text, which a per-GPU pod runs as ``python3 -c``."""
+    with open(launcher.__file__, encoding="utf-8") as f:
+        return f.read()
+
+
+def _meta(launch: Launch, settings: PodSettings, owner: Mapping) -> dict:
+    """Metadata of a gang's rendezvous objects: deleted with rank 0's pod, which owns them."""
+    return {"name": rendezvous_name(launch.job_id, launch.attempt),
+            "namespace": settings.namespace,
+            "labels": {**settings.labels, MANAGED_BY: MANAGER, COMPONENT: "train-job",
+                       JOB: launch.job_id, ATTEMPT: str(launch.attempt),
+                       USER: label_value(launch.user), PROJECT: label_value(launch.project)},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod",
+                                 "name": owner["metadata"]["name"],
+                                 "uid": owner["metadata"]["uid"]}]}
+
+
+def _gang_selector(launch: Launch) -> dict:
+    return {MANAGED_BY: MANAGER, COMPONENT: "train-job", JOB: launch.job_id,
+            ATTEMPT: str(launch.attempt)}
+
+
+def rendezvous_service(launch: Launch, settings: PodSettings, owner: Mapping,
+                       port: int = ranks.DEFAULT_PORT) -> dict:
+    """The headless Service of a multi-node gang: its DNS name (``service_address``) is rank
+    0's pod IP, published before the pod is ready (ranks start at once)."""
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": _meta(launch, settings, owner),
+            "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                     "selector": {**_gang_selector(launch), RANK: "0"},
+                     "ports": [{"name": "rendezvous", "port": port, "targetPort": port,
+                                "protocol": "TCP"}]}}
+
+
+def gang_network_policy(launch: Launch, settings: PodSettings, owner: Mapping) -> dict:
+    """Lets the pods of one gang, and only them, reach each other (all ports: NCCL and
+    Gloo open their own). hub_config/kubernetes-netpol.yaml lets nothing else in."""
+    gang = {"matchLabels": _gang_selector(launch)}
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": _meta(launch, settings, owner),
+            "spec": {"podSelector": gang, "policyTypes": ["Ingress"],
+                     "ingress": [{"from": [{"podSelector": gang}]}]}}
 
 
 # -- reading objects ----------------------------------------------------------------------

@@ -1,0 +1,108 @@
+"""``python -m jupyter_gpushare.pool.supervisor [service options]``: the pool service, started
+again at once when it dies.
+
+Why: JupyterHub 6 restarts a managed service that dies, but only notices at its next poll of
+the process. ``Service.start()`` polls through a ``_ServiceSpawner`` it builds without the
+hub's configuration, so the poll interval is the Spawner default of 30 s (±10 % jitter) and
+``c.Spawner.poll_interval`` does not reach it: the pool was away 23-31 s after a crash.
+This small process is what the hub manages instead. It runs the service as its child and,
+when the child dies for any reason but a stop it asked for, starts it again at once (the
+pause grows to 10 s if it keeps dying at once, so a broken configuration does not spin). A
+spare child waits with its imports done (``__main__.py``, about 0.7 s of a 1 s start), so a
+restart only reads the configuration, opens the store and listens. SIGTERM or SIGINT (the hub stopping the service) is passed on as SIGTERM and
+the supervisor exits with the child's status. On Linux the child gets SIGTERM if the
+supervisor itself is killed, so no orphan keeps the port; the hub then restarts the
+supervisor at its next poll.
+
+Standard library only, and no import of the service: it starts in a few milliseconds.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+
+QUICK_S = 10.0  # a child that dies sooner than this after its start is restarted after a pause
+MAX_PAUSE_S = 10.0
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child, before exec
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass  # not Linux: an orphan would be stopped by the next start's port clash instead
+
+
+def _say(message: str) -> None:
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    print(f"[W {stamp} gpushare-supervisor] {message}", file=sys.stderr, flush=True)
+
+
+def _how(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    command = [sys.executable, "-m", "jupyter_gpushare.pool", *argv]
+    active: subprocess.Popen | None = None
+    stopping = False
+
+    def stop(signum, _frame):
+        nonlocal stopping
+        stopping = True
+        if active is not None and active.poll() is None:
+            active.send_signal(signal.SIGTERM)
+
+    def spare() -> subprocess.Popen:
+        return subprocess.Popen(command, stdin=subprocess.PIPE, preexec_fn=_die_with_parent,
+                                env={**os.environ, "GPUSHARE_STANDBY": "1"})
+
+    def go(child: subprocess.Popen) -> subprocess.Popen:
+        try:
+            child.stdin.write(b"1")
+            child.stdin.close()
+            return child
+        except OSError:  # the spare died meanwhile: a fresh one goes at once
+            child.wait()
+            return go(spare())
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    waiting, pause = spare(), 0.0
+    try:
+        while not stopping:
+            started = time.monotonic()
+            active, waiting = go(waiting), spare()
+            if stopping:  # the signal came while it was being started
+                active.send_signal(signal.SIGTERM)
+            code = active.wait()
+            if stopping:
+                return code if code >= 0 else 0
+            pause = 0.0 if time.monotonic() - started > QUICK_S else min(max(pause * 2, 0.5),
+                                                                           MAX_PAUSE_S)
+            _say(f"the pool service {_how(code)}; starting it again"
+                 + (f" in {pause:g} s" if pause else ""))
+            deadline = time.monotonic() + pause
+            while not stopping and time.monotonic() < deadline:
+                time.sleep(min(0.1, deadline - time.monotonic()))
+        return 0
+    finally:
+        try:  # the spare reads the end of its input and leaves
+            waiting.stdin.close()
+        except OSError:
+            pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""The scheduling loop with a real store and the real local backend (simulated GPUs): how an
+attempt that was told to stop ended decides what becomes of its job (policy/outcome.py).
+
+A job that exits by itself during its grace period has succeeded or failed by its exit
+code and is never requeued; one that our stop ends (SIGTERM, SIGKILL, or exit 143 after a
+checkpoint) is requeued. The simulator applies the same rule (tests/test_sim.py).
+"""
+
+import asyncio
+import logging
+import os
+import time
+
+import pytest
+import pytest_asyncio
+
+from jupyter_gpushare.backends import Launch
+from jupyter_gpushare.backends.local import LocalBackend
+from jupyter_gpushare.gpus import SimulatedInventory
+from jupyter_gpushare.policy.model import GPU, PolicyConfig
+from jupyter_gpushare.policy.outcome import FAILED, PREEMPTED, SUCCEEDED, after_stop
+from jupyter_gpushare.pool.loop import Scheduler
+from jupyter_gpushare.pool.models import ProjectRow
+from jupyter_gpushare.pool.store import Store
+
+
+class TwoGPUs(LocalBackend):
+    """One simulated node of two GPUs, run as the service's own account."""
+
+    def detect_inventories(self):
+        return [SimulatedInventory("sim-node-0", 2)]
+
+    def _service_is_root(self):
+        return False
+
+
+@pytest_asyncio.fixture
+async def pool(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'pool.sqlite'}")
+    store.add_missing_projects([ProjectRow(name="x", quota=0, groups=["x"]),
+                                ProjectRow(name="y", quota=2 * GPU, groups=["y"])])
+    backend = TwoGPUs(state_dir=str(tmp_path / "state"), run_as_service_user=True)
+
+    def launch_for(row):
+        return Launch(row.id, row.attempt, row.user, row.project, tuple(row.command),
+                      dict(row.env), dict(row.placement), str(tmp_path / "ckpt" / row.id),
+                      str(tmp_path))
+
+    scheduler = Scheduler(store, backend, PolicyConfig(), grace_s=3.0, launch_for=launch_for,
+                          log=logging.getLogger("test"))
+    yield store, backend, scheduler
+    for record in backend._records():
+        try:
+            os.killpg(record["pgid"], 9)
+        except OSError:
+            pass
+
+
+def submit(store, project, script):
+    return store.add_job(time.time(), user="u", project=project, name="", gpus=2 * GPU,
+                         priority=0, command=["/bin/sh", "-c", script], env={},
+                         checkpoint_dir="")
+
+
+async def until(scheduler, check, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "the loop did not get there in time"
+        await scheduler.tick()
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("script, state, attempt, exit_code", [
+    # ignores SIGTERM and finishes its work (exit 0) within the grace: done, never rerun
+    ("trap '' TERM; echo ready; sleep 0.6; echo finished", "succeeded", 1, 0),
+    # checkpoints on SIGTERM and exits 143, as a preempted job should: requeued
+    ("trap 'echo checkpoint; exit 143' TERM; echo ready; while :; do sleep 0.05; done",
+     "pending", 2, None),
+    # killed by the SIGTERM itself: requeued
+    ("echo ready; exec sleep 60", "pending", 2, None),
+    # fails by itself during the grace (its handler errs): failed, not requeued
+    ("trap 'exit 3' TERM; echo ready; while :; do sleep 0.05; done", "failed", 1, 3),
+], ids=["finished-in-grace", "checkpointed-143", "killed-by-sigterm", "failed-in-grace"])
+async def test_a_stopped_attempt_ends_by_its_exit_status(pool, script, state, attempt,
+                                                         exit_code):
+    store, backend, scheduler = pool
+    victim = submit(store, "x", script)  # borrows both GPUs
+    await until(scheduler, lambda: b"ready" in _log(backend, victim.id))
+    claimant = submit(store, "y", "true")  # y is within its quota: x's job is preempted
+    await until(scheduler, lambda: store.job(victim.id).state != "running"
+                or store.job(victim.id).attempt > 1)
+    row = store.job(victim.id)
+    assert (row.state, row.attempt, row.exit_code) == (state, attempt, exit_code), row.message
+    if state == "succeeded":
+        assert b"finished" in _log(backend, victim.id)
+        assert "finished by itself while being preempted" in row.message
+    kinds = [e.kind for e in store.events(victim.id)]
+    assert kinds.count("requeue") == (attempt - 1)
+    await until(scheduler, lambda: store.job(claimant.id).state == "succeeded")
+
+
+@pytest.mark.asyncio
+async def test_killed_at_the_end_of_the_grace_is_requeued(pool):
+    store, backend, scheduler = pool
+    scheduler.grace_s = 0.3
+    victim = submit(store, "x", "trap '' TERM; echo ready; while :; do sleep 0.05; done")
+    await until(scheduler, lambda: b"ready" in _log(backend, victim.id))
+    submit(store, "y", "true")
+    await until(scheduler, lambda: store.job(victim.id).attempt > 1)
+    assert [a.exit_code for a in store.attempts(victim.id)][:1] == [137]
+    assert [a.outcome for a in store.attempts(victim.id)][:1] == ["preempted"]
+
+
+@pytest.mark.parametrize("code, outcome", [
+    (0, SUCCEEDED), (143, PREEMPTED), (137, PREEMPTED), (None, PREEMPTED), (1, FAILED),
+    (2, FAILED), (130, FAILED), (255, FAILED)])
+def test_the_rule(code, outcome):
+    assert after_stop(code) == outcome
+
+
+def _log(backend, job_id, attempt=1) -> bytes:
+    path = backend.log_path(job_id, attempt)
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return b""
