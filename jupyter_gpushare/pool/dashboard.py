@@ -18,7 +18,8 @@ import secrets
 import time
 from datetime import datetime
 
-from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler, HubOAuthenticated
+from jupyterhub.services.auth import (HubOAuth, HubOAuthCallbackHandler, HubOAuthenticated,
+                                       UserNotAllowed)
 from tornado import web
 
 from ..dashboard import choose_window, refusal, render
@@ -72,7 +73,16 @@ class DashboardHandler(HubOAuthenticated, PoolHandler):
             f"frame-ancestors 'self'"))
 
     async def prepare(self):
-        pass  # identity is checked in get(), after @web.authenticated has sent strangers to log in
+        # Who it is (a login cookie or a token), asked without blocking the service as
+        # HubAuth's own get_current_user would; @web.authenticated then sends strangers to the
+        # hub's login, and get() checks rights.
+        model = await self.hub_auth.get_user(self, sync=False)
+        if model is not None:
+            try:
+                model = self.check_hub_user(model)
+            except UserNotAllowed:
+                raise web.HTTPError(403) from None  # a login that may not use the service
+        self._hub_auth_user_cache = model
 
     def write_error(self, status_code, **kwargs):
         exc = kwargs.get("exc_info", (None, None))[1]
