@@ -96,6 +96,62 @@ def test_scheduler_binds_a_gpu_pod_which_runs_its_command(kube, core):
     kube.wait_pod("ok", "Succeeded")
 
 
+def test_containers_run_in_their_pods_cgroups_with_the_gpus_the_kubelet_reports(kube):
+    """What a node agent reads on a real node: /proc/<pid>/cgroup names the pod (cgroupfs
+    layout), NVIDIA_VISIBLE_DEVICES the GPUs, and the pod-resources socket which they are."""
+    from jupyter_gpushare.agent import cgroup
+    from jupyter_gpushare.agent.podresources import PodResources
+    pytest.importorskip("grpc")  # the simulated kubelet's pod-resources API
+    sim = kube.kubelet
+    if sim.cgroups is None or not sim.cgroups.available:
+        pytest.skip("/sys/fs/cgroup is not writable here: containers run in no cgroup")
+    kube.add_node("cg-node", gpus=2, shared_gpus=4)
+    uuids = sim.devices["cg-node"].uuids
+    script = ("import os, subprocess, sys, time; print(os.environ['NVIDIA_VISIBLE_DEVICES'], "
+              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']).pid, "
+              "flush=True); time.sleep(60)")
+    kube.create_pod(pod("gpu-job", [PY, "-c", script], gpus=1, node_selector={
+        "kubernetes.io/hostname": "cg-node"}))
+    notebook = pod("notebook", [PY, "-c", "import time; time.sleep(60)"],
+                   node_selector={"kubernetes.io/hostname": "cg-node"})
+    notebook["spec"]["containers"][0]["resources"] = {
+        "limits": {"nvidia.com/gpu.shared": "1", "cpu": "1", "memory": "1Gi"},
+        "requests": {"cpu": "500m", "memory": "1Gi"}}
+    kube.create_pod(notebook)
+    job = kube.wait_pod("gpu-job", "Running")
+    kube.wait_pod("notebook", "Running")
+    deadline = time.monotonic() + 10
+    while not kube.logs("gpu-job") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    visible, child = kube.logs("gpu-job").split()
+    assert visible == uuids[0]
+    run = sim.run_of(kube.namespace, "gpu-job")
+    main = run.containers["main"]
+    cid = main.container_id.split("://")[1]
+    uid = job["metadata"]["uid"]
+    for pid in (main.proc.pid, int(child)):  # the process and what it started
+        assert cgroup.pod_of(pid) == cgroup.PodCgroup(uid, cid)
+        text = open(f"/proc/{pid}/cgroup").read()
+        assert f":/kubepods/besteffort/pod{uid}/{cid}\n" in text  # cgroupfs layout, v1 and v2
+    nb = sim.run_of(kube.namespace, "notebook")
+    assert f"/kubepods/burstable/pod{nb.uid}/" in open(
+        f"/proc/{nb.containers['main'].proc.pid}/cgroup").read()
+    answer = {(p.namespace, p.name): p.devices
+              for p in PodResources(str(sim.pod_resources_socket("cg-node"))).list()}
+    assert answer[(kube.namespace, "gpu-job")] == {"nvidia.com/gpu": (uuids[0],)}
+    assert answer[(kube.namespace, "notebook")] == {"nvidia.com/gpu.shared": (f"{uuids[2]}::0",)}
+    directories = [base / f"kubepods/besteffort/pod{uid}" for base in sim.cgroups.bases]
+    assert all(d.is_dir() for d in directories)
+    kube.delete_pod("gpu-job", grace=0)
+    kube.wait_pod("gpu-job", None)
+    deadline = time.monotonic() + 10
+    while any(d.exists() for d in directories) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(d.exists() for d in directories)  # removed with the pod
+    assert (kube.namespace, "gpu-job") not in {
+        (p.namespace, p.name) for p in PodResources(str(sim.pod_resources_socket("cg-node"))).list()}
+
+
 def test_simulated_containers_and_restarts(kube):
     kube.add_node("sim-node", gpus=8)
     sel = kube.node_selector

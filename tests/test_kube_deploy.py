@@ -1,18 +1,22 @@
 """The zero-to-jupyterhub deployment in hub_config/: every Kubernetes object (RBAC, network
-policies, the values' policy rules and ports) valid against Kubernetes' schemas and accepted by
-the real API server (dry run); the values' JupyterHub, spawner and pool service options real
-traits that load; the pieces that must agree (port, service name, scopes, device-plugin
-resource) agreeing. The RBAC itself is exercised in test_backend_kube.py."""
+policies, the node agent's DaemonSet, the values' policy rules and ports) valid against
+Kubernetes' schemas and accepted by the real API server (dry run); the values' JupyterHub,
+spawner, pool service and node agent options real traits that load; the pieces that must
+agree (port, service names, scopes, tokens, device-plugin resource) agreeing; the node agent's
+rights checked with access reviews. The hub's RBAC is exercised in test_backend_kube.py, the
+agent's in test_agent_kube.py."""
 
 import kubernetes_validate
 import pytest
 import yaml
 from traitlets.config import Config
 
+from jupyter_gpushare.agent.app import NodeAgent
 from jupyter_gpushare.backends.kube import KubernetesBackend
 from jupyter_gpushare.pool.app import PoolService
+from jupyter_gpushare.pool.usage_service import GPUUsage
 from jupyter_gpushare.spawner import GPUShareKubeSpawner
-from kube_account import HUB_CONFIG
+from kube_account import HUB_CONFIG, AgentAccount
 
 VALUES = yaml.safe_load((HUB_CONFIG / "z2jh-values.yaml").read_text())
 PORT = 10101
@@ -46,7 +50,8 @@ def objects():
          "spec": {"selector": {"component": "hub"},
                   "ports": [{"name": "hub", "port": 8081}, *hub["service"]["extraPorts"]]}},
     ]
-    return load("kubernetes-rbac.yaml") + load("kubernetes-netpol.yaml") + rendered
+    return (load("kubernetes-rbac.yaml") + load("kubernetes-netpol.yaml")
+            + load("kubernetes-agent.yaml") + rendered)
 
 
 @pytest.mark.parametrize("obj", objects(), ids=lambda o: f"{o['kind']}-{o['metadata']['name']}")
@@ -67,7 +72,9 @@ def test_the_service_is_reachable_where_the_values_say():
     roles = hub["loadRoles"]
     assert "access:services!service=gpushare" in roles["user"]["scopes"]
     assert roles["gpushare-spawner"]["services"] == ["gpushare-spawner"]
-    assert set(hub["services"]) == {"gpushare", "gpushare-spawner"}
+    assert roles["gpushare-agent"] == {"services": ["gpushare-agent"],
+                                       "scopes": ["access:services!service=gpushare"]}
+    assert set(hub["services"]) == {"gpushare", "gpushare-spawner", "gpushare-agent"}
     assert hub["config"]["JupyterHub"]["spawner_class"] == "gpushare-kubernetes"
 
 
@@ -94,13 +101,50 @@ def test_every_option_in_the_values_is_a_real_trait(tmp_path):
     service = PoolService()
     service.load_config_file(str(path))
     config: Config = service.config
-    for section, cls in (("PoolService", PoolService), ("KubernetesBackend", KubernetesBackend)):
+    for section, cls in (("PoolService", PoolService), ("KubernetesBackend", KubernetesBackend),
+                         ("GPUUsage", GPUUsage)):
         assert not set(config[section]) - set(cls.class_trait_names(config=True)), section
     service.update_config(config)
     assert service.backend_class is KubernetesBackend
     backend = KubernetesBackend(config=config)
     assert backend.train_node_selector == {"gpushare.jupyter.org/pool": "train"}
     assert spawner["build_node_selector"] == {"gpushare.jupyter.org/pool": "build"}
+
+
+def test_the_node_agent_runs_on_every_gpu_node_with_the_agent_services_token():
+    (daemonset,) = [o for o in load("kubernetes-agent.yaml") if o["kind"] == "DaemonSet"]
+    (binding,) = [o for o in load("kubernetes-agent.yaml") if o["kind"] == "RoleBinding"]
+    pod = daemonset["spec"]["template"]["spec"]
+    assert pod["hostPID"] is True  # the pids NVML reports, and their cgroups
+    assert pod["serviceAccountName"] == binding["subjects"][0]["name"] == "gpushare-agent"
+    (term,) = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"]
+    assert term["matchExpressions"] == [{"key": "gpushare.jupyter.org/pool", "operator": "In",
+                                         "values": ["train", "build"]}]
+    spawner = VALUES["hub"]["config"]["GPUShareKubeSpawner"]
+    assert spawner["build_node_selector"] == {"gpushare.jupyter.org/pool": "build"}
+    (container,) = pod["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    # the token the chart generates for the service the pool accepts readings from
+    service = VALUES["hub"]["services"]["gpushare-agent"]
+    assert service == {} and GPUUsage.agent_service.default_value == "gpushare-agent"
+    assert env["JUPYTERHUB_API_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+        "name": "hub", "key": "hub.services.gpushare-agent.apiToken"}
+    assert env["GPUSHARE_URL"]["value"] == spawner["gpushare_url"]
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    # its arguments are real options; its sampling interval is the pool's
+    assert container["command"] == ["python3", "-m", "jupyter_gpushare.agent"]
+    agent = NodeAgent()
+    agent.parse_command_line(container["args"])
+    assert not set(agent.config["NodeAgent"]) - set(NodeAgent.class_trait_names(config=True))
+    agent.update_config(agent.config)
+    assert agent.sample_interval == GPUUsage.sample_interval.default_value
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert agent.pod_resources_socket.startswith(
+        mounts["/var/lib/kubelet/pod-resources"]["mountPath"] + "/")
+    security = container["securityContext"]
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["allowPrivilegeEscalation"] is False
 
 
 def test_the_device_plugin_advertises_what_the_spawner_and_backend_ask_for():
@@ -128,7 +172,22 @@ def test_the_api_server_accepts_the_objects(kube):
             path = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{kube.namespace}/{kind.lower()}s"
         elif kind == "NetworkPolicy":
             path = f"/apis/networking.k8s.io/v1/namespaces/{kube.namespace}/networkpolicies"
+        elif kind == "DaemonSet":
+            path = f"/apis/apps/v1/namespaces/{kube.namespace}/daemonsets"
         else:
             path = f"/api/v1/namespaces/{kube.namespace}/{kind.lower()}s"
         created = kube.api.request("POST", path, obj, query={"dryRun": "All"})
         assert created["kind"] == kind
+
+
+@pytest.mark.kube
+def test_the_node_agent_may_list_pods_of_its_namespace_and_nothing_more(kube, kube_cluster):
+    agent = AgentAccount(kube_cluster, kube.namespace)
+    assert agent.can("list", "pods")
+    denied = [("get", "pods"), ("watch", "pods"), ("create", "pods"), ("delete", "pods"),
+              ("patch", "pods"), ("list", "pods", "default"), ("list", "pods", None),
+              ("get", "pods", "", "log"), ("create", "pods", "", "exec"),
+              ("get", "secrets"), ("list", "secrets"), ("list", "configmaps"),
+              ("list", "nodes", None), ("get", "nodes", None, "proxy"),
+              ("create", "serviceaccounts", "", "token"), ("list", "events")]
+    assert [d for d in denied if agent.can(*d)] == []

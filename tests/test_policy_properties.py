@@ -21,6 +21,7 @@ from jupyter_gpushare.policy import (CycleResult, JobState, Node, PolicyConfig, 
                                      TrainJob, cycle)
 from jupyter_gpushare.policy import reasons as R
 from jupyter_gpushare.policy.outcome import SUCCEEDED, after_stop
+from jupyter_gpushare.policy.queues import queue_key
 
 DT = 10.0  # seconds between cycles; the grace period is one cycle
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -213,22 +214,37 @@ def fits(free: dict[str, int], gpus: int, biggest: int, exclude=frozenset()) -> 
 
 
 def order_key(snap: Snapshot):
+    """Queue order across projects: the project's priority, then submit time. A job's own
+    priority orders it within its project only (``queue_key``), never against another
+    project's jobs."""
     prio = {p.name: p.priority for p in snap.projects}
-    return lambda j: (-prio.get(j.project, 0), -j.priority, j.submit_time, j.id)
+    return lambda j: (-prio.get(j.project, 0), j.submit_time, j.id)
+
+
+def ahead(snap: Snapshot, a: TrainJob, b: TrainJob) -> bool:
+    """Whether the policy serves ``a`` before ``b``."""
+    if a.project == b.project:
+        return queue_key(a) < queue_key(b)
+    key = order_key(snap)
+    return key(a) < key(b)
 
 
 def first_guaranteed(snap: Snapshot) -> TrainJob | None:
-    """The job the policy must serve first: earliest in queue order that keeps its project
-    within quota (and could ever run at all)."""
+    """The job the policy must serve first: of each project's queue, the first job that keeps
+    its project within quota (and could ever run at all); of those, the earliest across
+    projects."""
     usage, projects = usage_of(snap), {p.name: p for p in snap.projects}
     capacity = snap.train_capacity()
-    for j in sorted((j for j in snap.jobs if j.pending), key=order_key(snap)):
-        p = projects.get(j.project)
-        if p is None or j.gpus > capacity or (p.limit is not None and j.gpus > p.limit):
-            continue
-        if usage[p.name] + j.gpus <= p.quota:
-            return j
-    return None
+    heads = []
+    for name, p in projects.items():
+        for j in sorted((j for j in snap.jobs if j.pending and j.project == name),
+                        key=queue_key):
+            if j.gpus > capacity or (p.limit is not None and j.gpus > p.limit):
+                continue
+            if usage[name] + j.gpus <= p.quota:
+                heads.append(j)
+                break
+    return min(heads, key=order_key(snap), default=None)
 
 
 def best_subset_sum(amounts: list[int], cap: int) -> int:
@@ -396,8 +412,7 @@ class Contract:
             first = first_guaranteed(fork)
             if first is None or first.id != claimant.id:
                 self.stats["guarantees_excused"] += 1
-                key = order_key(fork)
-                if first is not None and key(first) < key(claimant):
+                if first is not None and ahead(fork, first, claimant):
                     event("guarantee excused: a job ahead of the claimant took the room")
                     return
                 # Contract 4 lets a later job of the claimant's own project borrow idle GPUs

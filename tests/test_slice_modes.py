@@ -356,6 +356,8 @@ def test_every_mode_and_size_builds_a_valid_pod(mode, gpus):
     }[mode]
     assert manifest["spec"]["nodeSelector"] == {**BUILD, "kubernetes.io/hostname": "gpu-node-3"}
     assert manifest["spec"]["tolerations"] == [TAINT]
+    # the node agent finds the slice of the pod's GPU use by this annotation
+    assert manifest["metadata"]["annotations"]["gpushare.jupyter.org/slices"] == "s-1"
 
 
 def test_the_pod_is_built_without_a_reservation_for_the_default_profile():
@@ -365,6 +367,7 @@ def test_the_pod_is_built_without_a_reservation_for_the_default_profile():
     assert container["resources"]["limits"] == {"nvidia.com/gpu.shared": 1}
     assert manifest["spec"]["nodeSelector"] == BUILD  # no slice yet: any build node
     assert container_env(manifest)["GPUSHARE_SLICE_GPUS"] == "0.25"
+    assert "gpushare.jupyter.org/slices" not in manifest["metadata"]["annotations"]
 
 
 def test_nothing_of_one_spawn_sticks_to_the_next():

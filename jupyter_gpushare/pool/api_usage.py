@@ -319,8 +319,19 @@ class SamplesHandler(PoolHandler):
             return None if s is None else (slice_owner(s.id, s.user), s.milli)
 
         owners = {pid: o[0] for pid, c in proc_claims.items() if (o := owner(c))}
-        holdings = {uuid: [Holding(*o) for c in claims if (o := owner(c))]
-                    for uuid, claims in gpu_claims.items()}
+        # No more GPUs of this node than the pool gave: a job's placement there, one GPU
+        # per slice (in the reading's order; a claim beyond that is not believed).
+        room = {("job", r.id): (r.placement or {}).get(node, 0) // GPU for r in jobs.values()}
+        holdings = {}
+        for uuid, claims in gpu_claims.items():
+            holdings[uuid] = []
+            for c in claims:
+                o = owner(c)
+                key = (c[0], c[1]) if c else None
+                if o is None or room.get(key, 1) <= 0:
+                    continue
+                room[key] = room.get(key, 1) - 1
+                holdings[uuid].append(Holding(*o))
         pool = "build" if node in self.pool.build_nodes else "train"
         return owners, holdings, {uuid: pool for uuid in gpu_claims}
 

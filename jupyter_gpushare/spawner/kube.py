@@ -21,6 +21,7 @@ from kubespawner import KubeSpawner
 from kubespawner.utils import get_k8s_model
 from traitlets import Bool, Dict, List, TraitError, Unicode, default, validate
 
+from ..backends.kube.objects import SLICES
 from ..policy.model import GPU
 from . import profiles as build_profiles
 from .base import GPUShareSpawnerBase
@@ -132,6 +133,8 @@ class GPUShareKubeSpawner(GPUShareSpawnerBase, KubeSpawner):
             nodes = {h.node for h in held}
             if self.pin_to_slice_node and len(nodes) == 1:
                 fragment += on_node(nodes.pop())
+            if held:  # the node agent attributes the pod's GPU use to these slices
+                fragment += Fragment(annotations={SLICES: ",".join(h.id for h in held)})
         if self.kernel_startup:
             fragment += Fragment(annotations={STARTUP_ANNOTATION: _startup_source()})
         return fragment

@@ -16,11 +16,18 @@ calling process.
 - restartPolicy Always/OnFailure restarts exited containers after a 1 s back-off.
 - Each pod has a directory ``<workdir>/pods/<ns>_<name>_<uid8>/`` with ``<container>.log`` and
   ``home/`` (HOME and the default working directory); it is kept after the pod is gone.
+- Each local container's processes run in real cgroups named as a kubelet names them,
+  ``kubepods[/<qos>]/pod<uid>/<container-id>`` (``cgroups.py``; where /sys/fs/cgroup is
+  writable), removed with the pod: ``/proc/<pid>/cgroup`` names the pod as on a real node.
+- A simulated NVIDIA device plugin gives containers that ask for ``nvidia.com/gpu`` or
+  ``nvidia.com/gpu.shared`` GPUs by UUID (``devices.py``; ``NVIDIA_VISIBLE_DEVICES`` in their
+  environment), and each node serves the kubelet's pod-resources API on a unix socket of its
+  own (``pod_resources_socket(node)``; needs grpcio).
 - ``remove_node`` is a node dying: its processes are killed, the Node deleted, and (unless told
   otherwise) its pods force-deleted, which the pod GC controller would do after ~40 s.
 
 Not simulated: images (the host's files are the container's), volumes, securityContext (processes
-run as this user), probes, init containers, resource enforcement."""
+run as this user), probes, init containers, resource enforcement (the cgroups limit nothing)."""
 
 from __future__ import annotations
 
@@ -28,16 +35,20 @@ import collections
 import heapq
 import itertools
 import logging
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from .cgroups import PodCgroups
+from .devices import NodeDevices, visible_devices
 from .logserver import LogServer
 from .podrun import (ANN_RUN_LOCALLY, ContainerRun, PodRun, container_argv, container_env,
-                     decode_data,
-                     default_base_env, now_iso, signal_container, start_process, start_simulated)
+                     decode_data, default_base_env, new_container_id, now_iso,
+                     signal_container, start_process, start_simulated)
 from .rest import KubeError, KubeREST
 
 log = logging.getLogger("kubelet-sim")
@@ -133,7 +144,7 @@ class KubeletSimulator:
     def __init__(self, api: KubeREST, workdir: Path, *, cert: Path, key: Path,
                  run_commands: bool = True, start_delay_s: float = 0.0,
                  heartbeat_s: float = 10.0, base_env: dict[str, str] | None = None,
-                 prepare=None, workers: int = 4):
+                 prepare=None, workers: int = 4, cgroups: bool = True):
         self.api = api
         self.prepare = prepare
         self.workdir = Path(workdir)
@@ -156,6 +167,10 @@ class KubeletSimulator:
         self._first_seen: dict[str, float] = {}
         self.synced = threading.Event()              # set after each successful (re-)list
         self.relists = 0                             # how many times the pod watch re-listed
+        self.cgroups = PodCgroups() if cgroups else None
+        self.devices: dict[str, NodeDevices] = {}    # node -> its device plugin
+        self._podres: dict[str, object] = {}         # node -> its pod-resources server
+        self._sockets = Path(tempfile.mkdtemp(prefix="kubelet-sim-"))  # short unix paths
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self):
@@ -182,6 +197,12 @@ class KubeletSimulator:
             for c in run.containers.values():
                 signal_container(c, signal.SIGKILL)
         self.logs.stop()
+        for server in self._podres.values():
+            server.stop()
+        self._podres.clear()
+        if self.cgroups is not None:
+            self.cgroups.remove_all()
+        shutil.rmtree(self._sockets, ignore_errors=True)
 
     def __enter__(self):
         return self.start()
@@ -192,11 +213,12 @@ class KubeletSimulator:
     # -- nodes ------------------------------------------------------------------------------
     def add_node(self, name: str, *, gpus: int = 0, shared_gpus: int = 0, cpu: str = "64",
                  memory: str = "512Gi", pods: int = 110, labels: dict[str, str] | None = None,
-                 taints: list[dict] | None = None) -> dict:
+                 taints: list[dict] | None = None, gpu_uuids: list[str] | None = None) -> dict:
         """Registers a Ready node and returns it as the API server has it. ``gpus`` whole GPUs
         (``nvidia.com/gpu``, the train pool), ``shared_gpus`` replicas of time-sliced GPUs
-        (``nvidia.com/gpu.shared``, the build pool); ``labels`` are added to the usual
-        kubernetes.io/hostname, os and arch labels; ``taints`` are kept."""
+        (``nvidia.com/gpu.shared``, the build pool; 4 per GPU); ``labels`` are added to the
+        usual kubernetes.io/hostname, os and arch labels; ``taints`` are kept; ``gpu_uuids``
+        name the GPUs (``devices.NodeDevices``)."""
         resources = {"cpu": cpu, "memory": memory, "pods": str(pods),
                      "ephemeral-storage": "1Ti"}
         if gpus:
@@ -211,6 +233,8 @@ class KubeletSimulator:
                 "status": self._node_status(resources)}
         with self.lock:
             self.nodes[name] = body
+            self.devices[name] = NodeDevices(name, gpus, shared_gpus, gpu_uuids)
+        self._serve_pod_resources(name)
         node = self.api.post("/api/v1/nodes", body)
         # Status is accepted on create, but write it again to be sure; then drop the taint the
         # TaintNodesByCondition admission plugin put on (no nodelifecycle controller will).
@@ -228,6 +252,9 @@ class KubeletSimulator:
         with self.lock:
             self.nodes.pop(name, None)
             keys = [k for k, p in self.pods.items() if p["spec"].get("nodeName") == name]
+            server = self._podres.pop(name, None)
+        if server is not None:
+            server.stop()
         for key in keys:
             self.queue.add(key)               # not ours any more: the worker kills its processes
         for path in (f"/api/v1/nodes/{name}",
@@ -245,6 +272,30 @@ class KubeletSimulator:
                 except KubeError as e:
                     if e.status != 404:
                         raise
+
+    def pod_resources_socket(self, node: str) -> Path:
+        """Where ``node``'s kubelet serves its pod-resources API (like
+        /var/lib/kubelet/pod-resources/kubelet.sock on a real node)."""
+        return self._sockets / node / "kubelet.sock"
+
+    def _serve_pod_resources(self, node: str):
+        try:
+            from .podresources import PodResourcesServer
+            server = PodResourcesServer(self.pod_resources_socket(node),
+                                        lambda: self._pod_devices(node))
+        except ImportError:
+            return                            # no grpcio: no pod-resources API
+        with self.lock:
+            old = self._podres.pop(node, None)
+            self._podres[node] = server
+        if old is not None:
+            old.stop()
+
+    def _pod_devices(self, node: str):
+        with self.lock:
+            runs = [r for r in self.runs.values() if r.node == node]
+        return [(r.namespace, r.name, [(c, r.devices.get(c, {})) for c in r.containers])
+                for r in runs]
 
     def _node_status(self, resources: dict) -> dict:
         now = now_iso()
@@ -396,7 +447,13 @@ class KubeletSimulator:
         pod.setdefault("status", {}).update(podIP=run.ip, hostIP="127.0.0.1")
         annotations = meta.get("annotations") or {}
         wanted = annotations.get(ANN_RUN_LOCALLY)
+        devices = self.devices.get(spec["nodeName"])
         for cspec in spec["containers"]:
+            if devices is not None:
+                got = devices.allocate(meta["uid"], (cspec.get("resources") or {}).get(
+                    "limits") or {})
+                if got:
+                    run.devices[cspec["name"]] = got
             if wanted == "true":
                 local = bool(cspec.get("command") or cspec.get("args"))
             else:
@@ -416,10 +473,14 @@ class KubeletSimulator:
         base = self._base_env or default_base_env(run.directory / "home", self._api_host,
                                                   self._api_port)
         env = container_env(pod, cspec, {**base, "HOSTNAME": run.name}, self._read_data)
+        if run.devices.get(c.name):
+            env["NVIDIA_VISIBLE_DEVICES"] = visible_devices(run.devices[c.name])
         argv, cwd = container_argv(cspec, env), cspec.get("workingDir")
         if self.prepare is not None:
             argv, env = self.prepare(pod, cspec, argv, env)
-        start_process(run, c, argv, cwd, env)
+        container_id = new_container_id()
+        join = self.cgroups.enter(pod, container_id) if self.cgroups is not None else None
+        start_process(run, c, argv, cwd, env, container_id, join)
         if c.proc is not None:
             key = (run.namespace, run.name)
             threading.Thread(target=self._wait_exit, args=(key, c.proc), daemon=True,
@@ -491,6 +552,11 @@ class KubeletSimulator:
             if self.runs.get(key) is run:
                 del self.runs[key]
             self._ips.discard(run.ip)
+            devices = self.devices.get(run.node)
+        if devices is not None:
+            devices.release(run.uid)
+        if self.cgroups is not None:
+            self.cgroups.remove(run.uid)
         # The pod's directory (its logs) stays for post-mortems; the API no longer serves it.
 
     # -- helpers -----------------------------------------------------------------------------

@@ -120,6 +120,7 @@ class PodRun:
     terminating: bool = False
     kill_at: float | None = None          # monotonic SIGKILL deadline once terminating
     reported: dict | None = None          # the last status the API server accepted
+    devices: dict[str, dict[str, list[str]]] = field(default_factory=dict)  # container -> ids
 
     def log_path(self, container: str, previous: bool = False) -> Path:
         return self.directory / (f"{container}.log" + (".previous" if previous else ""))
@@ -200,21 +201,26 @@ def container_argv(spec: dict, env: dict[str, str]) -> list[str]:
     return [expand(a, env) for a in (spec.get("command") or []) + (spec.get("args") or [])]
 
 
+def new_container_id() -> str:
+    return os.urandom(32).hex()
+
+
 def start_process(run: PodRun, c: ContainerRun, argv: list[str], cwd: str | None,
-                  env: dict[str, str]):
+                  env: dict[str, str], container_id: str | None = None, preexec_fn=None):
     """Starts a container's command as a local process in its own process group; a command
-    that cannot start ends the container at once with exit code 128 (StartError)."""
+    that cannot start ends the container at once with exit code 128 (StartError).
+    ``preexec_fn`` runs in the child before the command (joining the container's cgroups)."""
     cwd = cwd or str(run.directory / "home")
     log = run.log_path(c.name)
     if log.exists():
         log.replace(run.log_path(c.name, previous=True))
     c.started_at = now_iso()
-    c.container_id = f"containerd://{os.urandom(32).hex()}"
+    c.container_id = f"containerd://{container_id or new_container_id()}"
     try:
         with open(log, "wb") as out:
             c.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
                                       stdin=subprocess.DEVNULL, env=env, cwd=cwd,
-                                      start_new_session=True)
+                                      start_new_session=True, preexec_fn=preexec_fn)
     except OSError as e:
         c.proc = None
         c.exit_code, c.reason, c.message = 128, "StartError", str(e)
@@ -223,7 +229,7 @@ def start_process(run: PodRun, c: ContainerRun, argv: list[str], cwd: str | None
 
 def start_simulated(run: PodRun, c: ContainerRun, annotations: dict):
     c.started_at = now_iso()
-    c.container_id = f"containerd://{os.urandom(32).hex()}"
+    c.container_id = f"containerd://{new_container_id()}"
     run.log_path(c.name).touch()
     seconds = annotations.get(ANN_RUN_SECONDS)
     if seconds is not None:

@@ -26,6 +26,7 @@ RANK = "gpushare.jupyter.org/rank"  # the pod's node rank
 RANKS = "gpushare.jupyter.org/ranks"  # "first-last": the ranks a per-GPU pod runs
 USER = "gpushare.jupyter.org/user"
 PROJECT = "gpushare.jupyter.org/project"
+SLICES = "gpushare.jupyter.org/slices"  # a notebook pod's build slices ("s-1,s-2"): the node agent reads it
 POD_PREFIX = "gpushare-"
 JOB_SELECTOR = f"{MANAGED_BY}={MANAGER},{COMPONENT}=train-job"
 NODE_NAME_FIELD = "metadata.name"
