@@ -161,7 +161,12 @@ c.JupyterHub.services = [{
                + ([f"--PoolService.checkpoint_dir_template={HOMES}/{{user}}/.gpushare/"
                    f"checkpoints/{{job_id}}"] if HOMES else []),
     "cwd": str(STATE),
-    "display": True,
+    "display": True,  # in the hub's Services menu: the admin dashboard
+    # The dashboard's browser login through the hub (OAuth; the redirect URI is the default,
+    # /services/gpushare/oauth_callback): no "authorize access" question for a service of
+    # the hub's own, and pool admins' custom scope in their login, so that they get in.
+    "oauth_no_confirm": True,
+    "oauth_client_allowed_scopes": ["custom:gpushare:admin"],
 }, {
     "name": "gpushare-spawner",  # no process: the identity the spawner reserves slices with
     "api_token": c.LocalGPUShareSpawner.pool_api_token,

@@ -48,7 +48,8 @@ c.JupyterHub.services = [
     {{"name": "gpushare", "url": "http://127.0.0.1:{service_port}",
       "command": [sys.executable, "-m", "jupyter_gpushare.pool.supervisor",
                   "--PoolService.config_file={dir}/gpushare_config.py",
-                  "--PoolService.state_dir={dir}/pool"]}},
+                  "--PoolService.state_dir={dir}/pool"],
+      "oauth_no_confirm": True, "oauth_client_allowed_scopes": ["custom:gpushare:admin"]}},
     {{"name": "tester", "api_token": "{tester_token}"}},
 ]
 """

@@ -198,6 +198,29 @@ def test_alice_trains_on_two_gpus_as_herself_and_her_terminal_finds_gpushare(dem
     assert home.stat().st_uid == uid  # her server ran in the test's home for her, not /home
 
 
+def test_the_admin_sees_the_pool_dashboard(demo):
+    """As the README says: admin logs in, and the hub's Services menu leads to the dashboard
+    (its login through the hub's OAuth asks nothing more)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=demo["browser"], args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(demo["url"] + "/hub/login")
+        page.fill("#username_input", "admin")
+        page.fill("#password_input", demo["password"])
+        page.click("#login_submit")
+        page.wait_for_load_state()
+        page.goto(demo["url"] + "/services/gpushare/")
+        page.wait_for_selector("#pool-map", timeout=60_000)
+        assert page.url.endswith("/services/gpushare/dashboard")
+        nodes = page.locator("#pool-map .node h3").all_inner_texts()
+        assert any("train pool" in n for n in nodes) and any("build pool" in n for n in nodes)
+        assert "are warned, then stopped 2 min later" in page.locator("#culls").inner_text()
+        page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+        browser.close()
+
+
 def test_the_demo_stops_soon_and_says_no_error(demo):
     hub, log = demo["hub"], demo["state"] / "hub.log"
     start = time.monotonic()

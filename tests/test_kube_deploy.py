@@ -78,6 +78,19 @@ def test_the_service_is_reachable_where_the_values_say():
     assert hub["config"]["JupyterHub"]["spawner_class"] == "gpushare-kubernetes"
 
 
+def test_the_dashboard_is_an_oauth_client_of_the_hub():
+    """Browsers log in to /services/gpushare/dashboard through the hub: the service entry's
+    OAuth keys are JupyterHub's own, and pool admins' scope is one the hub knows."""
+    from jupyterhub.services.service import Service
+    hub = VALUES["hub"]
+    service = hub["services"]["gpushare"]
+    assert not set(service) - set(Service.class_trait_names(input=True))
+    assert service["oauth_redirect_uri"] == "/services/gpushare/oauth_callback"
+    assert service["oauth_no_confirm"] is True
+    assert service["oauth_client_allowed_scopes"] == ["custom:gpushare:admin"]
+    assert "custom:gpushare:admin" in hub["config"]["JupyterHub"]["custom_scopes"]
+
+
 def test_every_option_in_the_values_is_a_real_trait(tmp_path):
     spawner = VALUES["hub"]["config"]["GPUShareKubeSpawner"]
     unknown = set(spawner) - set(GPUShareKubeSpawner.class_trait_names(config=True))

@@ -14,7 +14,8 @@ import pytest
 from hubtest import free_port, running_hub
 from jupyter_gpushare.client import PoolClient
 from jupyter_gpushare.notebook.panel import (Panel, bar_html, clock, elapsed, job_rows,
-                                             project_bars, server_url, slice_view, status_html)
+                                             project_bars, server_url, slice_html, slice_use,
+                                             slice_view, status_html, use_html)
 from jupyter_gpushare.notebook.watchdog import BuildSlice
 
 POOL_CONFIG = """
@@ -47,13 +48,67 @@ def test_job_rows():
             {"id": "j-1", "name": "resnet", "state": "failed", "gpus": 1.0,
              "queue_position": None, "reason": "exit code 1", "attempt": 1, "started": 0,
              "finished": 3600}]
+    none = {"text": "", "idle": "", "spark": []}
     assert job_rows(jobs, 1000.0) == [
         {"id": "j-2", "name": "j-2", "state": "pending", "gpus": "4", "position": "1",
          "reason": "waiting for 4 GPUs on one node", "elapsed": "0:10", "attempt": "2",
-         "active": True, "ranks": 1},
+         "active": True, "ranks": 1, "use": none},
         {"id": "j-1", "name": "resnet", "state": "failed", "gpus": "1", "position": "",
          "reason": "exit code 1", "elapsed": "1:00:00", "attempt": "1", "active": False,
-         "ranks": 1}]
+         "ranks": 1, "use": none}]
+
+
+NOW = 1_800_000_030.0  # 30 s into a minute
+USAGE = {"sm_now": 0.93, "memory_now_bytes": 11 * 2**30, "sm_last_hour": 0.88,
+         "memory_peak_last_hour_bytes": 12 * 2**30, "idle_for_s": None, "idle": False,
+         "at": NOW, "minutes": [[NOW // 60 * 60 - 120, 0.8, 0], [NOW // 60 * 60, 0.95, 0]]}
+
+
+def test_a_running_jobs_gpu_use_now_over_the_last_hour_and_idle():
+    [row] = job_rows([{"id": "j-3", "state": "running", "started": NOW - 60, "usage": USAGE}],
+                     NOW)
+    assert row["use"] == {"text": "SM 93% (1h 88%), 11 GiB", "idle": "",
+                          "spark": [None] * 57 + [0.8, None, 0.95]}
+    assert use_html(row["use"]) == (
+        '<svg class="gpushare-spark" width="48" height="14" viewBox="0 0 48 14" role="img" '
+        'aria-label="SM utilization, last hour"><title>SM utilization, last hour</title><line '
+        'x1="0" y1="13.5" x2="48" y2="13.5" stroke="#c8c8c8" stroke-width="1"/><circle '
+        'cx="45" cy="3.7" r="1" fill="#0072b2"/><circle cx="46.5" cy="2.1" r="1" '
+        'fill="#0072b2"/><circle cx="46.5" cy="2.1" r="2" fill="#0072b2"/></svg> SM 93% '
+        '(1h 88%), 11 GiB')
+    idle = {**USAGE, "sm_now": 0.0, "idle_for_s": 1500, "minutes": []}
+    [row] = job_rows([{"id": "j-4", "state": "running", "usage": idle}], NOW)
+    assert row["use"] == {"text": "SM 0% (1h 88%), 11 GiB", "idle": "idle 25 min", "spark": [None] * 60}
+    assert use_html(row["use"]).endswith(
+        'SM 0% (1h 88%), 11 GiB <span style="background:#ffe0b2;color:#8a4600;'
+        'border-radius:7px;padding:0 5px">idle 25 min</span>')
+    [row] = job_rows([{"id": "j-5", "state": "running", "usage": None}], NOW)
+    assert row["use"] == {"text": "not measured yet", "idle": "", "spark": []}
+
+
+def test_the_slice_as_the_pool_sees_it_and_the_culling_warning():
+    at = time.strftime("%H:%M", time.localtime(NOW + 480))  # the kernel's own time zone
+    assert slice_use(None, NOW) is None and slice_use({"pool": None}, NOW) is None
+    cull = {"warned_at": NOW - 60, "cull_at": NOW + 480,
+            "reason": "no GPU use and no activity for 31 min; it will be stopped in 10 min "
+                      "unless used"}
+    use = slice_use({"pool": {"id": "s-1", "usage": {**USAGE, "idle_for_s": 1860},
+                              "cull": cull}}, NOW)
+    assert use == {"text": "SM 93% (1h 88%), 11 GiB", "idle": "idle 31 min",
+                   "spark": [None] * 57 + [0.8, None, 0.95],
+                   "warning": f"This server will be stopped at {at} (in 8 min): its slice has "
+                              "shown no GPU use and the hub no activity from it. Use it (run a "
+                              "cell) to keep it.", "reason": cull["reason"]}
+    drawn = slice_html(slice_view(BuildSlice(0.25), None), use)
+    assert drawn.startswith("<div>Build slice: ¼ GPU.</div><div>GPU use: <svg ")
+    assert drawn.endswith(
+        '<div role="alert" title="no GPU use and no activity for 31 min; it will be stopped in '
+        '10 min unless used" style="color:#fff;background:#c62828;padding:2px 6px;'
+        f'border-radius:3px">This server will be stopped at {at} (in 8 min): its slice has '
+        'shown no GPU use and the hub no activity from it. Use it (run a cell) to keep it.</div>')
+    quiet = slice_use({"pool": {"id": "s-1", "usage": None, "cull": None}}, NOW)
+    assert quiet["warning"] is None and "role=" not in slice_html(
+        slice_view(BuildSlice(0.25), None), quiet)
 
 
 def test_project_bars_say_guaranteed_in_use_and_borrowed():
@@ -152,10 +207,13 @@ def test_the_panel_shows_quota_and_jobs_and_its_buttons_act_in_the_pool(hub, pan
     assert "vision: 1 of 2 guaranteed GPUs in use" in bar.value
     assert panel.slice_line.value == "<div>No build slice: this server has no GPU of its own.</div>"
     [row] = [r for r in panel.jobs_box.children[1:] if "shown" in r.children[0].value]
-    name, state, gpus, position, spent, attempt, reason, cancel, logs, rank = row.children
+    name, state, gpus, position, spent, attempt, use, reason, cancel, logs, rank = row.children
     assert rank.layout.display == "none"  # one rank: no rank to choose
     assert (name.value, gpus.value, position.value, attempt.value) == ("shown", "1", "", "1")
     assert "running" in state.value and re.match(r"0:\d\d", spent.value)
+    # its GPU use as the NVML stand-in plays the simulated GPUs (nothing runs kernels on them)
+    wait_for(lambda: panel.refresh() and "SM 0%" in use.value, what="the job's GPU use")
+    assert '<svg class="gpushare-spark"' in use.value and "0 MiB" in use.value
     assert not cancel.disabled
     # logs: the job's output in the panel's output area
     wait_for(lambda: "hello" in hub.api("GET", f"api/jobs/{job['id']}/logs", "alice")[1])
@@ -166,7 +224,7 @@ def test_the_panel_shows_quota_and_jobs_and_its_buttons_act_in_the_pool(hub, pan
     cancel.click()
     hub.wait_job("alice", job["id"], ("cancelled",))
     wait_for(lambda: panel.refresh() and "cancelled" in row.children[1].value)
-    assert row.children[7].disabled
+    assert row.children[8].disabled and row.children[6].value == ""  # ended: no GPU use
 
 
 def test_the_logs_of_each_rank_of_a_distributed_job(hub, panel):

@@ -177,6 +177,10 @@ def test_the_live_view_says_now_the_last_hour_and_since_when_idle(meter):
     assert idle["idle_for_s"] == 11 * MINUTE and idle["idle"]  # idle_job_after is 10 min
     assert m.idle_jobs() == {"j-2"}
     assert m.holder_now("slice", "s-1")["sm_now"] == 0.8
+    minutes = busy["minutes"]  # for sparklines: each minute of the last hour
+    assert 11 <= len(minutes) <= 12 and all(sm == 0.9 and peak == 4 * GiB
+                                            for _, sm, peak in minutes)
+    assert [t for t, _, _ in minutes] == sorted(t for t, _, _ in minutes)
     # the idle job gets busy: the streak ends at once
     uses = scenario()
     uses = (uses[0], gpu(1, [HolderUse(IDLE_JOB, 1000, 50.0, GiB, 1)], 50.0), uses[2])

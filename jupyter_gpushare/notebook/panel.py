@@ -1,8 +1,10 @@
 """The quota-and-queue panel (``%gpushare``): an ipywidgets box that keeps itself up to date.
 
 What it shows comes from pure functions of the pool's JSON (:func:`slice_view`,
-:func:`project_bars`, :func:`job_rows`), tested without widgets; :class:`Panel` only puts
-them into widgets. Once shown it refreshes every ``interval`` seconds in a background thread
+:func:`slice_use`, :func:`project_bars`, :func:`job_rows`), tested without widgets;
+:class:`Panel` only puts them into widgets. GPU use (SM utilization and memory now, the last
+hour as a sparkline, "idle 25 min") is in the words of ``usage_text``, as ``gpushare jobs``
+prints it. Once shown it refreshes every ``interval`` seconds in a background thread
 (the pool calls block, the kernel must not), until it is closed: ``.close()``, or the front
 end closing its comm. A pool that cannot be reached is one line at the top, and the panel
 keeps trying.
@@ -20,7 +22,10 @@ import urllib.parse
 
 import ipywidgets as widgets
 
+from ..charts import minute_values, sparkline
 from ..client import ClientError, PoolClient
+from ..usage.cull import duration
+from ..usage_text import idle_text, memory_cell, sm_cell
 from .watchdog import BuildSlice
 
 LOG_TAIL = 64 * 1024  # characters of a job's log shown in the panel
@@ -29,7 +34,8 @@ _STATE_COLOURS = {"pending": "#b26a00", "running": "#1565c0", "succeeded": "#2e7
                   "failed": "#c62828", "cancelled": "#616161"}
 COLUMNS = (("name", "Job", "9.5em"), ("state", "State", "5.5em"), ("gpus", "GPUs", "3.5em"),
            ("position", "Queue", "4em"), ("elapsed", "Elapsed", "4.5em"),
-           ("attempt", "Attempt", "5em"), ("reason", "Reason", None))
+           ("attempt", "Attempt", "5em"), ("use", "GPU use", "13em"), ("reason", "Reason", None))
+SPARK = {"width": 48, "height": 14}
 
 
 def _cell(width: str | None) -> widgets.Layout:
@@ -66,18 +72,41 @@ def elapsed(job: dict, now: float) -> str:
     return clock(finished - started) if started is not None and finished is not None else "–"
 
 
+def gpu_use(usage: dict | None, now: float) -> dict:
+    """A job's or slice's GPU use (the API's ``usage``): ``text`` "SM 93% (1h 88%), 11 GiB",
+    ``idle`` "idle 25 min" (or empty), ``spark`` the last hour minute by minute (0–1)."""
+    if not usage:
+        return {"text": "not measured yet", "idle": "", "spark": []}
+    return {"text": f"SM {sm_cell(usage)}, {memory_cell(usage)}",
+            "idle": idle_text(usage.get("idle_for_s")),
+            "spark": minute_values(usage.get("minutes"), now)}
+
+
 def job_rows(jobs: list[dict], now: float) -> list[dict]:
-    """One row per job, as the table shows it; ``active`` says whether it can be cancelled."""
+    """One row per job, as the table shows it; ``active`` says whether it can be cancelled;
+    ``use`` is a running job's GPU use."""
     rows = []
     for job in jobs:
         position = job.get("queue_position")
+        running = job.get("state") == "running"
         rows.append({"id": job["id"], "name": job.get("name") or job["id"],
                      "state": job.get("state", "?"), "gpus": gpus_text(job.get("gpus")),
                      "position": "" if position is None else str(position),
                      "reason": job.get("reason") or "", "elapsed": elapsed(job, now),
                      "attempt": str(job.get("attempt") or 1),
-                     "active": job.get("state") in ACTIVE, "ranks": job.get("ranks") or 1})
+                     "active": job.get("state") in ACTIVE, "ranks": job.get("ranks") or 1,
+                     "use": gpu_use(job.get("usage"), now) if running else
+                     {"text": "", "idle": "", "spark": []}})
     return rows
+
+
+def use_html(use: dict) -> str:
+    """A sparkline of the last hour, the words, and the idle flag."""
+    spark = sparkline(use["spark"], title="SM utilization, last hour", **SPARK) \
+        if use["spark"] else ""
+    flag = (f' <span style="background:#ffe0b2;color:#8a4600;border-radius:7px;'
+            f'padding:0 5px">{html.escape(use["idle"])}</span>') if use["idle"] else ""
+    return f'{spark} {html.escape(use["text"])}{flag}'.strip()
 
 
 def project_bars(quota: dict, capacity: float | None = None) -> list[dict]:
@@ -122,6 +151,24 @@ def slice_view(build_slice: BuildSlice | None, answer: dict | None,
     return {"text": f"{text} {off}" if off else text, "fraction": None, "over": False}
 
 
+def slice_use(answer: dict | None, now: float) -> dict | None:
+    """This server's slice as the pool sees it (the server extension's ``api/slice``,
+    ``pool``): its GPU use, and the culling ``warning`` in one sentence while it is warned.
+    None when the pool holds no slice for this server."""
+    record = (answer or {}).get("pool")
+    if not record:
+        return None
+    use = gpu_use(record.get("usage"), now)
+    cull, warning = record.get("cull"), None
+    if cull and cull.get("cull_at"):
+        left = max(0.0, cull["cull_at"] - now)
+        at = time.strftime("%H:%M", time.localtime(cull["cull_at"]))
+        warning = (f"This server will be stopped at {at} (in {duration(left)}): its slice has "
+                   f"shown no GPU use and the hub no activity from it. Use it (run a cell) to "
+                   f"keep it.")
+    return {**use, "warning": warning, "reason": (cull or {}).get("reason") or ""}
+
+
 def bar_html(bar: dict) -> str:
     """A project's bar: in use within the quota, borrowed beyond it, and a mark at the quota."""
     scale = bar["scale"]
@@ -138,14 +185,22 @@ def bar_html(bar: dict) -> str:
             f'background:#212121" title="guaranteed"></div></div>')
 
 
-def slice_html(view: dict) -> str:
+def slice_html(view: dict, use: dict | None = None) -> str:
+    """The slice line (``slice_view``), its GPU use and the culling warning (``slice_use``)."""
     colour = "#c62828" if view["over"] else "#43a047"
     bar = "" if view["fraction"] is None else (
         f'<div style="height:10px;background:#e0e0e0;border-radius:2px">'
         f'<div style="width:{100 * view["fraction"]:.1f}%;height:100%;background:{colour}">'
         f'</div></div>')
     style = ' style="color:#c62828"' if view["over"] else ""
-    return f"<div{style}>{html.escape(view['text'])}</div>{bar}"
+    out = f"<div{style}>{html.escape(view['text'])}</div>{bar}"
+    if use:
+        out += f"<div>GPU use: {use_html(use)}</div>"
+        if use["warning"]:
+            out += (f'<div role="alert" title="{html.escape(use["reason"])}" style="color:#fff;'
+                    f'background:#c62828;padding:2px 6px;border-radius:3px">'
+                    f'{html.escape(use["warning"])}</div>')
+    return out
 
 
 def status_html(sentence: str, interval: float) -> str:
@@ -199,6 +254,9 @@ class _JobRow:
 
     def update(self, row: dict) -> None:
         for key, _, _ in COLUMNS:
+            if key == "use":
+                self.cells[key].value = use_html(row[key])
+                continue
             text = html.escape(row[key])
             if key == "state":
                 text = f'<span style="color:{_STATE_COLOURS.get(row[key], "#000")}">{text}</span>'
@@ -354,7 +412,8 @@ class Panel(widgets.VBox):
                 answer = self.server.slice()
             except ClientError:
                 answer = None  # the line still says what the slice is
-        self.slice_line.value = slice_html(slice_view(build_slice, answer, problem))
+        self.slice_line.value = slice_html(slice_view(build_slice, answer, problem),
+                                           slice_use(answer, time.time()))
 
     def _show_bars(self, bars: list[dict]) -> None:
         while len(self._bars) < len(bars):

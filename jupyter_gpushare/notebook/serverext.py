@@ -8,8 +8,9 @@ server acts on the pool as the server's owner, as they already can from a termin
 
 Routes (answers as the pool's, see ``pool/openapi.py``): ``GET api/pool``, ``GET api/quota``,
 ``GET|POST api/jobs``, ``GET|DELETE api/jobs/{id}``, ``GET api/jobs/{id}/logs`` (``?follow=1``
-streams), ``GET api/projects``; and ``GET api/slice``: this server's build slice and the slice
-watchdog's latest report. The pool's refusals come back with its status and sentence, as
+streams), ``GET api/projects``; and ``GET api/slice``: this server's build slice, the slice
+watchdog's latest report, and the pool's record of the slice (``pool``: its GPU use now and
+over the last hour, and the culling warning). The pool's refusals come back with its status and sentence, as
 ``{"error": ...}``; a pool that cannot be reached is a 502.
 
 The HTTP goes through :class:`~jupyter_gpushare.client.PoolClient` (the one place that knows
@@ -197,6 +198,13 @@ class GPUShareHandler(APIHandler):
     auth_resource = AUTH_RESOURCE
 
     @property
+    def _track_activity(self) -> bool:
+        # The panels poll these routes every few seconds: reading is not the user's activity,
+        # or an open Lab tab would keep an idle server from being culled. Submitting and
+        # cancelling are.
+        return self.request.method not in ("GET", "HEAD")
+
+    @property
     def gpushare(self) -> GPUShareExtension:
         return self.settings["gpushare"]
 
@@ -376,8 +384,26 @@ class ProjectsHandler(GPUShareHandler):
 class SliceHandler(GPUShareHandler):
     @web.authenticated
     @authorized
-    def get(self):
-        self.reply(self.gpushare.slice_json())
+    async def get(self):
+        answer = self.gpushare.slice_json()
+        answer["pool"] = await self.pool_slice() if self.gpushare.slice else None
+        self.reply(answer)
+
+    async def pool_slice(self) -> dict | None:
+        """The pool's record of this server's slice: its GPU use now and over the last hour,
+        and the culling warning (None when the pool has none or cannot be asked)."""
+        user = os.environ.get("JUPYTERHUB_USER")
+        server = os.environ.get("JUPYTERHUB_SERVER_NAME", "")
+        try:
+            slices = await self.pool(lambda c: c.slices())
+        except Failed:
+            return None
+        mine = [s for s in slices if s.get("server", "") == server
+                and (user is None or s.get("user") == user)]
+        if not mine:
+            return None
+        found = max(mine, key=lambda s: s.get("created") or 0)
+        return {k: found.get(k) for k in ("id", "gpus", "usage", "cull")}
 
 
 HANDLERS = [

@@ -200,19 +200,25 @@ def list_key(who: Who, arguments: dict) -> tuple:
 
 class PoolInfoHandler(PoolHandler):
     def get(self):
-        from .api_usage import pool_gpus
-        ex = self.pool.scheduler.explained
-        nodes = [{"name": n.name, "gpus": n.gpus, "pool": n.pool, "labels": dict(n.labels)}
-                 for n in ex.nodes]
-        build = self.pool.build_pool()
-        self.reply({"capacity": sum(n.gpus for n in ex.nodes), "nodes": nodes,
-                    "in_use": sum(ex.usage.values()) / GPU,
-                    "simulated": any(n.labels.get("gpushare.io/simulated") for n in ex.nodes),
-                    "build": {"capacity": sum(n.gpus for n in build),
-                              "in_use": sum(r.milli for r in self.pool.store.slices()) / GPU,
-                              "allowance": self.pool.build_allowance,
-                              "nodes": [{"name": n.name, "gpus": n.gpus} for n in build]},
-                    **pool_gpus(self)})
+        self.reply(pool_json(self))
+
+
+def pool_json(handler: PoolHandler) -> dict:
+    """``api/pool`` as the caller may see it (the dashboard shows the same)."""
+    from .api_usage import pool_gpus
+    pool = handler.pool
+    ex = pool.scheduler.explained
+    nodes = [{"name": n.name, "gpus": n.gpus, "pool": n.pool, "labels": dict(n.labels)}
+             for n in ex.nodes]
+    build = pool.build_pool()
+    return {"capacity": sum(n.gpus for n in ex.nodes), "nodes": nodes,
+            "in_use": sum(ex.usage.values()) / GPU,
+            "simulated": any(n.labels.get("gpushare.io/simulated") for n in ex.nodes),
+            "build": {"capacity": sum(n.gpus for n in build),
+                      "in_use": sum(r.milli for r in pool.store.slices()) / GPU,
+                      "allowance": pool.build_allowance,
+                      "nodes": [{"name": n.name, "gpus": n.gpus} for n in build]},
+            **pool_gpus(handler)}
 
 
 class QuotaHandler(PoolHandler):

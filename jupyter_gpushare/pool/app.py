@@ -329,8 +329,13 @@ class PoolService(Application):
 
     # -- run ------------------------------------------------------------------------------
     def make_app(self) -> web.Application:
+        from . import dashboard
         prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpushare/")
-        return web.Application(routes(prefix), pool=self, hub_auth=HubAuth(), xsrf_cookies=False)
+        # The dashboard's login cookie is signed with a secret of this process: after a
+        # restart the browser logs in again through the hub, without a question.
+        return web.Application(routes(prefix) + dashboard.routes(prefix), pool=self,
+                               hub_auth=HubAuth(), dashboard_oauth=dashboard.OAuthSettings(),
+                               cookie_secret=os.urandom(32), xsrf_cookies=False)
 
     def server_limits(self) -> dict:
         """What the HTTP server reads of a request at most: handlers refuse a body beyond

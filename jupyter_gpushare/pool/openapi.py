@@ -64,7 +64,10 @@ _HOLDER_NOW = {"type": "object", "nullable": True, "description": "null until th
                                   "it has stayed below idle_threshold; null while in use"},
                    "idle": {"type": "boolean", "description": "idle for GPUUsage.idle_job_after "
                             "or longer"},
-                   "at": {"type": "number", "description": "when it was last read"}}}
+                   "at": {"type": "number", "description": "when it was last read"},
+                   "minutes": {"type": "array", "description": "the last hour, minute by "
+                               "minute (the current one so far): [minute start, SM 0–1 or "
+                               "null, memory peak bytes]", "items": {"type": "array"}}}}
 
 SPEC = {
     "openapi": "3.0.3",

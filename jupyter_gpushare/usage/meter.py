@@ -243,7 +243,11 @@ class UsageMeter:
                 "memory_peak_last_hour_bytes": hour.memory_peak,
                 "idle_for_s": None if idle_for is None else round(idle_for),
                 "idle": idle_for is not None and idle_for >= self.settings.idle_job_after,
-                "at": live.at}
+                "at": live.at,
+                # the last hour minute by minute, for sparklines: [start, SM, memory peak]
+                "minutes": [[start, None if not t.measured else round(t.utilized / t.measured, 4),
+                             t.memory_peak] for start, t in sorted(live.minutes.items())
+                            if start > now - HOUR]}
 
     def idle_for(self, kind: str, key: str) -> float | None:
         live = self._live.get((kind, key))

@@ -25,10 +25,35 @@ export interface Job {
   finished: number | null;
   exit_code: number | null;
   preempting?: boolean;
+  /** While running: its GPU use as the pool reads it. */
+  usage?: Usage | null;
   /** One rank per GPU instead of one per node. */
   per_gpu?: boolean;
   /** How many ranks (each with its own log) the current attempt has; null until placed. */
   ranks?: number | null;
+}
+
+/**
+ * A running job's or a slice's GPU use as the pool reads it (openapi.py, `usage`): SM
+ * utilization of what it holds (0–1), memory, how long it has stayed idle, and the last hour
+ * minute by minute (`[minute start, SM or null, memory peak]`).
+ */
+export interface Usage {
+  sm_now: number | null;
+  memory_now_bytes: number | null;
+  sm_last_hour: number | null;
+  memory_peak_last_hour_bytes?: number | null;
+  idle_for_s: number | null;
+  idle?: boolean;
+  at?: number;
+  minutes?: [number, number | null, number][];
+}
+
+/** The pool's warning that this server will be stopped for being idle (openapi.py, `cull`). */
+export interface Cull {
+  warned_at: number;
+  cull_at: number;
+  reason: string;
 }
 
 /** A project as `api/quota` answers it (openapi.py, `Project`). */
@@ -52,22 +77,170 @@ export interface Quota {
 
 /**
  * This server's build slice, from the server extension's `slice` route: the fraction of one
- * GPU, and whether the slice watchdog last saw the server use more GPU memory than that.
+ * GPU, whether the slice watchdog last saw the server use more GPU memory than that, and the
+ * pool's record of it: its GPU use and, while it is warned, when it will be culled.
  */
 export interface BuildSlice {
   gpus: number;
   over: boolean;
   message: string;
+  usage: Usage | null;
+  cull: Cull | null;
 }
 
-/** The `slice` route's answer (`{slice: {gpus, ...} | null, watchdog: {over, message} | null}`). */
+/**
+ * The `slice` route's answer (`{slice: {gpus, ...} | null, watchdog: {over, message} | null,
+ * pool: {usage, cull} | null}`).
+ */
 export function buildSlice(body: any): BuildSlice | null {
   const slice = body?.slice;
   if (!slice || typeof slice.gpus !== 'number') {
     return null;
   }
   const watchdog = body.watchdog ?? {};
-  return { gpus: slice.gpus, over: watchdog.over === true, message: String(watchdog.message ?? '') };
+  const pool = body.pool ?? {};
+  const cull = pool.cull && typeof pool.cull.cull_at === 'number' ? (pool.cull as Cull) : null;
+  return {
+    gpus: slice.gpus,
+    over: watchdog.over === true,
+    message: String(watchdog.message ?? ''),
+    usage: pool.usage ?? null,
+    cull
+  };
+}
+
+// -- GPU use, in the words `gpushare jobs` and %gpushare print (jupyter_gpushare/usage_text.py) --
+
+const GiB = 2 ** 30;
+const MiB = 2 ** 20;
+/** Shorter idle spells are not worth a flag. */
+export const SHOW_IDLE_AFTER_S = 60;
+
+/** 0.934 → "93%"; null (not measurable) → "-". */
+export function percent(ratio: number | null | undefined): string {
+  return ratio === null || ratio === undefined ? '-' : `${Math.round(ratio * 100)}%`;
+}
+
+/** Bytes as "11 GiB", "1.5 GiB", "300 MiB"; null → "-". */
+export function size(bytes: number | null | undefined): string {
+  if (bytes === null || bytes === undefined) {
+    return '-';
+  }
+  if (bytes >= 10 * GiB) {
+    return `${Math.round(bytes / GiB)} GiB`;
+  }
+  if (bytes >= GiB) {
+    return `${(bytes / GiB).toFixed(1)} GiB`;
+  }
+  return `${Math.round(bytes / MiB)} MiB`;
+}
+
+/** "idle 25 min", "idle 3 h", "idle 2 d"; empty when not idle or idle less than a minute. */
+export function idleText(seconds: number | null | undefined): string {
+  if (seconds === null || seconds === undefined || seconds < SHOW_IDLE_AFTER_S) {
+    return '';
+  }
+  const minutes = Math.floor(seconds / 60);
+  if (minutes < 120) {
+    return `idle ${minutes} min`;
+  }
+  const hours = Math.floor(minutes / 60);
+  return hours < 48 ? `idle ${hours} h` : `idle ${Math.floor(hours / 24)} d`;
+}
+
+/** "SM 93% (1h 88%), 11 GiB": SM utilization now and over the last hour, and memory now. */
+export function usageText(usage: Usage | null | undefined): string {
+  if (!usage) {
+    return 'not measured yet';
+  }
+  return `SM ${percent(usage.sm_now)} (1h ${percent(usage.sm_last_hour)}), ${size(usage.memory_now_bytes)}`;
+}
+
+/** The last `count` minutes up to `now`, oldest first, one value each; null where unread. */
+export function minuteValues(minutes: Usage['minutes'], now: number, count = 60): (number | null)[] {
+  const byStart = new Map<number, number | null>();
+  for (const m of minutes ?? []) {
+    byStart.set(Math.floor(m[0]), m[1]);
+  }
+  const last = Math.floor(now / 60) * 60;
+  const out: (number | null)[] = [];
+  for (let i = count - 1; i >= 0; i--) {
+    const v = byStart.get(last - 60 * i);
+    out.push(v === undefined ? null : v);
+  }
+  return out;
+}
+
+/**
+ * A sparkline's shapes for `values` (0 to `top`, oldest first) across `width` × `height`:
+ * `runs` the polylines' points between gaps, `dots` the values alone between gaps, `last`
+ * the newest value (drawn bigger). The same rules as jupyter_gpushare/charts.py.
+ */
+export interface Spark {
+  width: number;
+  height: number;
+  runs: string[];
+  dots: [number, number][];
+  last: [number, number] | null;
+}
+
+const coordinate = (x: number): string => String(Math.round(x * 10) / 10);
+
+export function sparkline(values: (number | null)[], width = 80, height = 18, top = 1): Spark {
+  const step = (width - 3) / Math.max(1, values.length - 1);
+  const point = (i: number, v: number): [number, number] => {
+    const c = Math.min(Math.max(v, 0), top);
+    return [1.5 + i * step, height - 1.5 - (c / top) * (height - 3)];
+  };
+  const spark: Spark = { width, height, runs: [], dots: [], last: null };
+  let run: [number, number][] = [];
+  const close = (): void => {
+    if (run.length === 1) {
+      spark.dots.push(run[0]);
+    } else if (run.length > 1) {
+      spark.runs.push(run.map(([x, y]) => `${coordinate(x)},${coordinate(y)}`).join(' '));
+    }
+    run = [];
+  };
+  values.forEach((v, i) => {
+    if (v === null) {
+      close();
+    } else {
+      run.push(point(i, v));
+      spark.last = point(i, v);
+    }
+  });
+  close();
+  return spark;
+}
+
+/** "45 s", "12 min", "3 h" (as the pool's culling sentences say it). */
+export function roughDuration(seconds: number): string {
+  const s = Math.max(0, seconds);
+  if (s < 120) {
+    return `${Math.round(s)} s`;
+  }
+  if (s < 7200) {
+    return `${Math.round(s / 60)} min`;
+  }
+  return `${Math.round(s / 3600)} h`;
+}
+
+/** A time as the browser's clock shows it: "14:05". */
+export function hhmm(t: number): string {
+  const d = new Date(t * 1000);
+  return `${String(d.getHours()).padStart(2, '0')}:${String(d.getMinutes()).padStart(2, '0')}`;
+}
+
+/** The culling warning: short for the status bar, a sentence for the panel and the tooltip. */
+export function cullWarning(cull: Cull, now: number): { short: string; sentence: string } {
+  const left = roughDuration(cull.cull_at - now);
+  return {
+    short: `idle: stops in ${left}`,
+    sentence:
+      `This server will be stopped at ${hhmm(cull.cull_at)} (in ${left}): its slice has shown no ` +
+      'GPU use and the hub no activity from it. Use it (run a cell) to keep it.'
+  };
 }
 
 const milli = (gpus: number): number => Math.round(gpus * 1000);
@@ -238,9 +411,13 @@ export function quotaBar(project: Project, scale: number): QuotaBar {
 export function statusText(
   slice: BuildSlice | null,
   quota: Quota | null,
-  error: string | null
+  error: string | null,
+  now: number = Date.now() / 1000
 ): string {
   const parts = [slice ? `GPU ${fraction(slice.gpus)}${slice.over ? ' ⚠' : ''}` : 'GPU –'];
+  if (slice?.cull) {
+    parts.push(`⚠ ${cullWarning(slice.cull, now).short}`);
+  }
   if (error !== null || quota === null) {
     parts.push(error !== null ? 'pool unreachable' : 'pool …');
     return parts.join(' · ');
@@ -267,12 +444,24 @@ export function statusText(
 }
 
 /** The status bar's tooltip: the same, spelled out. */
-export function statusTitle(slice: BuildSlice | null, quota: Quota | null, error: string | null): string {
+export function statusTitle(
+  slice: BuildSlice | null,
+  quota: Quota | null,
+  error: string | null,
+  now: number = Date.now() / 1000
+): string {
   const lines = [
     slice
       ? `This notebook server holds ${gpuAmount(slice.gpus)} of a build GPU.`
       : 'This notebook server holds no build GPU slice.'
   ];
+  if (slice?.usage) {
+    const idle = idleText(slice.usage.idle_for_s);
+    lines.push(`GPU use: ${usageText(slice.usage)}${idle ? `, ${idle}` : ''}.`);
+  }
+  if (slice?.cull) {
+    lines.push(cullWarning(slice.cull, now).sentence);
+  }
   if (slice?.over && slice.message) {
     lines.push(slice.message);
   }

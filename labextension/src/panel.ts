@@ -1,13 +1,63 @@
 /**
- * The side panel: one line saying whether the pool answers, a quota bar per project, the
- * user's jobs with cancel and logs, and a log viewer that follows a running job. Every text
+ * The side panel: one line saying whether the pool answers, this server's slice and its GPU
+ * use (with the culling warning while it is warned), a quota bar per project, the user's jobs
+ * with their GPU use, cancel and logs, and a log viewer that follows a running job. Every text
  * from the pool goes in through textContent, never as HTML.
  */
 import { showErrorMessage } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
 
-import { Job, barScale, gpuAmount, jobRow, quotaBar } from './model';
+import {
+  Job,
+  Usage,
+  barScale,
+  cullWarning,
+  gpuAmount,
+  idleText,
+  jobRow,
+  minuteValues,
+  quotaBar,
+  sparkline,
+  usageText
+} from './model';
 import { GpushareModel } from './poller';
+
+const SVG = 'http://www.w3.org/2000/svg';
+
+/** A sparkline of the last hour's SM utilization, drawn from model.ts's shapes. */
+function sparkSvg(values: (number | null)[]): SVGSVGElement {
+  const spark = sparkline(values, 48, 14);
+  const svg = document.createElementNS(SVG, 'svg');
+  svg.setAttribute('class', 'jp-GpusharePanel-spark');
+  svg.setAttribute('width', String(spark.width));
+  svg.setAttribute('height', String(spark.height));
+  svg.setAttribute('viewBox', `0 0 ${spark.width} ${spark.height}`);
+  const title = document.createElementNS(SVG, 'title');
+  title.textContent = 'SM utilization, last hour';
+  const base = document.createElementNS(SVG, 'line');
+  for (const [k, v] of [['x1', 0], ['y1', spark.height - 0.5], ['x2', spark.width], ['y2', spark.height - 0.5]] as const) {
+    base.setAttribute(k, String(v));
+  }
+  base.setAttribute('class', 'jp-GpusharePanel-sparkBase');
+  svg.append(title, base);
+  for (const points of spark.runs) {
+    const line = document.createElementNS(SVG, 'polyline');
+    line.setAttribute('points', points);
+    svg.append(line);
+  }
+  const dot = (x: number, y: number, r: number): void => {
+    const c = document.createElementNS(SVG, 'circle');
+    c.setAttribute('cx', String(x));
+    c.setAttribute('cy', String(y));
+    c.setAttribute('r', String(r));
+    svg.append(c);
+  };
+  spark.dots.forEach(([x, y]) => dot(x, y, 1));
+  if (spark.last) {
+    dot(spark.last[0], spark.last[1], 2);
+  }
+  return svg;
+}
 
 const COLUMNS = ['Job', 'State', 'GPUs', 'Time'];
 
@@ -42,6 +92,7 @@ export class GpusharePanel extends Widget {
     }
     this._log.className = 'jp-GpusharePanel-log';
     this._logTitle.className = 'jp-GpusharePanel-logTitle';
+    this._server.className = 'jp-GpusharePanel-server';
     this._rank.className = 'jp-GpusharePanel-rank jp-mod-styled';
     this._rank.title = 'The rank whose output to show';
     this._rank.hidden = true;
@@ -53,6 +104,7 @@ export class GpusharePanel extends Widget {
     };
     this.node.append(
       header,
+      this._server,
       el('h3', '', 'Train quota'),
       this._quotas,
       el('h3', '', 'Your train jobs'),
@@ -90,8 +142,40 @@ export class GpusharePanel extends Widget {
       this._line.textContent = `${quota.user}: ${build}; updated ${when}`;
     }
     this.toggleClass('jp-mod-error', error !== null);
+    this._renderServer();
     this._renderQuotas();
     this._renderJobs();
+  }
+
+  /** A usage line: sparkline, "SM 93% (1h 88%), 11 GiB", and the idle flag. */
+  private _usage(usage: Usage | null | undefined, now: number): HTMLElement {
+    const line = el('div', 'jp-GpusharePanel-usage');
+    if (usage) {
+      line.append(sparkSvg(minuteValues(usage.minutes, now)));
+    }
+    line.append(el('span', 'jp-GpusharePanel-usageText', usageText(usage)));
+    const idle = idleText(usage?.idle_for_s);
+    if (idle) {
+      line.append(el('span', 'jp-GpusharePanel-flag', idle));
+    }
+    return line;
+  }
+
+  // This server's slice as the pool sees it, and the warning before it is culled.
+  private _renderServer(): void {
+    const slice = this.model.slice;
+    const now = Date.now() / 1000;
+    this._server.replaceChildren();
+    if (!slice || (!slice.usage && !slice.cull)) {
+      return;
+    }
+    this._server.append(el('h3', '', `This server: ${gpuAmount(slice.gpus)} GPU slice`), this._usage(slice.usage, now));
+    if (slice.cull) {
+      const warning = el('div', 'jp-GpusharePanel-cull', cullWarning(slice.cull, now).sentence);
+      warning.setAttribute('role', 'alert');
+      warning.title = slice.cull.reason;
+      this._server.append(warning);
+    }
   }
 
   private _renderQuotas(): void {
@@ -150,6 +234,9 @@ export class GpusharePanel extends Widget {
       fields.insertCell().append(el('span', 'jp-GpusharePanel-elapsed', row.elapsed));
       const detail = group.insertRow().insertCell();
       detail.colSpan = COLUMNS.length;
+      if (job.state === 'running') {
+        detail.append(this._usage(job.usage, now));
+      }
       if (row.reason) {
         detail.append(el('div', 'jp-GpusharePanel-reason', row.reason));
       }
@@ -247,6 +334,7 @@ export class GpusharePanel extends Widget {
   }
 
   private _line = el('div');
+  private _server = el('div');
   private _quotas = el('div');
   private _table = el('table');
   private _logTitle = el('h3');

@@ -1,4 +1,7 @@
-/** The status bar item: "GPU ¼ · vision 4/2 · 1 queued"; a click opens the panel. */
+/**
+ * The status bar item: "GPU ¼ · vision 4/2 · 1 queued", and "⚠ idle: stops in 8 min" while
+ * this server is warned that it will be culled; a click opens the panel.
+ */
 import { Widget } from '@lumino/widgets';
 
 import { statusText, statusTitle } from './model';
@@ -27,6 +30,6 @@ export class GpushareStatus extends Widget {
     const { slice, quota, error } = this.model;
     this.node.textContent = statusText(slice, quota, error);
     this.node.title = statusTitle(slice, quota, error);
-    this.toggleClass('jp-mod-error', error !== null || (slice?.over ?? false));
+    this.toggleClass('jp-mod-error', error !== null || (slice?.over ?? false) || Boolean(slice?.cull));
   }
 }

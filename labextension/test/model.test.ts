@@ -4,24 +4,36 @@ import { strict as assert } from 'node:assert';
 import { describe, test } from 'node:test';
 
 import {
+  BuildSlice,
   Job,
   Project,
   Quota,
+  Usage,
   barScale,
   buildSlice,
+  cullWarning,
   duration,
   elapsed,
   errorMessage,
   fraction,
   gpuAmount,
+  hhmm,
+  idleText,
   jobRow,
+  minuteValues,
   newRequestId,
+  percent,
   quotaBar,
   retrying,
+  roughDuration,
   sentence,
+  size,
   sortJobs,
+  sparkline,
   statusText,
-  trainSpec
+  statusTitle,
+  trainSpec,
+  usageText
 } from '../src/model';
 
 function project(name: string, quota: number, inUse: number, extra: Partial<Project> = {}): Project {
@@ -172,10 +184,78 @@ describe('quota bars', () => {
   });
 });
 
+const NOW = 1_800_000_030; // 30 s into a minute
+const MINUTE = Math.floor(NOW / 60) * 60;
+const USAGE: Usage = {
+  sm_now: 0.93,
+  memory_now_bytes: 11 * 2 ** 30,
+  sm_last_hour: 0.88,
+  memory_peak_last_hour_bytes: 12 * 2 ** 30,
+  idle_for_s: null,
+  idle: false,
+  at: NOW,
+  minutes: [
+    [MINUTE - 120, 0.8, 0],
+    [MINUTE, 0.95, 0]
+  ]
+};
+
+function quarter(extra: Partial<BuildSlice> = {}): BuildSlice {
+  return { gpus: 0.25, over: false, message: '', usage: null, cull: null, ...extra };
+}
+
+describe('GPU use in words, as gpushare jobs and %gpushare say it', () => {
+  test('percentages, sizes and idle flags', () => {
+    assert.deepEqual([0.934, 0, 1, null, undefined].map(percent), ['93%', '0%', '100%', '-', '-']);
+    assert.deepEqual([11 * 2 ** 30, 1.5 * 2 ** 30, 300 * 2 ** 20, null].map(size), ['11 GiB', '1.5 GiB', '300 MiB', '-']);
+    assert.deepEqual([null, 59, 60, 1500, 7200, 3 * 86400].map(idleText), ['', '', 'idle 1 min', 'idle 25 min', 'idle 2 h', 'idle 3 d']);
+    assert.equal(usageText(USAGE), 'SM 93% (1h 88%), 11 GiB');
+    assert.equal(usageText({ ...USAGE, sm_now: null, sm_last_hour: null }), 'SM - (1h -), 11 GiB');
+    assert.equal(usageText(null), 'not measured yet');
+    assert.deepEqual([45, 119.6, 720, 10800].map(roughDuration), ['45 s', '120 s', '12 min', '3 h']);
+  });
+
+  test('the last hour minute by minute, gaps where nothing was read', () => {
+    const values = minuteValues(USAGE.minutes, NOW);
+    assert.equal(values.length, 60);
+    assert.deepEqual(values.slice(56), [null, 0.8, null, 0.95]);
+    assert.deepEqual(minuteValues(undefined, NOW, 3), [null, null, null]);
+  });
+
+  test('a sparkline breaks at gaps and marks its last value (as charts.py draws it)', () => {
+    assert.deepEqual(sparkline([0.5, null, 0.2, 0.4, 1.2], 20, 10), {
+      width: 20,
+      height: 10,
+      runs: ['10,7.1 14.3,5.7 18.5,1.5'],
+      dots: [[1.5, 5]],
+      last: [18.5, 1.5]
+    });
+    assert.deepEqual(sparkline([null, null]), { width: 80, height: 18, runs: [], dots: [], last: null });
+  });
+
+  test('the culling warning: short in the status bar, a sentence in the panel', () => {
+    const cull = { warned_at: NOW - 60, cull_at: NOW + 480, reason: 'no GPU use and no activity for 31 min' };
+    assert.deepEqual(cullWarning(cull, NOW), {
+      short: 'idle: stops in 8 min',
+      sentence:
+        `This server will be stopped at ${hhmm(NOW + 480)} (in 8 min): its slice has shown no GPU ` +
+        'use and the hub no activity from it. Use it (run a cell) to keep it.'
+    });
+    const q = quota([project('vision', 2, 0)]);
+    assert.equal(statusText(quarter({ cull }), q, null, NOW), 'GPU ¼ · ⚠ idle: stops in 8 min · vision 0/2');
+    const title = statusTitle(quarter({ cull, usage: { ...USAGE, idle_for_s: 1860 } }), q, null, NOW).split('\n');
+    assert.deepEqual(title.slice(0, 3), [
+      'This notebook server holds 0.25 of a build GPU.',
+      'GPU use: SM 93% (1h 88%), 11 GiB, idle 31 min.',
+      cullWarning(cull, NOW).sentence
+    ]);
+  });
+});
+
 describe('status bar text', () => {
   test('slice, projects in use, queued', () => {
     const q = quota([project('vision', 2, 4), project('nlp', 1, 0)], { pending: 1, running: 0 });
-    assert.equal(statusText({ gpus: 0.25, over: false, message: '' }, q, null), 'GPU ¼ · vision 4/2 · 1 queued');
+    assert.equal(statusText(quarter(), q, null), 'GPU ¼ · vision 4/2 · 1 queued');
   });
 
   test('the only project shows even when idle; running jobs counted', () => {
@@ -184,26 +264,41 @@ describe('status bar text', () => {
 
   test('at most two projects, the rest counted', () => {
     const q = quota([project('a', 1, 1), project('b', 1, 1), project('c', 1, 1)]);
-    assert.equal(statusText({ gpus: 0.5, over: false, message: '' }, q, null), 'GPU ½ · a 1/1 · b 1/1 · +1 projects');
+    assert.equal(statusText({ ...quarter(), gpus: 0.5 }, q, null), 'GPU ½ · a 1/1 · b 1/1 · +1 projects');
   });
 
   test('a slice over its memory is flagged', () => {
     const q = quota([project('vision', 2, 0)]);
-    assert.equal(statusText({ gpus: 0.25, over: true, message: 'm' }, q, null), 'GPU ¼ ⚠ · vision 0/2');
+    assert.equal(statusText({ ...quarter(), over: true, message: 'm' }, q, null), 'GPU ¼ ⚠ · vision 0/2');
   });
 
   test("the slice route's answer", () => {
     assert.equal(buildSlice({ slice: null, watchdog: null }), null);
     assert.equal(buildSlice(null), null);
-    assert.deepEqual(buildSlice({ slice: { gpus: 0.25, uuid: 'GPU-1' }, watchdog: null }), { gpus: 0.25, over: false, message: '' });
+    assert.deepEqual(buildSlice({ slice: { gpus: 0.25, uuid: 'GPU-1' }, watchdog: null }), {
+      gpus: 0.25,
+      over: false,
+      message: '',
+      usage: null,
+      cull: null
+    });
     assert.deepEqual(
       buildSlice({ slice: { gpus: 0.5 }, watchdog: { over: true, message: 'uses 30 GiB of 20' } }),
-      { gpus: 0.5, over: true, message: 'uses 30 GiB of 20' }
+      { gpus: 0.5, over: true, message: 'uses 30 GiB of 20', usage: null, cull: null }
     );
+    const cull = { warned_at: 100, cull_at: 400, reason: 'no GPU use' };
+    assert.deepEqual(buildSlice({ slice: { gpus: 0.25 }, watchdog: null, pool: { id: 's', usage: USAGE, cull } }), {
+      gpus: 0.25,
+      over: false,
+      message: '',
+      usage: USAGE,
+      cull
+    });
+    assert.equal(buildSlice({ slice: { gpus: 0.25 }, pool: { cull: { reason: 'no time' } } })?.cull, null);
   });
 
   test('an unreachable pool says so', () => {
-    assert.equal(statusText({ gpus: 0.25, over: false, message: '' }, quota([]), 'x'), 'GPU ¼ · pool unreachable');
+    assert.equal(statusText(quarter(), quota([]), 'x'), 'GPU ¼ · pool unreachable');
     assert.equal(statusText(null, null, null), 'GPU – · pool …');
   });
 });

@@ -31,6 +31,7 @@ c.PoolService.grace_period = 2
 c.LocalBackend.simulated_nodes = 1
 c.LocalBackend.simulated_gpus_per_node = 4
 c.LocalBackend.env_keep = ["LANG", "LC_ALL"]
+c.PoolService.build_nodes = {"sim-build-0": 1}
 """
 
 GiB = 2**30
@@ -155,6 +156,21 @@ async def test_submit_read_list_cancel_a_job(hub, call):
     # the pool's refusal comes back with its status and sentence
     status, again = await call("DELETE", f"api/jobs/{job['id']}")
     assert (status, again["error"]) == (409, f"job {job['id']} has already ended (cancelled)")
+
+
+async def test_polling_is_no_activity_but_submitting_and_cancelling_are(hub, call,
+                                                                      jp_serverapp):
+    """The panels poll every few seconds; that must not keep an idle server from culling."""
+    settings = jp_serverapp.web_app.settings
+    settings.pop("api_last_activity", None)
+    for path in ("api/pool", "api/quota", "api/jobs", "api/projects", "api/slice"):
+        assert (await call("GET", path))[0] == 200, path
+    assert "api_last_activity" not in settings
+    status, job = await call("POST", "api/jobs", {"source": "import time; time.sleep(60)",
+                                                  "gpus": 1})
+    assert status == 201 and settings.pop("api_last_activity")
+    status, _ = await call("DELETE", f"api/jobs/{job['id']}")
+    assert status == 200 and settings.pop("api_last_activity")
 
 
 async def test_logs_read_and_followed_as_they_are_printed(hub, call, jp_fetch):
@@ -359,7 +375,8 @@ async def test_cookie_login_needs_the_xsrf_token_for_post(hub, jp_serverapp, jp_
 async def test_a_server_without_a_slice_says_so(call):
     status, answer = await call("GET", "api/slice")
     assert status == 200 and answer == {"slice": None, "watchdog": None,
-                                        "watchdog_off": serverext.NO_SLICE, "interval": 0}
+                                        "watchdog_off": serverext.NO_SLICE, "interval": 0,
+                                        "pool": None}
 
 
 @pytest.fixture
@@ -454,6 +471,31 @@ async def test_a_server_with_whole_gpus_has_nothing_to_watch(whole_gpus, call):
                                "label": "2 GPUs"}
     assert answer["watchdog"] is None and answer["watchdog_off"] == \
         "This server holds 2 GPUs whole, so there is no slice to overrun."
+
+
+async def test_the_pools_record_of_the_slice_comes_with_it(sliced, hub, monkeypatch, call):
+    """Its GPU use and the culling warning, as the panels show them; the slice of this
+    server (user and server name from the hub's environment), no other."""
+    monkeypatch.setenv("JUPYTERHUB_USER", "alice")
+    monkeypatch.setenv("JUPYTERHUB_SERVER_NAME", "exp")
+    status, answer = await call("GET", "api/slice")
+    assert status == 200 and answer["pool"] is None  # the pool holds none for it
+    slices = [hub.api("POST", "api/slices", "admin", {"user": user, "gpus": 0.25,
+                                                      "server": server})[1]
+              for user, server in (("alice", "exp"), ("alice", ""), ("bob", "exp"))]
+    try:
+        deadline = time.monotonic() + 15
+        while True:  # the stand-in plays the build GPU: the slice is read within 5 s
+            status, answer = await call("GET", "api/slice")
+            if (answer["pool"] or {}).get("usage") or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.1)
+        assert answer["pool"]["id"] == slices[0]["id"] and answer["pool"]["gpus"] == 0.25
+        assert answer["pool"]["cull"] is None and answer["pool"]["usage"]["sm_now"] == 0
+        assert answer["slice"]["gpus"] == 0.25  # the spawner's environment, as before
+    finally:
+        for s in slices:
+            hub.api("DELETE", f"api/slices/{s['id']}", "admin")
 
 
 # -- followed logs hold a thread each: bounded ----------------------------------------------------

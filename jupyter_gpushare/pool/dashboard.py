@@ -1,0 +1,191 @@
+"""The admin dashboard's HTTP side: browser login through the hub's OAuth, admins only, and
+the gathering of what ``jupyter_gpushare/dashboard/`` draws (the API's own answers).
+
+Routes under the service's prefix: ``dashboard`` (``?window=1h|6h|24h|7d|30d``, or
+``?since=…&until=…`` as ``api/usage`` reads them), the prefix
+itself (a redirect there: the hub's Services menu links to it), and ``oauth_callback``, where
+the hub sends the browser back after login. The service must be an OAuth client of the hub: a
+JupyterHub service with a ``url`` is one (the redirect URI defaults to
+``/services/<name>/oauth_callback``); ``oauth_no_confirm`` spares admins the hub's "authorize
+access" page, and ``oauth_client_allowed_scopes: ["custom:gpushare:admin"]`` lets pool admins
+who are not hub admins in (README: "The admin dashboard").
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from datetime import datetime
+
+from jupyterhub.services.auth import (HubOAuth, HubOAuthCallbackHandler, HubOAuthenticated,
+                                       UserNotAllowed)
+from tornado import web
+
+from ..dashboard import choose_window, refusal, render
+from ..usage.report import BY
+from .api import PoolHandler, pool_json, slice_json
+from .api_usage import MAX_WINDOW, parse_time
+from .usage_store import Scope
+from .validate import Invalid
+
+REFRESH_S = 15
+IDLE_ROWS = 10
+
+
+class OAuthSettings:
+    """The service's HubOAuth, made on first use: it reads the client id and the callback from
+    the environment the hub gives a service with a url."""
+
+    def __init__(self):
+        self._auth: HubOAuth | None = None
+
+    def get(self) -> HubOAuth | None:
+        if self._auth is None and os.environ.get("JUPYTERHUB_CLIENT_ID"):
+            self._auth = HubOAuth()
+        return self._auth
+
+
+class DashboardHandler(HubOAuthenticated, PoolHandler):
+    """Token or browser login (HubOAuth); pages, not JSON."""
+
+    @property
+    def hub_auth(self):
+        auth = self.settings["dashboard_oauth"].get()
+        if auth is None:
+            raise web.HTTPError(503, reason="the dashboard needs the pool service to be an "
+                                            "OAuth client of the hub: give its entry in "
+                                            "c.JupyterHub.services a url")
+        return auth
+
+    @hub_auth.setter
+    def hub_auth(self, auth):  # HubAuthenticated's own setter; the service's is used instead
+        pass
+
+    def set_default_headers(self):
+        self.nonce = secrets.token_urlsafe(12)
+        self.set_header("Content-Type", "text/html; charset=utf-8")
+        self.set_header("Cache-Control", "no-store")
+        self.set_header("X-Content-Type-Options", "nosniff")
+        self.set_header("Content-Security-Policy", (
+            f"default-src 'none'; style-src 'unsafe-inline'; script-src 'nonce-{self.nonce}'; "
+            f"connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; "
+            f"frame-ancestors 'self'"))
+
+    async def prepare(self):
+        # Who it is (a login cookie or a token), asked without blocking the service as
+        # HubAuth's own get_current_user would; @web.authenticated then sends strangers to the
+        # hub's login, and get() checks rights.
+        model = await self.hub_auth.get_user(self, sync=False)
+        if model is not None:
+            try:
+                model = self.check_hub_user(model)
+            except UserNotAllowed:
+                raise web.HTTPError(403) from None  # a login that may not use the service
+        self._hub_auth_user_cache = model
+
+    def write_error(self, status_code, **kwargs):
+        exc = kwargs.get("exc_info", (None, None))[1]
+        sentence = exc.reason if isinstance(exc, web.HTTPError) and exc.reason else None
+        if status_code == 403 and not sentence:
+            sentence = ("You are signed in to JupyterHub, but your account may not use the "
+                        "gpushare service; an admin can grant it "
+                        "access:services!service=gpushare.")
+        if not sentence:
+            sentence = ("The pool service failed to draw the dashboard; the administrator can "
+                        "see why in its log.")
+        self.set_header("Content-Type", "text/html; charset=utf-8")
+        self.finish(refusal(status_code, sentence))
+
+    @web.authenticated
+    async def get(self):
+        model = self.current_user
+        if model.get("kind", "user") != "user":
+            self.fail(403, "The dashboard is for people signed in to JupyterHub, not for "
+                           "services.")
+        self.who = await self.pool.directory.who(model)
+        if not self.who.admin:
+            self.fail(403, f"Only admins of the GPU pool see its dashboard (JupyterHub admins "
+                           f"and holders of custom:gpushare:admin); you are signed in as "
+                           f"{self.who.name}. Your own jobs, quota and GPU use are in "
+                           f"JupyterLab's GPU share panel, %gpushare and gpushare usage.")
+        try:
+            window = self.window(time.time())
+        except Invalid as e:
+            self.fail(400, f"{str(e)[:1].upper()}{str(e)[1:]}.")
+        xsrf = self.xsrf_token  # also sets the _xsrf cookie on a page view
+        self.finish(render(await gather(self, window), nonce=self.nonce,
+                           xsrf=xsrf.decode() if isinstance(xsrf, bytes) else xsrf))
+
+    def window(self, now: float):
+        """``?window=6h``, or ``?since=…&until=…`` as api/usage reads them."""
+        unknown = sorted(set(self.request.query_arguments) - {"window", "since", "until"})
+        if unknown:
+            raise Invalid(f"unknown parameter(s) {', '.join(unknown)[:80]}; the dashboard "
+                          f"takes window, or since and until")
+        since, until = self.get_argument("since", None), self.get_argument("until", None)
+        since = None if since is None else parse_time(since, now, "since")
+        until = None if until is None else parse_time(until, now, "until")
+        window = choose_window(self.get_argument("window", None), now, since, until)
+        if window.span > MAX_WINDOW:
+            raise Invalid(f"the period may be at most {MAX_WINDOW // 86400} days; ask for less")
+        return window
+
+
+class RootHandler(web.RequestHandler):
+    def get(self):
+        self.redirect(self.request.path.rstrip("/") + "/dashboard")
+
+
+def _zone(now: float) -> tuple[float, str]:
+    local = datetime.fromtimestamp(now).astimezone()
+    return local.utcoffset().total_seconds(), local.tzname() or "UTC"
+
+
+async def gather(handler: PoolHandler, window) -> dict:
+    """What the dashboard shows, as the API shows it to an admin."""
+    pool, now = handler.pool, time.time()
+    meter, since, until = pool.usage.meter, window.since, window.until
+    usage = await meter.query(since, until, BY["project"], Scope(), window.step, "allocated",
+                              1000)
+    usage["idle_threshold"] = pool.usage.idle_threshold / 100
+    idle_jobs = (await meter.query(since, until, BY["job"], Scope(), None, "idle",
+                                   IDLE_ROWS))["rows"]
+    idle_slices = (await meter.query(since, until, BY["slice"], Scope(), None, "idle",
+                                     IDLE_ROWS))["rows"]
+    rows = {r.id: r for r in pool.store.active()}
+    for r in idle_jobs:  # ended jobs among the idlest: their names and how they ended
+        if r.get("job") and r["job"] not in rows:
+            found = pool.store.job(r["job"])
+            if found is not None:
+                rows[found.id] = found
+    counts = pool.store.pending_counts()
+    offset, zone = _zone(now)
+    return {"now": now, "offset": offset, "zone": zone, "user": handler.who.name,
+            "window": window, "refresh_s": REFRESH_S, "pool": pool_json(handler),
+            "projects": [handler.project_json(p, counts) for p in pool.store.projects()],
+            "usage": usage, "idle_jobs": idle_jobs, "idle_slices": idle_slices,
+            "jobs": [handler.job_json(r, False) for r in rows.values()],
+            "slices": [slice_json(s, pool) for s in pool.store.slices()]}
+
+
+def routes(prefix: str) -> list:
+    p = prefix.rstrip("/")
+    return [(rf"{p}/?", RootHandler), (rf"{p}/dashboard", DashboardHandler),
+            (rf"{p}/oauth_callback", CallbackHandler)]
+
+
+class CallbackHandler(HubOAuthCallbackHandler):
+    """Where the hub sends the browser back after login (HubOAuth's own handler, given the
+    service's HubOAuth)."""
+
+    @property
+    def hub_auth(self):
+        auth = self.settings["dashboard_oauth"].get()
+        if auth is None:
+            raise web.HTTPError(503, reason="this pool service is not an OAuth client of the hub")
+        return auth
+
+    @hub_auth.setter
+    def hub_auth(self, auth):
+        pass
