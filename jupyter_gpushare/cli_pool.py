@@ -21,7 +21,7 @@ from .cli_base import CommandError, UsageError
 from .client import (ACTIVE_STATES, DEFAULT_RETRY_S, FINAL_STATES, InvalidInput, NoCredentials,
                      PoolClient, PoolError, PoolUnreachable, add_job_options, argument_type,
                      job_spec)
-from .usage_text import format_usage, idle_text, memory_cell, sm_cell
+from .text import describe, format_jobs, format_pool, format_quota, format_usage
 
 # The option that gives each job-spec field, for sentences about a bad value.
 _OPTION = {"gpus": "--gpus", "priority": "--priority", "name": "--name", "env": "--env",
@@ -259,7 +259,7 @@ def cmd_pool(args, client) -> int:
 def cmd_usage(args, client) -> int:
     answer = client.usage(since=args.since, until=args.until, by=args.by, sort=args.sort,
                           limit=args.limit)
-    print(json.dumps(answer, indent=2) if args.json else format_usage(answer, table))
+    print(json.dumps(answer, indent=2) if args.json else format_usage(answer))
     return 0
 
 
@@ -314,146 +314,3 @@ def _copy(chunks, written: dict, attempt, out) -> bool:
             wrote = True
     written[attempt] = max(done, seen)
     return wrote
-
-
-# -- text for people ----------------------------------------------------------------------------
-
-def gpus(value) -> str:
-    """A GPU amount from the API (GPUs, maybe fractional) as a short number: 4, 0.25."""
-    if value is None:
-        return "-"
-    return f"{value:g}" if isinstance(value, (int, float)) else str(value)
-
-
-def describe(job: dict) -> str:
-    """One line about a job: its state and the server's words on why, e.g. after submitting."""
-    ident, state, reason = job.get("id"), job.get("state"), job.get("reason")
-    amount = f"{gpus(job.get('gpus'))} GPU{'' if job.get('gpus') == 1 else 's'}"
-    if state == "pending":
-        where = f"{amount}, project {job.get('project')}"
-        if job.get("queue_position") is not None:
-            where += f", position {job['queue_position']}"
-        line = f"job {ident} pending ({where})"
-    elif state == "running":
-        nodes = ", ".join(job.get("placement") or {}) or "the train pool"
-        line = f"job {ident} running ({amount} on {nodes}, attempt {job.get('attempt', 1)})"
-    elif state == "failed" and job.get("exit_code") is not None:
-        line = f"job {ident} failed (exit code {job['exit_code']})"
-    else:
-        line = f"job {ident} {state}"
-    return line + (f": {reason}" if reason else "")
-
-
-def table(headers, rows, numeric=()) -> str:
-    """Aligned columns, two spaces apart; the columns named in ``numeric`` aligned right."""
-    rows = [[str(cell) for cell in row] for row in rows]
-    widths = [max([len(h)] + [len(row[i]) for row in rows]) for i, h in enumerate(headers)]
-    lines = []
-    for row in [list(headers)] + rows:
-        cells = [cell.rjust(w) if h in numeric else cell.ljust(w)
-                 for cell, w, h in zip(row, widths, headers)]
-        lines.append("  ".join(cells).rstrip())
-    return "\n".join(lines)
-
-
-def age(seconds) -> str:
-    """``42s``, ``12m``, ``3h``, ``2d``: how long ago, roughly."""
-    if seconds is None:
-        return "-"
-    seconds = max(0, int(seconds))
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
-
-
-def _cut(text: str, width: int) -> str:
-    return text if len(text) <= width else text[:max(width - 1, 0)] + "…"
-
-
-def format_jobs(jobs: list[dict], now: float | None = None, width: int | None = 120) -> str:
-    """The jobs as a table for people. A USER column appears when the jobs are several users';
-    the reason is cut to fit ``width`` characters (None: never cut)."""
-    now = time.time() if now is None else now
-    several_users = len({job.get("user") for job in jobs}) > 1
-    measured = any(job.get("usage") for job in jobs)  # running jobs the pool has read
-    headers = ["ID", "NAME"] + (["USER"] if several_users else []) + [
-        "STATE", "GPUS", "PROJECT", "POSITION"] + (["SM NOW (1H)", "GPU MEM"] if measured
-                                                    else []) + ["REASON", "ATTEMPT", "AGE"]
-    rows = []
-    for job in jobs:
-        state = job.get("state") or "-"
-        if state == "running" and job.get("preempting"):
-            state = "preempting"
-        submitted = job.get("submitted")
-        usage = job.get("usage") if job.get("state") == "running" else None
-        reason = " ".join((job.get("reason") or "").split())
-        idle = idle_text((usage or {}).get("idle_for_s"))
-        reason = "; ".join(r for r in (idle, reason) if r) or "-"
-        rows.append([job.get("id", "-"), _cut(job.get("name") or "-", 24)]
-                    + ([job.get("user") or "-"] if several_users else [])
-                    + [state, gpus(job.get("gpus")), job.get("project") or "-",
-                       job.get("queue_position") if job.get("queue_position") is not None else "-"]
-                    + ([sm_cell(usage), memory_cell(usage)] if measured else [])
-                    + [reason, job.get("attempt") if job.get("attempt") is not None else "-",
-                       age(now - submitted if submitted is not None else None)])
-    if width is not None:
-        col = headers.index("REASON")
-        others = sum(max([len(h)] + [len(str(r[i])) for r in rows])
-                     for i, h in enumerate(headers) if i != col) + 2 * (len(headers) - 1)
-        room = max(width - others, 24)
-        for row in rows:
-            row[col] = _cut(row[col], room)
-    return table(headers, rows, numeric={"GPUS", "POSITION", "ATTEMPT", "AGE", "GPU MEM"})
-
-
-def format_quota(quota: dict) -> str:
-    counts = quota.get("jobs") or {}
-    said = ", ".join(f"{n} {state}" for state, n in counts.items() if n) or "no jobs"
-    lines = [f"{quota.get('user', 'you')}: {said}"]
-    projects = quota.get("projects") or []
-    if not projects:
-        lines.append("you are in no project; ask an admin to add you to one")
-        return "\n".join(lines)
-    headers = ["PROJECT", "QUOTA", "IN USE", "BORROWED", "DESERVED", "LIMIT", "WEIGHT",
-               "PRIORITY", "PENDING"]
-    rows = [[p.get("name"), gpus(p.get("quota")), gpus(p.get("in_use")), gpus(p.get("borrowed")),
-             gpus(p.get("deserved")), gpus(p.get("limit")), _plain(p.get("over_quota_weight")),
-             _plain(p.get("priority")), _plain(p.get("pending"))] for p in projects]
-    lines.append(table(headers, rows, numeric=set(headers[1:])))
-    return "\n".join(lines)
-
-
-def format_pool(pool: dict) -> str:
-    capacity, in_use = pool.get("capacity") or 0, pool.get("in_use") or 0
-    line = f"{gpus(in_use)} of {gpus(capacity)} GPUs in use, {gpus(max(capacity - in_use, 0))} idle"
-    if pool.get("simulated"):
-        line += " (simulated inventory: no GPUs were found)"
-    nodes = pool.get("nodes") or []
-    if not nodes:
-        return line
-    # The nodes' fields are whatever the service reports; name first, then in its order.
-    keys = ["name"] if any("name" in n for n in nodes) else []
-    for node in nodes:
-        keys += [k for k in node if k not in keys]
-    headers = [k.replace("_", " ").upper() for k in keys]
-    rows = [[_cut(_plain(node.get(k)), 40) for k in keys] for node in nodes]
-    numeric = {h for h, k in zip(headers, keys)
-               if all(isinstance(n.get(k), (int, float)) and not isinstance(n.get(k), bool)
-                      for n in nodes if n.get(k) is not None)}
-    return line + "\n" + table(headers, rows, numeric=numeric)
-
-
-def _plain(value) -> str:
-    """Any JSON value as short text for a table cell."""
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        return f"{value:g}"
-    if isinstance(value, list):
-        return ",".join(_plain(v) for v in value) or "-"
-    if isinstance(value, dict):
-        return ",".join(f"{k}={_plain(v)}" for k, v in value.items()) or "-"
-    return str(value)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_gpushare.backends import BackendError, Handle, Launch
-from jupyter_gpushare.backends.base import Exit, Handle
+from jupyter_gpushare.backends.base import Exit
 from jupyter_gpushare.backends.local import SIMULATED_LABEL, LocalBackend
 from jupyter_gpushare.backends.shim import members
 from jupyter_gpushare.gpus import SimulatedInventory, detect
@@ -575,7 +575,7 @@ async def test_a_gang_whose_handle_was_never_stored_is_found_by_its_records(make
     hold = scratch / "go-on"
     before = make_backend()
     placement = {"sim-node-0": GPU, "sim-node-1": GPU}
-    whole = await before.start(allreduce(launch, "rec", "--hold", str(hold), placement=placement))
+    await before.start(allreduce(launch, "rec", "--hold", str(hold), placement=placement))
     half = await before.start(allreduce(launch, "half", "--hold", str(hold),
                                         placement=placement))
     await rank_logs(before, "rec", 2, until="RANK-REPORT")

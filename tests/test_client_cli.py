@@ -18,7 +18,8 @@ import pytest
 
 from jupyter_gpushare import cli_pool
 from clirun import refused, run
-from jupyter_gpushare.cli_pool import follow_job, format_jobs
+from jupyter_gpushare.cli_pool import follow_job
+from jupyter_gpushare.text import format_jobs
 from jupyter_gpushare.client import (InvalidInput, NoCredentials, PoolClient, PoolError,
                                      PoolUnreachable, job_spec)
 

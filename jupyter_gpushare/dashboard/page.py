@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from html import escape
 
-from ..usage_text import percent
+from ..text import percent
 from . import poolmap, tables, usage
 from .markup import clock, day_clock
 from .window import WINDOWS, Window

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from html import escape
 
-from ..usage_text import idle_text, percent, size
+from ..text import idle_text, percent, size
 from .markup import fraction
 
 SOURCES = {

@@ -9,7 +9,7 @@ from typing import Sequence
 
 from ..charts import Frame, Series, colour, line_chart, stacked_chart
 from ..usage.cull import duration
-from ..usage_text import idle_text, percent, size
+from ..text import idle_text, percent, size
 from .markup import clock, fraction, table
 from .window import Window
 

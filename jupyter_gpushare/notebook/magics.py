@@ -176,7 +176,7 @@ class GPUShareMagics(Magics):
                 return self._panel()
             client = self.client_factory()
             if words == ["jobs"]:
-                from ..cli_pool import format_jobs
+                from ..text import format_jobs
                 jobs = client.jobs()
                 print(format_jobs(jobs, width=None) if jobs else "no jobs")
                 return None

@@ -3,7 +3,7 @@
 What it shows comes from pure functions of the pool's JSON (:func:`slice_view`,
 :func:`slice_use`, :func:`project_bars`, :func:`job_rows`), tested without widgets;
 :class:`Panel` only puts them into widgets. GPU use (SM utilization and memory now, the last
-hour as a sparkline, "idle 25 min") is in the words of ``usage_text``, as ``gpushare jobs``
+hour as a sparkline, "idle 25 min") is in the words of ``text``, as ``gpushare jobs``
 prints it. Once shown it refreshes every ``interval`` seconds in a background thread
 (the pool calls block, the kernel must not), until it is closed: ``.close()``, or the front
 end closing its comm. A pool that cannot be reached is one line at the top, and the panel
@@ -25,7 +25,7 @@ import ipywidgets as widgets
 from ..charts import minute_values, sparkline
 from ..client import ClientError, PoolClient
 from ..usage.cull import duration
-from ..usage_text import idle_text, memory_cell, sm_cell
+from ..text import idle_text, memory_cell, sm_cell
 from .watchdog import BuildSlice
 
 LOG_TAIL = 64 * 1024  # characters of a job's log shown in the panel

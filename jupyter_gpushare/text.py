@@ -1,0 +1,236 @@
+"""What people read: jobs, quotas, the pool and GPU use as lines and tables.
+
+One module that the ``gpushare`` command, the notebook magics, the ``%gpushare`` panel and
+the admin dashboard print from, and that none of them owns. Pure functions of the pool API's
+answers (no I/O).
+"""
+
+from __future__ import annotations
+
+import time
+
+GiB, MiB = 2**30, 2**20
+SHOW_IDLE_AFTER_S = 60  # shorter idle spells are not worth a flag
+
+
+def percent(ratio) -> str:
+    """``0.934`` → ``93%``; None (not measurable) → ``-``."""
+    return "-" if ratio is None else f"{ratio * 100:.0f}%"
+
+
+def size(n) -> str:
+    """Bytes as ``11 GiB``, ``1.5 GiB``, ``300 MiB``; None → ``-``."""
+    if n is None:
+        return "-"
+    if n >= 10 * GiB:
+        return f"{n / GiB:.0f} GiB"
+    if n >= GiB:
+        return f"{n / GiB:.1f} GiB"
+    return f"{n / MiB:.0f} MiB"
+
+
+def idle_text(seconds) -> str:
+    """``idle 25 min``, ``idle 3 h``; empty when not idle or idle less than a minute."""
+    if seconds is None or seconds < SHOW_IDLE_AFTER_S:
+        return ""
+    minutes = int(seconds // 60)
+    if minutes < 120:
+        return f"idle {minutes} min"
+    hours = minutes // 60
+    return f"idle {hours} h" if hours < 48 else f"idle {hours // 24} d"
+
+
+def sm_cell(usage) -> str:
+    """A job's or slice's SM utilization now and over the last hour: ``93% (1h 88%)``."""
+    if not usage:
+        return "-"
+    return f"{percent(usage.get('sm_now'))} (1h {percent(usage.get('sm_last_hour'))})"
+
+
+def memory_cell(usage) -> str:
+    return size(usage.get("memory_now_bytes")) if usage else "-"
+
+
+def usage_line(usage) -> str:
+    """One line for a panel or a status: ``SM 93% (1h 88%), 11 GiB, idle 25 min``."""
+    if not usage:
+        return "not measured yet"
+    parts = [f"SM {sm_cell(usage)}", memory_cell(usage)]
+    if idle_text(usage.get("idle_for_s")):
+        parts.append(idle_text(usage.get("idle_for_s")))
+    return ", ".join(parts)
+
+
+HEADERS = {"project": "PROJECT", "user": "USER", "job": "JOB", "slice": "SLICE", "gpu": "GPU",
+           "node": "NODE"}
+
+
+def format_usage(answer: dict) -> str:
+    """The ``gpushare usage`` table of an ``api/usage`` answer."""
+    by = answer.get("by", "project")
+    names = {"project": ["project"], "user": ["user"], "job": ["job", "project", "user"],
+             "slice": ["slice", "user"], "gpu": ["node", "gpu"]}[by]
+    pools = answer.get("pools") or {}
+    lines = []
+    for name in ("train", "build"):
+        p = pools.get(name)
+        if p and p.get("capacity_gpu_seconds"):
+            lines.append(f"{name} pool: allocation {percent(p.get('allocation'))}, utilization "
+                         f"{percent(p.get('utilization'))} of what was allocated (average GPU "
+                         f"utilization {percent(p.get('average_utilization'))}), idle-allocated "
+                         f"{percent(p.get('idle_ratio'))}")
+    rows = answer.get("rows") or []
+    if not rows:
+        lines.append("no GPU use in this window")
+        return "\n".join(lines)
+    headers = [HEADERS[n] for n in names] + ["GPU-HOURS", "ALLOCATION", "UTILIZATION",
+                                             "IDLE-ALLOCATED", "PEAK MEMORY"]
+    cells = [[str(r.get(n) or "-") for n in names]
+             + [f"{r.get('allocated_gpu_seconds', 0) / 3600:.2f}", percent(r.get("allocation")),
+                percent(r.get("utilization")), percent(r.get("idle_ratio")),
+                size(r.get("memory_peak_bytes"))] for r in rows]
+    lines.append(table(headers, cells, numeric=set(headers[len(names):])))
+    return "\n".join(lines)
+
+
+# -- jobs, quotas and the pool ----------------------------------------------------------------------------
+
+def gpus(value) -> str:
+    """A GPU amount from the API (GPUs, maybe fractional) as a short number: 4, 0.25."""
+    if value is None:
+        return "-"
+    return f"{value:g}" if isinstance(value, (int, float)) else str(value)
+
+
+def describe(job: dict) -> str:
+    """One line about a job: its state and the server's words on why, e.g. after submitting."""
+    ident, state, reason = job.get("id"), job.get("state"), job.get("reason")
+    amount = f"{gpus(job.get('gpus'))} GPU{'' if job.get('gpus') == 1 else 's'}"
+    if state == "pending":
+        where = f"{amount}, project {job.get('project')}"
+        if job.get("queue_position") is not None:
+            where += f", position {job['queue_position']}"
+        line = f"job {ident} pending ({where})"
+    elif state == "running":
+        nodes = ", ".join(job.get("placement") or {}) or "the train pool"
+        line = f"job {ident} running ({amount} on {nodes}, attempt {job.get('attempt', 1)})"
+    elif state == "failed" and job.get("exit_code") is not None:
+        line = f"job {ident} failed (exit code {job['exit_code']})"
+    else:
+        line = f"job {ident} {state}"
+    return line + (f": {reason}" if reason else "")
+
+
+def table(headers, rows, numeric=()) -> str:
+    """Aligned columns, two spaces apart; the columns named in ``numeric`` aligned right."""
+    rows = [[str(cell) for cell in row] for row in rows]
+    widths = [max([len(h)] + [len(row[i]) for row in rows]) for i, h in enumerate(headers)]
+    lines = []
+    for row in [list(headers)] + rows:
+        cells = [cell.rjust(w) if h in numeric else cell.ljust(w)
+                 for cell, w, h in zip(row, widths, headers)]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def age(seconds) -> str:
+    """``42s``, ``12m``, ``3h``, ``2d``: how long ago, roughly."""
+    if seconds is None:
+        return "-"
+    seconds = max(0, int(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:max(width - 1, 0)] + "…"
+
+
+def format_jobs(jobs: list[dict], now: float | None = None, width: int | None = 120) -> str:
+    """The jobs as a table for people. A USER column appears when the jobs are several users';
+    the reason is cut to fit ``width`` characters (None: never cut)."""
+    now = time.time() if now is None else now
+    several_users = len({job.get("user") for job in jobs}) > 1
+    measured = any(job.get("usage") for job in jobs)  # running jobs the pool has read
+    headers = ["ID", "NAME"] + (["USER"] if several_users else []) + [
+        "STATE", "GPUS", "PROJECT", "POSITION"] + (["SM NOW (1H)", "GPU MEM"] if measured
+                                                    else []) + ["REASON", "ATTEMPT", "AGE"]
+    rows = []
+    for job in jobs:
+        state = job.get("state") or "-"
+        if state == "running" and job.get("preempting"):
+            state = "preempting"
+        submitted = job.get("submitted")
+        usage = job.get("usage") if job.get("state") == "running" else None
+        reason = " ".join((job.get("reason") or "").split())
+        idle = idle_text((usage or {}).get("idle_for_s"))
+        reason = "; ".join(r for r in (idle, reason) if r) or "-"
+        rows.append([job.get("id", "-"), _cut(job.get("name") or "-", 24)]
+                    + ([job.get("user") or "-"] if several_users else [])
+                    + [state, gpus(job.get("gpus")), job.get("project") or "-",
+                       job.get("queue_position") if job.get("queue_position") is not None else "-"]
+                    + ([sm_cell(usage), memory_cell(usage)] if measured else [])
+                    + [reason, job.get("attempt") if job.get("attempt") is not None else "-",
+                       age(now - submitted if submitted is not None else None)])
+    if width is not None:
+        col = headers.index("REASON")
+        others = sum(max([len(h)] + [len(str(r[i])) for r in rows])
+                     for i, h in enumerate(headers) if i != col) + 2 * (len(headers) - 1)
+        room = max(width - others, 24)
+        for row in rows:
+            row[col] = _cut(row[col], room)
+    return table(headers, rows, numeric={"GPUS", "POSITION", "ATTEMPT", "AGE", "GPU MEM"})
+
+
+def format_quota(quota: dict) -> str:
+    counts = quota.get("jobs") or {}
+    said = ", ".join(f"{n} {state}" for state, n in counts.items() if n) or "no jobs"
+    lines = [f"{quota.get('user', 'you')}: {said}"]
+    projects = quota.get("projects") or []
+    if not projects:
+        lines.append("you are in no project; ask an admin to add you to one")
+        return "\n".join(lines)
+    headers = ["PROJECT", "QUOTA", "IN USE", "BORROWED", "DESERVED", "LIMIT", "WEIGHT",
+               "PRIORITY", "PENDING"]
+    rows = [[p.get("name"), gpus(p.get("quota")), gpus(p.get("in_use")), gpus(p.get("borrowed")),
+             gpus(p.get("deserved")), gpus(p.get("limit")), _plain(p.get("over_quota_weight")),
+             _plain(p.get("priority")), _plain(p.get("pending"))] for p in projects]
+    lines.append(table(headers, rows, numeric=set(headers[1:])))
+    return "\n".join(lines)
+
+
+def format_pool(pool: dict) -> str:
+    capacity, in_use = pool.get("capacity") or 0, pool.get("in_use") or 0
+    line = f"{gpus(in_use)} of {gpus(capacity)} GPUs in use, {gpus(max(capacity - in_use, 0))} idle"
+    if pool.get("simulated"):
+        line += " (simulated inventory: no GPUs were found)"
+    nodes = pool.get("nodes") or []
+    if not nodes:
+        return line
+    # The nodes' fields are whatever the service reports; name first, then in its order.
+    keys = ["name"] if any("name" in n for n in nodes) else []
+    for node in nodes:
+        keys += [k for k in node if k not in keys]
+    headers = [k.replace("_", " ").upper() for k in keys]
+    rows = [[_cut(_plain(node.get(k)), 40) for k in keys] for node in nodes]
+    numeric = {h for h, k in zip(headers, keys)
+               if all(isinstance(n.get(k), (int, float)) and not isinstance(n.get(k), bool)
+                      for n in nodes if n.get(k) is not None)}
+    return line + "\n" + table(headers, rows, numeric=numeric)
+
+
+def _plain(value) -> str:
+    """Any JSON value as short text for a table cell."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, list):
+        return ",".join(_plain(v) for v in value) or "-"
+    if isinstance(value, dict):
+        return ",".join(f"{k}={_plain(v)}" for k, v in value.items()) or "-"
+    return str(value)
