@@ -328,8 +328,9 @@ class PoolClient:
         path = parts.path if parts.path.endswith("/") else parts.path + "/"
         return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, "", ""))
 
-    # -- the API: one method per path; the paths live here and nowhere else --
+    # The API: one method per path, grouped by resource; the paths live here and nowhere else.
 
+    # -- the pool and your quota -------------------------------------------------------------
     def pool(self) -> dict:
         """The train pool: ``capacity``, ``in_use`` (GPUs), ``simulated``, ``nodes``."""
         return self._json("GET", "api/pool")
@@ -338,6 +339,7 @@ class PoolClient:
         """Your ``projects`` with quota and use, and your job counts by state (``jobs``)."""
         return self._json("GET", "api/quota")
 
+    # -- jobs --------------------------------------------------------------------------------
     def jobs(self, project: str | None = None, all: bool = False, state: str | None = None,
              limit: int | None = None) -> list[dict]:
         """Your jobs; a project's queue (members); every job (``all``, admins). Newest first,
@@ -392,10 +394,18 @@ class PoolClient:
             if tail:
                 yield tail
 
+    # -- projects (admins change them) -------------------------------------------------------
     def projects(self) -> list[dict]:
         return self._json("GET", "api/projects")["projects"]
 
     # build slices: only the hub's spawner (a service) or an admin reserves and releases
+
+    def update_project(self, name: str, **fields) -> dict:
+        """Change a project (admins): ``quota``, ``over_quota_weight``, ``limit``, ``priority``,
+        ``groups``. Quotas are in GPUs; ``limit=None`` removes the limit."""
+        return self._json("PUT", f"api/projects/{_segment(name)}", body=fields)
+
+    # -- build slices (the hub's spawner) ----------------------------------------------------
     def reserve_slice(self, user: str, gpus: float, server: str) -> dict:
         return self._json("POST", "api/slices", body={"user": user, "gpus": gpus, "server": server})
 
@@ -409,6 +419,7 @@ class PoolClient:
         """Tell the pool which process is the slice's notebook server (the spawner)."""
         return self._json("PATCH", f"api/slices/{_segment(slice_id)}", body={"pid": pid})
 
+    # -- GPU use -----------------------------------------------------------------------------
     def usage(self, since: str | None = None, until: str | None = None, by: str | None = None,
               step: str | None = None, sort: str | None = None, limit: int | None = None) -> dict:
         """Allocation and utilization over a window (``since`` e.g. "7d", "12h", epoch seconds
@@ -417,16 +428,17 @@ class PoolClient:
                  "limit": None if limit is None else str(limit)}
         return self._json("GET", "api/usage", query=query)
 
+    def post_samples(self, reading: dict) -> dict:
+        """A node agent's reading of its GPUs (only the agent's service token may)."""
+        return self._json("POST", "api/samples", body=reading)
+
     def report_kernels(self, server: str, kernels: int, busy: int) -> None:
         """A notebook server says how many of its kernels are busy (culling spares it then)."""
         with self._open("POST", "api/activity", body={"server": server, "kernels": kernels,
                                                       "busy": busy}) as response:
             self._read(response, "api/activity")
 
-    def post_samples(self, reading: dict) -> dict:
-        """A node agent's reading of its GPUs (only the agent's service token may)."""
-        return self._json("POST", "api/samples", body=reading)
-
+    # -- this notebook server's own routes (the server extension) ----------------------------
     def slice(self) -> dict:
         """A notebook server's build slice and its slice watchdog's latest report
         (``slice``, ``watchdog``, ``watchdog_off``). Only the server extension answers it: give
@@ -434,17 +446,12 @@ class PoolClient:
         the pool's paths as well (``notebook/serverext.py``)."""
         return self._json("GET", "api/slice")
 
-    def update_project(self, name: str, **fields) -> dict:
-        """Change a project (admins): ``quota``, ``over_quota_weight``, ``limit``, ``priority``,
-        ``groups``. Quotas are in GPUs; ``limit=None`` removes the limit."""
-        return self._json("PUT", f"api/projects/{_segment(name)}", body=fields)
-
+    # -- the API's own description -----------------------------------------------------------
     def openapi(self) -> dict:
         """The service's OpenAPI document (needs no token)."""
         return self._json("GET", "api/openapi.json", auth=False)
 
-    # -- HTTP --
-
+    # -- HTTP -------------------------------------------------------------------------------
     def _json(self, method, path, *, query=None, body=None, auth=True, headers=None,
               retry=None):
         """One call; reads (and submits, which carry a key) are tried again while the
