@@ -66,7 +66,7 @@ def demo(tmp_path_factory):
         yield {"url": url, "password": env["GPUSHARE_DEMO_PASSWORD"], "hub": hub,
                "state": state, "homes": homes, "browser": browser, "hub_port": hub_port}
     finally:
-        _stop(hub, hub_port)
+        _stop(hub, port, hub_port)
         log.close()
         shutil.rmtree(top, ignore_errors=True)
 
@@ -86,7 +86,7 @@ def _wait_for(url, hub, state, timeout):
     pytest.fail(f"the demo hub did not come up: {(state / 'hub.log').read_text()[-3000:]}")
 
 
-def _stop(hub, hub_port):
+def _stop(hub, port, hub_port):
     """Stop the hub and whatever of it is left: the service and proxy run in sessions of
     their own, and servers outlive a hub that is killed."""
     if hub.poll() is None:
@@ -96,7 +96,9 @@ def _stop(hub, hub_port):
         except subprocess.TimeoutExpired:
             os.killpg(hub.pid, signal.SIGKILL)
             hub.wait()
-    for pid in _processes_of(hub_port):
+    proxy = subprocess.run(["pgrep", "-f", f"configurable-http-proxy --ip 127.0.0.1 --port "
+                                           f"{port} "], capture_output=True, text=True)
+    for pid in [*_processes_of(hub_port), *(int(p) for p in proxy.stdout.split())]:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
