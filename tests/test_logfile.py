@@ -75,3 +75,20 @@ def test_a_restarted_writer_starts_again(tmp_path):
     assert read_all(base) == (b"from the start\n", 0)
     assert logfile.dropped_note(10) == (b"\n[gpushare: 10 bytes of output were dropped here; "
                                         b"a log keeps its beginning and its latest output]\n")
+
+
+def test_a_note_goes_after_the_newest_output_and_keeps_the_rest(tmp_path):
+    base = str(tmp_path / "1.log")
+    log = logfile.CappedLog(base, limit=4 * logfile.MIN_SEGMENT)
+    log.write(b"x" * (3 * logfile.MIN_SEGMENT))  # three segments
+    log.close()
+    before = [path for _, path in logfile.segments(base)]
+    logfile.append(base, b"[a note]\n")
+    assert [path for _, path in logfile.segments(base)] == before  # nothing dropped
+    data, dropped = read_all(base)
+    assert dropped == 0 and data.endswith(b"x[a note]\n")
+    assert len(data) == 3 * logfile.MIN_SEGMENT + len(b"[a note]\n")
+    missing = str(tmp_path / "2.log")
+    logfile.append(missing, b"only a note\n")  # no log yet: the note alone
+    assert read_all(missing) == (b"only a note\n", 0)
+    assert os.stat(missing).st_mode & 0o777 == 0o600

@@ -85,12 +85,16 @@ class PodLogs:
                     _request_timeout=(10, FOLLOW_READ_TIMEOUT_S))
                 try:
                     if response.status == 200:
-                        sink = self._sink(key, pod)
-                        try:
+                        sink = None  # opened at the first byte: an empty answer (the
+                        try:         # container's log already gone) wipes nothing kept
                             async for chunk in response.content.iter_any():
-                                sink.write(chunk)
+                                if chunk and sink is None:
+                                    sink = self._sink(key, pod)
+                                if chunk:
+                                    sink.write(chunk)
                         finally:
-                            sink.close()
+                            if sink is not None:
+                                sink.close()
                         pause = 0.2
                 finally:
                     response.release()
@@ -106,8 +110,9 @@ class PodLogs:
 
     async def archive(self, key, pod: PodRanks) -> None:
         """The pod's whole log into its ranks' capped logs (anew: a follower may have left
-        part of it), streamed, never in memory whole."""
-        sink = self._sink(key, pod)
+        part of it), streamed, never in memory whole. Until its first byte, what was kept
+        before stays: a pod whose log is already gone leaves what was followed, and a note."""
+        sink = None
         try:
             response = await self.api.core.read_namespaced_pod_log(
                 pod.name, self.namespace, _preload_content=False, _request_timeout=(10, 60))
@@ -115,14 +120,24 @@ class PodLogs:
                 if response.status != 200:
                     raise KubeError(response.status, "", (await response.text())[:300])
                 async for chunk in response.content.iter_any():
-                    sink.write(chunk)
+                    if chunk and sink is None:
+                        sink = self._sink(key, pod)
+                    if chunk:
+                        sink.write(chunk)
             finally:
                 response.release()
         except Exception as e:  # kept as far as it came, and said so
-            sink.note(f"\n[gpushare: the log could not be read from Kubernetes: "
-                      f"{str(e).splitlines()[0] if str(e) else type(e).__name__}]\n".encode())
+            note = (f"\n[gpushare: the log could not be read from Kubernetes: "
+                    f"{str(e).splitlines()[0] if str(e) else type(e).__name__}]\n").encode()
+            if sink is not None:
+                sink.note(note)
+            else:
+                os.makedirs(os.path.dirname(self.rank_path(key, 0)), mode=0o700, exist_ok=True)
+                for rank in range(pod.first, pod.last + 1):
+                    logfile.append(self.rank_path(key, rank), note)
         finally:
-            sink.close()
+            if sink is not None:
+                sink.close()
 
 
 class _Sink:
