@@ -117,14 +117,10 @@ class Scheduler:
             idle = self.idle_jobs()
             jobs = tuple(self._train_job(r, r.id in idle) for r in rows)
             result = cycle(Snapshot(now, tuple(nodes), projects, jobs), self.config)
-            by_id = {r.id: r for r in rows}
             for p in result.preemptions:
                 row = self.store.mark(p.job, now, preempting=True, detail=p.why)
                 await self.backend.stop(p.job, row.attempt, self.grace_s)
-            # Started together: a backend that waits on a network (Kubernetes) creates the
-            # cycle's pods concurrently instead of one after the other.
-            await asyncio.gather(*(self._start(by_id[s.job], dict(s.placement), now)
-                                   for s in result.starts))
+            await self._start_all([(s.job, dict(s.placement)) for s in result.starts], now)
             self.reserved = ({result.reservation.job: result.reservation.reserved}
                              if result.reservation else {})
             waits = result.waits
@@ -134,14 +130,25 @@ class Scheduler:
                 deserved=dict(result.deserved), usage=dict(result.usage), nodes=nodes,
                 starting=self.backend.reasons(), at=now)
 
-    async def _start(self, row: JobRow, placement: dict, now: float) -> None:
-        row = self.store.start(row.id, placement, now)
+    async def _start_all(self, starts: list[tuple[str, dict]], now: float) -> None:
+        """Record the cycle's starts (before the backend is asked, so that a crash in between
+        is found and requeued on the next start of the service), start them together (a
+        backend that waits on a network, Kubernetes, creates the pods concurrently instead
+        of one after the other), then record their handles: one transaction each, not one
+        per job."""
+        if not starts:
+            return
+        rows = self.store.start_many(starts, now)
+        handles = await asyncio.gather(*(self._start(row) for row in rows))
+        self.store.set_handles({row.id: h for row, h in zip(rows, handles) if h is not None})
+
+    async def _start(self, row: JobRow) -> dict | None:
         try:
             handle = await self.backend.start(self.launch_for(row))
         except BackendError as e:
             self.store.finish(row.id, time.time(), "failed", message=str(e))
-            return
-        self.store.set_handle(row.id, dict(handle.data))
+            return None
+        return dict(handle.data)
 
     async def cancel(self, row: JobRow) -> JobRow:
         async with self._lock:
@@ -154,31 +161,35 @@ class Scheduler:
             return row
 
     def _apply_exits(self, exits: list[Exit], now: float) -> None:
-        for ex in exits:
-            row = self.store.job(ex.job_id)
-            if row is None or row.state != "running" or row.attempt != ex.attempt:
-                continue  # an attempt already accounted for
-            if row.cancel_requested:
-                self.store.finish(row.id, now, "cancelled", ex.exit_code, "cancelled by its user")
-            elif row.preempting:
-                # Ended during its grace period: by our stop (requeued), or by itself
-                # (finished by its exit code, never run again): policy/outcome.py.
-                outcome = PREEMPTED if ex.state == "lost" else after_stop(ex.exit_code)
-                if outcome == PREEMPTED:
-                    self.store.requeue(row.id, now, "preempted",
-                                       "preempted; requeued to resume from its checkpoint",
-                                       ex.exit_code)
-                elif outcome == SUCCEEDED:
-                    self.store.finish(row.id, now, SUCCEEDED, 0,
-                                      "finished by itself while being preempted")
-                else:
-                    self.store.finish(row.id, now, FAILED, ex.exit_code,
-                                      f"exited with code {ex.exit_code} while being preempted "
-                                      f"(a stopped job exits 143 to be resumed)")
-            elif ex.state == "lost":
-                self.store.requeue(row.id, now, "lost", ex.reason or "its process vanished")
+        with self.store.batch():  # one commit for all of them
+            for ex in exits:
+                self._apply_exit(ex, now)
+
+    def _apply_exit(self, ex: Exit, now: float) -> None:
+        row = self.store.job(ex.job_id)
+        if row is None or row.state != "running" or row.attempt != ex.attempt:
+            return  # an attempt already accounted for
+        if row.cancel_requested:
+            self.store.finish(row.id, now, "cancelled", ex.exit_code, "cancelled by its user")
+        elif row.preempting:
+            # Ended during its grace period: by our stop (requeued), or by itself
+            # (finished by its exit code, never run again): policy/outcome.py.
+            outcome = PREEMPTED if ex.state == "lost" else after_stop(ex.exit_code)
+            if outcome == PREEMPTED:
+                self.store.requeue(row.id, now, "preempted",
+                                   "preempted; requeued to resume from its checkpoint",
+                                   ex.exit_code)
+            elif outcome == SUCCEEDED:
+                self.store.finish(row.id, now, SUCCEEDED, 0,
+                                  "finished by itself while being preempted")
             else:
-                self.store.finish(row.id, now, ex.state, ex.exit_code, ex.reason)
+                self.store.finish(row.id, now, FAILED, ex.exit_code,
+                                  f"exited with code {ex.exit_code} while being preempted "
+                                  f"(a stopped job exits 143 to be resumed)")
+        elif ex.state == "lost":
+            self.store.requeue(row.id, now, "lost", ex.reason or "its process vanished")
+        else:
+            self.store.finish(row.id, now, ex.state, ex.exit_code, ex.reason)
 
     def _train_job(self, row: JobRow, idle: bool = False) -> TrainJob:
         running = row.state == "running"

@@ -7,6 +7,7 @@ is upgraded in place and nothing accepted is lost.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 from pathlib import Path
@@ -74,10 +75,38 @@ class Store:
         upgrade(self.engine)
         self.session = sessionmaker(self.engine, expire_on_commit=False)
         self.version = 0  # bumped by every write: what was read before may be stale
+        self._batch = None  # the session that ``batch()`` shares, while it runs
 
         @event.listens_for(self.session, "after_commit")
         def _written(_session):
             self.version += 1
+
+    @contextlib.contextmanager
+    def batch(self):
+        """``job``, ``finish`` and ``requeue`` inside share one transaction, committed once
+        at the end (a cycle's exits: one commit instead of one per job). Only around code
+        that does not await: nothing else may write meanwhile."""
+        if self._batch is not None:
+            yield
+            return
+        with self.session() as s:
+            self._batch = s
+            try:
+                yield
+                s.commit()
+            finally:
+                self._batch = None
+
+    @contextlib.contextmanager
+    def _writing(self):
+        """The batch's session (committed by ``batch``), else a new one committed here."""
+        if self._batch is not None:
+            yield self._batch
+            self._batch.flush()
+            return
+        with self.session() as s:
+            yield s
+            s.commit()
 
     # -- projects -------------------------------------------------------------------------
     def projects(self) -> list[ProjectRow]:
@@ -144,6 +173,8 @@ class Store:
                                                   JobRow.request_id == request_id)).first()
 
     def job(self, job_id: str) -> JobRow | None:
+        if self._batch is not None:
+            return self._batch.get(JobRow, job_id)
         with self.session() as s:
             return s.get(JobRow, job_id)
 
@@ -202,9 +233,32 @@ class Store:
             s.commit()
             return row
 
-    def set_handle(self, job_id: str, handle: dict) -> None:
+    def start_many(self, starts: list[tuple[str, dict]], now: float) -> list[JobRow]:
+        """``start`` for each ``(job_id, placement)`` of one cycle, in one transaction (one
+        commit instead of one per job: a cycle may start hundreds)."""
         with self.session() as s:
-            s.get(JobRow, job_id).handle = handle
+            rows = _by_id(s, [job_id for job_id, _ in starts])
+            for job_id, placement in starts:
+                row = rows[job_id]
+                row.state, row.placement, row.started = "running", placement, now
+                row.handle, row.preempting = {}, False
+                s.add(AttemptRow(job_id=job_id, attempt=row.attempt, started=now,
+                                 placement=placement))
+                s.add(EventRow(job_id=job_id, t=now, kind="start", attempt=row.attempt,
+                               detail=_placement_text(placement)))
+            s.commit()
+            return [rows[job_id] for job_id, _ in starts]
+
+    def set_handle(self, job_id: str, handle: dict) -> None:
+        self.set_handles({job_id: handle})
+
+    def set_handles(self, handles: dict[str, dict]) -> None:
+        """Each job's backend handle, in one transaction."""
+        if not handles:
+            return
+        with self.session() as s:
+            for row in _by_id(s, list(handles)).values():
+                row.handle = handles[row.id]
             s.commit()
 
     def mark(self, job_id: str, now: float, *, preempting: bool | None = None,
@@ -226,7 +280,7 @@ class Store:
                 exit_code: int | None = None) -> JobRow:
         """The attempt ended without finishing the job (preempted or lost): the job waits
         again with the same id, the next attempt number and the same checkpoint directory."""
-        with self.session() as s:
+        with self._writing() as s:
             row = s.get(JobRow, job_id)
             self._end_attempt(s, row, now, outcome, exit_code)
             row.state, row.attempt, row.pending_since = "pending", row.attempt + 1, now
@@ -234,12 +288,11 @@ class Store:
             row.message = detail  # why there is a next attempt, until the job ends
             s.add(EventRow(job_id=job_id, t=now, kind="requeue", attempt=row.attempt,
                            detail=detail))
-            s.commit()
-            return row
+        return row
 
     def finish(self, job_id: str, now: float, state: str, exit_code: int | None = None,
                message: str = "") -> JobRow:
-        with self.session() as s:
+        with self._writing() as s:
             row = s.get(JobRow, job_id)
             if row.state == "running":
                 self._end_attempt(s, row, now, state, exit_code)
@@ -247,8 +300,7 @@ class Store:
             row.preempting = False
             s.add(EventRow(job_id=job_id, t=now, kind="finish", attempt=row.attempt,
                            detail=f"{state}: {message}" if message else state))
-            s.commit()
-            return row
+        return row
 
     # -- build slices -----------------------------------------------------------------------
     def slices(self, user: str | None = None) -> list[SliceRow]:
@@ -286,6 +338,15 @@ class Store:
         attempt = s.get(AttemptRow, (row.id, row.attempt))
         if attempt is not None:
             attempt.ended, attempt.outcome, attempt.exit_code = now, outcome, exit_code
+
+
+def _by_id(session, ids: list[str], chunk: int = 500) -> dict[str, JobRow]:
+    """Jobs by id, a few hundred ids per query (SQLite limits the parameters of one)."""
+    rows = {}
+    for i in range(0, len(ids), chunk):
+        rows.update((r.id, r) for r in session.scalars(
+            select(JobRow).where(JobRow.id.in_(ids[i:i + chunk]))))
+    return rows
 
 
 def _new_id(session) -> str:

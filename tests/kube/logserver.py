@@ -72,16 +72,16 @@ class LogServer:
         limit = int(q["limitBytes"]) if "limitBytes" in q else None
         if limit is not None:
             data = data[:limit]
-        req.send_response(200)
-        req.send_header("Content-Type", "text/plain")
-        req.end_headers()                 # HTTP/1.0: the body ends when the connection closes
         try:
+            req.send_response(200)
+            req.send_header("Content-Type", "text/plain")
+            req.end_headers()             # HTTP/1.0: the body ends when the connection closes
             req.wfile.write(data)
             if q.get("follow") == "true" and not previous:
                 self._follow(req, parts, path, path.stat().st_size if path.exists() else 0,
                              running, limit - len(data) if limit is not None else None)
         except (BrokenPipeError, ConnectionResetError, ssl.SSLError):
-            pass
+            pass                          # the API server hung up (its client went away)
 
     def _follow(self, req, parts, path: Path, offset: int, running: bool, budget):
         while running and (budget is None or budget > 0):

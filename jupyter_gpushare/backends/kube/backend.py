@@ -58,6 +58,7 @@ class KubernetesBackend(KubernetesOptions):
         self._ended: dict[str, k8s.PodState] = {}  # terminal states seen before a poll
         self._seen: set[str] = set()  # pods of running attempts the watch has shown
         self._watched: set[str] = set()  # the pods of running attempts
+        self._started: dict[str, asyncio.Event] = {}  # followed pods: a container started
         self.ops: PodOps | None = None  # creating and deleting, once connected
         self._winding: dict[tuple[str, int], asyncio.Task] = {}  # ended: logs kept, pods deleted
         self._last_nodes: list[Node] = []
@@ -118,6 +119,9 @@ class KubernetesBackend(KubernetesOptions):
         if name not in self._watched:
             return
         self._seen.add(name)
+        started = self._started.get(name)
+        if started is not None and (kind == "DELETED" or k8s.has_log(pod)):
+            started.set()
         state = k8s.pod_state(pod)
         if state.phase in ("succeeded", "failed"):
             self._ended[name] = state
@@ -298,7 +302,18 @@ class KubernetesBackend(KubernetesOptions):
         for i, pod in enumerate(gang.pods):
             if i not in gang.followers and pod.name not in gang.waiting:
                 gang.followers[i] = self.ops.spawn(self.logs.follow(
-                    gang.key, pod, functools.partial(self._container_done, gang, i)))
+                    gang.key, pod, functools.partial(self._container_done, gang, i),
+                    self._log_started(pod.name)))
+
+    def _log_started(self, name: str) -> asyncio.Event:
+        """Set once the watch shows one of the pod's containers started, or the pod ended or
+        gone (``_pod_event``; already now when the cache says so)."""
+        started = self._started.setdefault(name, asyncio.Event())
+        pod = self.pods.objects.get(name)
+        if name in self._ended or (pod is not None and k8s.has_log(pod)) or \
+                (pod is None and name in self._seen):
+            started.set()
+        return started
 
     def _container_done(self, gang: Gang, index: int) -> bool | None:
         """Whether a pod's container has ended (True), the pod is gone (False), or it is
@@ -359,6 +374,9 @@ class KubernetesBackend(KubernetesOptions):
                 self._ended.pop(name, None)
                 self._seen.discard(name)
                 self._watched.discard(name)
+                started = self._started.pop(name, None)
+                if started is not None:
+                    started.set()  # a follower still waiting: it looks once more, then ends
             # Reported at once; the logs are kept and the pods deleted meanwhile.
             self._winding[gang.key] = self.ops.spawn(self._wind_up(gang))
         self.ops.retry_deletions(self.pods)

@@ -72,13 +72,19 @@ class PodLogs:
 
     # -- from the API ---------------------------------------------------------------------
 
-    async def follow(self, key, pod: PodRanks, done: Callable[[], bool | None]) -> bool:
+    async def follow(self, key, pod: PodRanks, done: Callable[[], bool | None],
+                     started: asyncio.Event | None = None) -> bool:
         """The pod's log into its ranks' capped logs while it runs; True once its container
         has ended and the log is whole. ``done()`` says whether the container has ended
-        (True), the pod is gone (False) or it is still to be followed (None). Until the
-        container starts, and after a broken stream, it asks again (from the beginning)."""
+        (True), the pod is gone (False) or it is still to be followed (None). ``started``
+        is set once the watch shows a container started or the pod gone: only then is the
+        log asked for (a pending pod's log is refused, and asking again costs the API server
+        a request each time). After a broken stream it asks again (from the beginning)."""
+        if started is not None:
+            await started.wait()
         pause = 0.2
         while True:
+            whole = False  # this stream ran to its end: nothing missed, even if it was empty
             try:
                 response = await self.api.core.read_namespaced_pod_log(
                     pod.name, self.namespace, follow=True, _preload_content=False,
@@ -95,7 +101,7 @@ class PodLogs:
                         finally:
                             if sink is not None:
                                 sink.close()
-                        pause = 0.2
+                        whole, pause = True, 0.2
                 finally:
                     response.release()
             except asyncio.CancelledError:
@@ -104,7 +110,8 @@ class PodLogs:
                 self.log.debug("Following the log of %s broke off: %s", pod.name, e)
             ended = done()
             if ended is not None:
-                return ended and os.path.exists(self.rank_path(key, pod.first))
+                # A silent job's whole log is empty: no need to read it again (archive).
+                return ended and (whole or os.path.exists(self.rank_path(key, pod.first)))
             await asyncio.sleep(pause)
             pause = min(pause * 2, 5.0)
 

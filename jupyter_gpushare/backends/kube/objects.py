@@ -388,6 +388,17 @@ def pod_state(pod: Mapping) -> PodState:
     return PodState("pending")
 
 
+def has_log(pod: Mapping) -> bool:
+    """Whether a container of the pod has started, so that its log can be read (before that
+    the API server refuses: "container ... is waiting to start")."""
+    status = pod.get("status") or {}
+    if status.get("phase") not in (None, "Pending"):
+        return True
+    return any((cs.get("state") or {}).get("running") or (cs.get("state") or {}).get("terminated")
+               or (cs.get("lastState") or {}).get("terminated")
+               for cs in status.get("containerStatuses") or [])
+
+
 def _terminated(status: Mapping) -> Mapping | None:
     for cs in status.get("containerStatuses") or []:
         term = (cs.get("state") or {}).get("terminated")
