@@ -186,8 +186,10 @@ def machine_busy() -> tuple[float, float]:
 
 # -- one run ----------------------------------------------------------------------------------
 
-async def run(backend, sizes, seconds, gpus_total, running_times, label):
-    """Submit every job at once, run the loop until all have ended; per-job timings."""
+async def run(backend, sizes, seconds, gpus_total, running_times, label, drained=None,
+              rate=0.0):
+    """Submit every job at once (or ``rate`` a second), run the loop until all have ended
+    (and ``drained()``: the backend has cleaned up after them); per-job timings."""
     with tempfile.TemporaryDirectory(prefix="gpushare-bench-") as tmp:
         store = Store(f"sqlite:///{tmp}/pool.sqlite")
         now = time.time()
@@ -206,18 +208,42 @@ async def run(backend, sizes, seconds, gpus_total, running_times, label):
                           dict(row.placement), str(checkpoints / row.id), "/tmp")
 
         scheduler = Scheduler(store, backend, PolicyConfig(), 5.0, launch_for)
+        ids: list[str] = []
+
+        def submit(i, g):
+            ids.append(store.add_job(time.time(), user=user, project=("vision", "nlp")[i % 2],
+                                     name=f"bench-{i}", gpus=g * GPU, priority=0,
+                                     command=["sleep", str(seconds)], env={}, workdir="/tmp",
+                                     checkpoint_dir="").id)
+
+        async def paced():
+            """``rate`` jobs a second, in tenths of a second, as users would send them."""
+            begun = time.monotonic()
+            for i, g in enumerate(sizes):
+                due = begun + i / rate
+                if due > time.monotonic():
+                    scheduler.wake()
+                    await asyncio.sleep(due - time.monotonic())
+                submit(i, g)
+            scheduler.wake()
+
         t0 = time.time()
-        ids = [store.add_job(time.time(), user=user, project=("vision", "nlp")[i % 2],
-                             name=f"bench-{i}", gpus=g * GPU, priority=0,
-                             command=["sleep", str(seconds)], env={}, workdir="/tmp",
-                             checkpoint_dir="").id for i, g in enumerate(sizes)]
-        submitted = time.time() - t0
         cpu0 = cpu_seconds(os.getpid())
+        if rate:
+            submitting = asyncio.create_task(paced())
+        else:
+            for i, g in enumerate(sizes):
+                submit(i, g)
+        submitted = time.time() - t0
         loop = asyncio.create_task(scheduler.run(1.0))
         scheduler.wake()
+        if rate:
+            await submitting
         while any(store.state_counts(user).get(state) for state in ACTIVE):
             await asyncio.sleep(0.2)  # counted in the database: no rows loaded here
         span = time.time() - t0
+        while drained is not None and not drained():  # its cost counted too
+            await asyncio.sleep(0.2)
         cpu = cpu_seconds(os.getpid()) - cpu0
         loop.cancel()
         rows = [store.job(i) for i in ids]
@@ -282,6 +308,8 @@ def main():
     parser.add_argument("--gpus-per-node", type=int, default=8)
     parser.add_argument("--gpus", type=int, default=0,
                         help="GPUs of every job (default: a mix of 1, 2, 4 and 8)")
+    parser.add_argument("--rate", type=float, default=0.0,
+                        help="submit this many jobs a second (default: all at once)")
     parser.add_argument("--kubelet-workers", type=int, default=8)
     parser.add_argument("--no-local", action="store_true", help="skip the local baseline")
     parser.add_argument("--profile", metavar="FILE",
@@ -291,7 +319,8 @@ def main():
     total = args.nodes * args.gpus_per_node
     ideal_span = sum(sizes) * args.seconds / total
     mix = ", ".join(f"{sizes.count(g)} x {g} GPU" for g in sorted(set(sizes)))
-    print(f"{args.jobs} jobs ({mix}), {args.seconds:g} s each, on {args.nodes} nodes x "
+    when = f"submitted at {args.rate:g}/s" if args.rate else "submitted at once"
+    print(f"{args.jobs} jobs ({mix}, {when}), {args.seconds:g} s each, on {args.nodes} nodes x "
           f"{args.gpus_per_node} GPUs (ideal: span {ideal_span:.1f} s, "
           f"{args.jobs / ideal_span:.0f} jobs started/s); {os.cpu_count()} cores")
     results = []
@@ -331,15 +360,19 @@ def main():
             profile = cProfile.Profile() if args.profile else None
             if profile:
                 profile.enable()
+            def no_pods():
+                return not cp.api.get(f"/api/v1/namespaces/{namespace}/pods",
+                                      limit=1)["items"]
+
             kube = asyncio.run(run(backend, sizes, args.seconds, total, kube_running,
-                                   "Kubernetes backend"))
+                                   "Kubernetes backend", no_pods, args.rate))
             if profile:
                 profile.disable()
                 profile.dump_stats(args.profile)
             busy1 = machine_busy()
             asked1 = api_requests(cp.api)
             cpu = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
-            cpu["pool service (this process)"] = kube["cpu_s"]
+            cpu["pool service (submits included)"] = kube["cpu_s"]
             cpu["pod watch (benchmark)"] = watch_cpu[0]
             results.append(kube)
     if not args.no_local:
@@ -350,7 +383,7 @@ def main():
         results.append(asyncio.run(run(
             local, sizes, args.seconds, total,
             lambda rows: {r.id: os.stat(local.log_path(r.id, 1)).st_mtime for r in rows},
-            "local backend (processes)")))
+            "local backend (processes)", rate=args.rate)))
     for r in results:
         report(r)
     stages(kube["rows"], pods)

@@ -48,9 +48,18 @@ async def raise_for_status(response, what: str) -> None:
     raise error
 
 
-async def make_client(kubeconfig: str, context: str = "") -> client.ApiClient:
+REQUEST_CONNECTIONS = 64
+"""Connections for requests (create, delete, list): a cycle's hundreds of pod creations go
+through these, a bounded number at a time, never queued behind streams."""
+STREAM_CONNECTIONS = 2048
+"""Connections for streams that last (watches; each running pod's followed log): one each."""
+
+
+async def make_client(kubeconfig: str, context: str = "",
+                      connections: int = REQUEST_CONNECTIONS) -> client.ApiClient:
     """An API client from ``kubeconfig`` (a path), or from the pod's service account inside
-    a cluster, or from the default kubeconfig (``$KUBECONFIG``, ``~/.kube/config``)."""
+    a cluster, or from the default kubeconfig (``$KUBECONFIG``, ``~/.kube/config``), with at
+    most ``connections`` open at once."""
     configuration = client.Configuration()
     if kubeconfig:
         await config.load_kube_config(config_file=kubeconfig, context=context or None,
@@ -59,8 +68,30 @@ async def make_client(kubeconfig: str, context: str = "") -> client.ApiClient:
         config.load_incluster_config(client_configuration=configuration)
     else:
         await config.load_kube_config(context=context or None, client_configuration=configuration)
-    configuration.connection_pool_maxsize = 64  # watches hold connections for minutes
-    return client.ApiClient(configuration)
+    configuration.connection_pool_maxsize = connections
+    api_client = client.ApiClient(configuration)
+    _skip_env_lookups(api_client, configuration)
+    return api_client
+
+
+def _skip_env_lookups(api_client: client.ApiClient, configuration) -> None:
+    """kubernetes_asyncio's session trusts the environment: before every request it looks
+    for a proxy variable and a ~/.netrc entry, each in a thread of the executor (two thread
+    hand-offs per request, a few hundred a second at scale). Where no proxy variable applies
+    to the API server (and the kubeconfig names none), a session that does not look."""
+    from aiohttp.helpers import get_env_proxy_for_url
+    from yarl import URL
+    try:
+        get_env_proxy_for_url(URL(configuration.host))
+        return  # a proxy applies: keep looking, as before
+    except LookupError:
+        pass
+    rest = api_client.rest_client
+    old = rest.pool_manager
+    connector = old.connector
+    old.detach()  # the connector goes on, in the new session
+    rest.pool_manager = aiohttp.ClientSession(connector=connector, trust_env=False,
+                                              read_bufsize=2**21)
 
 
 def default_namespace() -> str:
@@ -76,9 +107,13 @@ class KubeAPI:
     """``await api.json("create pod x", api.core.create_namespaced_pod, ns, body)``."""
 
     def __init__(self, api_client: client.ApiClient, retry_s: float,
-                 log: logging.Logger | None = None, timeout_s: float = 30):
+                 log: logging.Logger | None = None, timeout_s: float = 30,
+                 stream_client: client.ApiClient | None = None):
         self.client = api_client
         self.core = client.CoreV1Api(api_client)
+        # Watches and followed logs on connections of their own (``STREAM_CONNECTIONS``).
+        self.stream_client = stream_client
+        self.streams = client.CoreV1Api(stream_client or api_client)
         self.networking = client.NetworkingV1Api(api_client)
         self.retry_s = retry_s
         self.timeout_s = timeout_s
@@ -87,6 +122,8 @@ class KubeAPI:
 
     async def close(self) -> None:
         await self.client.close()
+        if self.stream_client is not None:
+            await self.stream_client.close()
 
     async def raw(self, what: str, method, *args, retry_s: float | None = None,
                   **kwargs) -> bytes:

@@ -34,7 +34,7 @@ from .. import logfile
 from ..base import BackendError, Exit, Handle, Launch, private_dir
 from . import adoption
 from . import objects as k8s
-from .api import KubeAPI, KubeError, make_client
+from .api import STREAM_CONNECTIONS, KubeAPI, KubeError, make_client
 from .gang import Gang, PodRanks, judge
 from .logs import PodLogs
 from .options import KubernetesOptions, user_names  # noqa: F401  (user_names: as before)
@@ -81,9 +81,10 @@ class KubernetesBackend(KubernetesOptions):
             if self.api is None:
                 private_dir(self.state_dir)  # kept logs of every user's jobs
                 self.api = KubeAPI(await make_client(self.kubeconfig), self.api_retry_timeout,
-                                   self.log)
+                                   self.log, stream_client=await make_client(
+                                       self.kubeconfig, connections=STREAM_CONNECTIONS))
                 self.ops = PodOps(self.api, self.namespace, self.api_retry_timeout, self.log)
-                core, ns = self.api.core, self.namespace
+                core, ns = self.api.streams, self.namespace
                 watch = functools.partial(Reflector, log=self.log, timeout_s=self.watch_timeout)
                 self.pods = watch(f"job pods in {ns}", functools.partial(
                     core.list_namespaced_pod, ns, label_selector=k8s.JOB_SELECTOR),

@@ -26,6 +26,16 @@ from .gang import PodRanks
 from .objects import label_value
 
 FOLLOW_READ_TIMEOUT_S = 600  # a silent job's log is followed anew after this
+WATCH_LAG_S = 5.0  # after a stream's end, how long the watch may take to show the container's
+
+
+async def _done_within(done: Callable[[], bool | None], seconds: float) -> bool | None:
+    """``done()`` once it is not None, asked every 0.1 s for ``seconds`` at most."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while (ended := done()) is None and loop.time() < deadline:
+        await asyncio.sleep(0.1)
+    return ended
 
 
 class PodLogs:
@@ -86,7 +96,7 @@ class PodLogs:
         while True:
             whole = False  # this stream ran to its end: nothing missed, even if it was empty
             try:
-                response = await self.api.core.read_namespaced_pod_log(
+                response = await self.api.streams.read_namespaced_pod_log(
                     pod.name, self.namespace, follow=True, _preload_content=False,
                     _request_timeout=(10, FOLLOW_READ_TIMEOUT_S))
                 try:
@@ -108,7 +118,9 @@ class PodLogs:
                 raise
             except Exception as e:  # the log is kept as far as it came; ask again
                 self.log.debug("Following the log of %s broke off: %s", pod.name, e)
-            ended = done()
+            # A whole stream ends when the container does, and the watch shows that a moment
+            # later: wait for it rather than read the whole log again.
+            ended = await _done_within(done, WATCH_LAG_S if whole else 0)
             if ended is not None:
                 # A silent job's whole log is empty: no need to read it again (archive).
                 return ended and (whole or os.path.exists(self.rank_path(key, pod.first)))
@@ -121,7 +133,7 @@ class PodLogs:
         before stays: a pod whose log is already gone leaves what was followed, and a note."""
         sink = None
         try:
-            response = await self.api.core.read_namespaced_pod_log(
+            response = await self.api.streams.read_namespaced_pod_log(
                 pod.name, self.namespace, _preload_content=False, _request_timeout=(10, 60))
             try:
                 if response.status != 200:
