@@ -229,6 +229,7 @@ async def run(backend, sizes, seconds, gpus_total, running_times, label, drained
 
         t0 = time.time()
         cpu0 = cpu_seconds(os.getpid())
+        busy0 = machine_busy()
         if rate:
             submitting = asyncio.create_task(paced())
         else:
@@ -245,6 +246,7 @@ async def run(backend, sizes, seconds, gpus_total, running_times, label, drained
         while drained is not None and not drained():  # its cost counted too
             await asyncio.sleep(0.2)
         cpu = cpu_seconds(os.getpid()) - cpu0
+        busy1 = machine_busy()
         loop.cancel()
         rows = [store.job(i) for i in ids]
         failed = [r for r in rows if r.state != "succeeded"]
@@ -262,14 +264,16 @@ async def run(backend, sizes, seconds, gpus_total, running_times, label, drained
             "d50": percentile(decision, 50), "d99": percentile(decision, 99),
             "per_s": len(first) / (first[-1] - first[0]) if len(first) > 1 else 0.0,
             "fill_per_s": (min(len(first), gpus_total // 2) - 1) / fill if fill > 0 else 0.0,
-            "seen": len(running), "rows": rows, "cpu_s": cpu}
+            "seen": len(running), "rows": rows, "cpu_s": cpu,
+            "busy": (busy1[0] - busy0[0]) / max(busy1[1] - busy0[1], 1e-9)}
 
 
 def report(r):
     print(f"  {r['label']:<28} submit->Running p50 {r['p50']:6.2f} s  p99 {r['p99']:6.2f} s | "
           f"start->Running p50 {r['d50'] * 1000:7.1f} ms  p99 {r['d99'] * 1000:7.1f} ms | "
           f"{r['per_s']:5.1f} jobs started/s overall, {r['fill_per_s']:5.1f}/s filling the "
-          f"empty pool | all done in {r['span_s']:.1f} s")
+          f"empty pool | all done in {r['span_s']:.1f} s | pool service CPU "
+          f"{r['cpu_s'] / r['jobs'] * 1000:.1f} ms/job, machine {r['busy'] * 100:.0f} % busy")
 
 
 def stages(rows, pods: dict) -> None:
