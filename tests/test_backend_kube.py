@@ -377,6 +377,21 @@ def test_pod_states(status, expected):
     assert k8s.pod_state({"status": status}) == expected
 
 
+@pytest.mark.parametrize("status, readable", [
+    ({}, False),
+    ({"phase": "Pending"}, False),
+    ({"phase": "Pending", "containerStatuses": [{"state": {"waiting": {
+        "reason": "ContainerCreating"}}}]}, False),
+    ({"phase": "Pending", "containerStatuses": [{"state": {"running": {}}}]}, True),
+    ({"phase": "Pending", "containerStatuses": [{"state": {"waiting": {
+        "reason": "CrashLoopBackOff"}}, "lastState": {"terminated": {"exitCode": 1}}}]}, True),
+    ({"phase": "Running"}, True),
+    ({"phase": "Failed", "reason": "Evicted"}, True),
+], ids=["new", "pending", "creating", "started", "restarting", "running", "evicted"])
+def test_a_pods_log_is_asked_for_once_a_container_started(status, readable):
+    assert k8s.has_log({"status": status}) is readable
+
+
 def test_waiting_reasons_say_what_kubernetes_says():
     unscheduled = {"status": {"phase": "Pending", "conditions": [
         {"type": "PodScheduled", "status": "False",

@@ -78,7 +78,8 @@ def _skip_env_lookups(api_client: client.ApiClient, configuration) -> None:
     """kubernetes_asyncio's session trusts the environment: before every request it looks
     for a proxy variable and a ~/.netrc entry, each in a thread of the executor (two thread
     hand-offs per request, a few hundred a second at scale). Where no proxy variable applies
-    to the API server (and the kubeconfig names none), a session that does not look."""
+    to the API server, a session that does not look (a kubeconfig's proxy-url is passed with
+    each request all the same, and credentials come from the kubeconfig, not ~/.netrc)."""
     from aiohttp.helpers import get_env_proxy_for_url
     from yarl import URL
     try:

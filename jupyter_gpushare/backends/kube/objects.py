@@ -394,8 +394,8 @@ def has_log(pod: Mapping) -> bool:
     status = pod.get("status") or {}
     if status.get("phase") not in (None, "Pending"):
         return True
-    return any((cs.get("state") or {}).get("running") or (cs.get("state") or {}).get("terminated")
-               or (cs.get("lastState") or {}).get("terminated")
+    return any({"running", "terminated"} & set(cs.get("state") or {})
+               or "terminated" in (cs.get("lastState") or {})
                for cs in status.get("containerStatuses") or [])
 
 
