@@ -12,6 +12,8 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
+from kube.kubeletproc import KubeletProcess
+
 pytestmark = pytest.mark.kube
 
 PY = sys.executable
@@ -274,3 +276,21 @@ def test_the_simulator_recovers_from_an_apiserver_restart(kube, kube_cluster):
     assert kube.logs("after") == "after restart\n"
     kube.delete_pod("before")
     kube.wait_pod("before", None, timeout=15)
+
+
+def test_a_simulator_in_a_process_of_its_own_runs_pods_and_serves_their_logs(kube, tmp_path):
+    # What the benchmarks use, so that the simulator shares no interpreter lock with them.
+    cp = kube.cluster.control_plane
+    with KubeletProcess(cp.api, tmp_path / "kubelet", cert=cp.pki["kubelet.crt"],
+                        key=cp.pki["kubelet.key"]) as kubelet:
+        assert kubelet.pid not in (None, os.getpid())
+        kubelet.add_node("proc-node", gpus=2, labels=kube.node_selector)
+        with pytest.raises(RuntimeError, match="409"):
+            kubelet.add_node("proc-node", gpus=2)  # the API server's refusal comes back
+        kube.create_pod(pod("in-proc", [PY, "-c", "print('hello')"], gpus=1,
+                            node_selector={"kubernetes.io/hostname": "proc-node"}))
+        done = kube.wait_pod("in-proc", "Succeeded")
+        assert done["spec"]["nodeName"] == "proc-node"
+        assert kube.logs("in-proc") == "hello\n"
+        kube.delete_pod("in-proc", grace=0)
+    kube.api.delete("/api/v1/nodes/proc-node")
