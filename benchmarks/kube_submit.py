@@ -314,7 +314,8 @@ def main():
                         help="GPUs of every job (default: a mix of 1, 2, 4 and 8)")
     parser.add_argument("--rate", type=float, default=0.0,
                         help="submit this many jobs a second (default: all at once)")
-    parser.add_argument("--kubelet-workers", type=int, default=8)
+    parser.add_argument("--kubelet-workers", type=int, default=32,
+                        help="threads of the kubelet simulator that sync pods")
     parser.add_argument("--no-local", action="store_true", help="skip the local baseline")
     parser.add_argument("--profile", metavar="FILE",
                         help="cProfile the pool service's Kubernetes run into FILE")

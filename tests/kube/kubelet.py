@@ -62,10 +62,13 @@ RESTART_BACKOFF_S = 1.0
 class WorkQueue:
     """client-go's work queue in small: a key is never processed by two workers at once, a key
     added while it is processed is processed again afterwards, and ``add_after`` delays an add
-    (one timer thread for all of them)."""
+    (one timer thread for all of them). A new key wakes one idle worker, not all of them (with
+    dozens of workers, waking every one for each key costs more than the work)."""
 
     def __init__(self):
-        self.cond = threading.Condition()
+        lock = threading.Lock()
+        self.cond = threading.Condition(lock)        # workers wait on this one
+        self.timer_cond = threading.Condition(lock)  # the timer thread on this one
         self.queue: collections.deque = collections.deque()
         self.dirty: set = set()
         self.processing: set = set()
@@ -76,30 +79,28 @@ class WorkQueue:
 
     def add(self, key):
         with self.cond:
-            if key in self.dirty or self.closed:
-                return
-            self.dirty.add(key)
-            if key not in self.processing:
-                self.queue.append(key)
-                self.cond.notify_all()
+            self._add(key)
+
+    def _add(self, key):
+        if key in self.dirty or self.closed:
+            return
+        self.dirty.add(key)
+        if key not in self.processing:
+            self.queue.append(key)
+            self.cond.notify()
 
     def add_after(self, key, delay: float):
         with self.cond:
             heapq.heappush(self.later, (time.monotonic() + max(delay, 0.0), next(self.seq), key))
-            self.cond.notify_all()
+            self.timer_cond.notify()
 
     def _timer(self):
         with self.cond:
             while not self.closed:
                 now = time.monotonic()
                 while self.later and self.later[0][0] <= now:
-                    key = heapq.heappop(self.later)[2]
-                    if key not in self.dirty:
-                        self.dirty.add(key)
-                        if key not in self.processing:
-                            self.queue.append(key)
-                    self.cond.notify_all()
-                self.cond.wait(self.later[0][0] - now if self.later else None)
+                    self._add(heapq.heappop(self.later)[2])
+                self.timer_cond.wait(self.later[0][0] - now if self.later else None)
 
     def get(self):
         with self.cond:
@@ -117,12 +118,13 @@ class WorkQueue:
             self.processing.discard(key)
             if key in self.dirty:
                 self.queue.append(key)
-                self.cond.notify_all()
+                self.cond.notify()
 
     def close(self):
         with self.cond:
             self.closed = True
             self.cond.notify_all()
+            self.timer_cond.notify_all()
 
 
 class KubeletSimulator:

@@ -21,7 +21,9 @@ from .rest import KubeREST
 def _serve(server: str, token: str, workdir: str, options: dict, conn) -> None:
     """The child: a simulator that adds the nodes it is sent, until told to stop."""
     from .kubelet import KubeletSimulator
-    simulator = KubeletSimulator(KubeREST(server, token), Path(workdir), **options).start()
+    # A connection for each worker, the watch and the heartbeat.
+    api = KubeREST(server, token, connections=options.get("workers", 4) + 4)
+    simulator = KubeletSimulator(api, Path(workdir), **options).start()
     conn.send(("ready", None))
     try:
         while True:

@@ -30,11 +30,13 @@ class KubeError(Exception):
 class KubeREST:
     """``KubeREST("https://127.0.0.1:6443", token)``; paths are API paths ("/api/v1/nodes")."""
 
-    def __init__(self, server: str, token: str, timeout: float = 30):
+    def __init__(self, server: str, token: str, timeout: float = 30, connections: int = 16):
         self.server = server.rstrip("/")
         # Loopback with the apiserver's self-signed certificate: no verification, as the
-        # harness's kubeconfig does (insecure-skip-tls-verify).
-        self.http = urllib3.PoolManager(cert_reqs="CERT_NONE", maxsize=16, retries=False)
+        # harness's kubeconfig does (insecure-skip-tls-verify). ``connections`` kept open:
+        # as many as threads send requests at once, or each extra one costs a TLS handshake.
+        self.http = urllib3.PoolManager(cert_reqs="CERT_NONE", maxsize=connections,
+                                        retries=False)
         self.headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
         self.timeout = timeout
 
