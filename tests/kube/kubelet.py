@@ -66,7 +66,7 @@ class WorkQueue:
     dozens of workers, waking every one for each key costs more than the work)."""
 
     def __init__(self):
-        lock = threading.Lock()
+        lock = threading.RLock()
         self.cond = threading.Condition(lock)        # workers wait on this one
         self.timer_cond = threading.Condition(lock)  # the timer thread on this one
         self.queue: collections.deque = collections.deque()
