@@ -29,6 +29,20 @@ class Cluster:
         """Running jobs not being preempted: the possible victims. Only reclaim needs them."""
         return [j for j in self.all_running if not j.preempting]
 
+    @cached_property
+    def room(self) -> FreeMap:
+        """Free GPUs plus those that jobs being preempted still hold, per node: what a
+        claimant can be given without new victims. Only reclaim needs it; ``moved`` keeps it
+        up to date once made."""
+        return FreeMap({n: a + self.releasing.get(n, 0) for n, a in self.free.free.items()},
+                       self.node_size)
+
+    def moved(self, names) -> None:
+        """Free or releasing GPUs changed on ``names``."""
+        if "room" in self.__dict__:  # made already (a cached_property lives there)
+            for name in names:
+                self.room.set(name, self.free.free[name] + self.releasing.get(name, 0))
+
     @classmethod
     def from_snapshot(cls, snap: Snapshot, view: QueueView) -> "Cluster":
         nodes = {n.name: n.milli for n in snap.nodes if n.pool == TRAIN}

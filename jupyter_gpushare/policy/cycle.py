@@ -323,6 +323,7 @@ class _Admission:
             self._no_fit[key] = job.gpus
             return False
         self.c.free.take(placement)
+        self._moved(placement)
         self.usage[job.project] += job.gpus
         self.starts.append(Start(job.id, placement))
         self.done.add(job.id)
@@ -335,7 +336,7 @@ class _Admission:
             return False
         free = self.c.free.free
         pool = self._victim_pool(mode, job)
-        found = choose_victims(job.gpus, free, self.c.releasing, self.c.node_size, pool, exclude)
+        found = choose_victims(job.gpus, self.c.room, self.c.releasing, pool, exclude)
         if found is None:
             if mode != "priority":
                 self._no_fit[key] = job.gpus
@@ -366,6 +367,7 @@ class _Admission:
                     self.c.releasing[name] = self.c.releasing.get(name, 0) + amount - use
             self.preempts.append(Preempt(victim.id, victim.project, job.id,
                                          self._preempt_why(mode, job), mode))
+        self._moved({*placement, *(n for v in victims for n in v.placement if n in free)})
         self.claimed[job.project] += job.gpus
         self.done.add(job.id)
         k = nodes_needed(job.gpus, self.c.node_size)
@@ -377,6 +379,12 @@ class _Admission:
         else:
             self._wait(job, R.Releasing(job.gpus, k))
         return True
+
+    def _moved(self, names) -> None:
+        """Free or releasing GPUs changed on ``names``: keep reclaim's indexes in step."""
+        self.c.moved(names)
+        for pool in self._candidates.values():
+            pool.moved(names)
 
     def _keeps_its_turn(self, job: TrainJob, victims: list[TrainJob]) -> bool:
         """Whether the claimant, not a requeued victim, is served first once GPUs free up.
@@ -398,7 +406,8 @@ class _Admission:
             return VictimPool([j for j in self.c.running if j.project == job.project
                                and j.priority < job.priority and j.id not in self.victims
                                and (j.start_time or 0.0) <= old_enough],
-                              self.kept, self.projects, self.deserved, self._floor(mode))
+                              self.kept, self.projects, self.deserved, self._floor(mode),
+                              self.c.room)
         if mode not in self._candidates:
             pool = []
             for j in self.c.running:
@@ -409,7 +418,7 @@ class _Admission:
                 elif self.usage[j.project] > self.projects[j.project].quota:
                     self._young += 1
             self._candidates[mode] = VictimPool(pool, self.kept, self.projects, self.deserved,
-                                                self._floor(mode))
+                                                self._floor(mode), self.c.room)
         return self._candidates[mode]
 
     def _floor(self, mode: str) -> Floor:

@@ -8,7 +8,7 @@ state gives the same placement.
 from __future__ import annotations
 
 import bisect
-from typing import Iterable, Mapping
+from typing import Iterable, Iterator, Mapping
 
 
 def nodes_needed(gpus: int, node_size: int) -> int:
@@ -32,8 +32,11 @@ class FreeMap:
     def total(self, exclude: frozenset[str] | set[str] = frozenset()) -> int:
         return self._total - sum(self.free[n] for n in exclude if n in self.free)
 
-    def _move(self, name: str, new: int) -> None:
+    def set(self, name: str, new: int) -> None:
+        """Say that ``name`` now has ``new`` milli-GPUs (the node must be in the map)."""
         old = self.free[name]
+        if new == old:
+            return
         bucket = self._buckets[old]
         del bucket[bisect.bisect_left(bucket, name)]
         if not bucket:
@@ -46,45 +49,53 @@ class FreeMap:
         for name, amount in placement.items():
             if amount > self.free[name]:
                 raise ValueError(f"over-allocation on {name}: {amount} > {self.free[name]}")
-            self._move(name, self.free[name] - amount)
+            self.set(name, self.free[name] - amount)
 
     def give(self, placement: Mapping[str, int]) -> None:
         for name, amount in placement.items():
             if name in self.free:
-                self._move(name, self.free[name] + amount)
+                self.set(name, self.free[name] + amount)
+
+    def ascending(self, least: int) -> Iterator[tuple[int, str]]:
+        """``(amount, node)`` for the nodes with at least ``least``, the smallest amount
+        first, ties by name: best fit is the first that suits."""
+        for amount in sorted(a for a in self._buckets if a >= least):
+            for name in self._buckets[amount]:
+                yield amount, name
+
+    def descending(self) -> Iterator[tuple[int, str]]:
+        """``(amount, node)`` for the nodes with more than 0, the largest first, ties by name."""
+        for amount in sorted(self._buckets, reverse=True):
+            if amount <= 0:
+                return
+            for name in self._buckets[amount]:
+                yield amount, name
 
     def fit(self, gpus: int, exclude: frozenset[str] | set[str] = frozenset()) -> dict[str, int] | None:
         """A placement for a gang of ``gpus``, or None. Nodes in ``exclude`` are skipped."""
         if gpus <= self.node_size:
-            for amount in sorted(k for k in self._buckets if k >= gpus):
-                for name in self._buckets[amount]:
-                    if name not in exclude:
-                        return {name: gpus}
+            for _, name in self.ascending(gpus):
+                if name not in exclude:
+                    return {name: gpus}
             return None
         return self._fit_gang(gpus, nodes_needed(gpus, self.node_size), exclude)
 
     def _fit_gang(self, gpus: int, k: int, exclude) -> dict[str, int] | None:
         # The k-1 freest nodes whole, the rest on the best-fitting node after them.
         chosen: list[tuple[str, int]] = []
-        for amount in sorted(self._buckets, reverse=True):
-            if amount <= 0:
-                break
-            for name in self._buckets[amount]:
-                if name not in exclude:
-                    chosen.append((name, amount))
-                    if len(chosen) == k:
-                        break
-            if len(chosen) == k:
-                break
+        for amount, name in self.descending():
+            if name not in exclude:
+                chosen.append((name, amount))
+                if len(chosen) == k:
+                    break
         if len(chosen) < k or sum(a for _, a in chosen) < gpus:
             return None
         placement = dict(chosen[: k - 1])
         rest = gpus - sum(placement.values())
-        for amount in sorted(a for a in self._buckets if a >= rest):
-            for name in self._buckets[amount]:
-                if name not in exclude and name not in placement:
-                    placement[name] = rest
-                    return placement
+        for _, name in self.ascending(rest):
+            if name not in exclude and name not in placement:
+                placement[name] = rest
+                return placement
         return None  # unreachable: the k-th freest node holds at least ``rest``
 
 

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import IO
 
-from ..policy import Node, PolicyConfig, Snapshot, TrainJob, cycle
+from ..policy import CycleResult, Node, PolicyConfig, Snapshot, TrainJob, cycle
 from ..policy.cycle import never_fits
 from ..policy.model import GPU, JobState
 from ..policy.queues import Queues
@@ -202,12 +202,18 @@ class Simulator:
         """What the policy sees at ``t``: the queues kept up to date between cycles."""
         return Snapshot(t, self.nodes, self.projects, queues=self.active)
 
+    def decide(self, snap: Snapshot) -> CycleResult:
+        """The policy's decisions on one snapshot: the one place the simulator asks the
+        policy, so that a subclass can run another implementation of it on the same events
+        (tests/test_policy_equality.py, benchmarks/reclaim_burst.py)."""
+        return cycle(snap, self.policy_config)
+
     def _cycle(self, t: float) -> None:
         self.cycle_due = None
         self.last_cycle = t
         snap = self.snapshot(t)
         tick = time.perf_counter()
-        result = cycle(snap, self.policy_config)
+        result = self.decide(snap)
         self.decision_s.append(time.perf_counter() - tick)
         for p in result.preemptions:
             self._preempt(t, p.job)

@@ -1,0 +1,52 @@
+"""What runs: the train pool's free and releasing GPUs and each project's usage.
+
+Built once per cycle from the snapshot. A job being preempted still holds its GPUs
+(``releasing``) until its grace period ends, but no longer counts as its project's usage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from .model import TRAIN, Project, Snapshot, TrainJob
+from .queues import QueueView
+from .placement import FreeMap
+
+
+@dataclass
+class Cluster:
+    capacity: int
+    node_size: int
+    free: FreeMap
+    releasing: dict[str, int]  # only nodes where preempted jobs still hold GPUs
+    usage: dict[str, int]
+    projects: dict[str, Project]
+    all_running: tuple[TrainJob, ...]
+
+    @cached_property
+    def running(self) -> list[TrainJob]:
+        """Running jobs not being preempted: the possible victims. Only reclaim needs them."""
+        return [j for j in self.all_running if not j.preempting]
+
+    @classmethod
+    def from_snapshot(cls, snap: Snapshot, view: QueueView) -> "Cluster":
+        nodes = {n.name: n.milli for n in snap.nodes if n.pool == TRAIN}
+        allocated, releasing = view.allocated, view.releasing
+        free = {name: max(0, size - allocated.get(name, 0)) for name, size in nodes.items()}
+        projects = {p.name: p for p in snap.projects}
+        for name in (*view.pending, *view.usage):
+            if name not in projects:  # a job outlives its project: it only borrows
+                projects[name] = Project(name)
+        usage = dict.fromkeys(projects, 0)
+        usage.update(view.usage)
+        node_size = max(nodes.values(), default=0)
+        return cls(
+            capacity=sum(nodes.values()),
+            node_size=node_size,
+            free=FreeMap(free, node_size),
+            releasing={name: a for name, a in releasing.items() if a and name in nodes},
+            usage=usage,
+            projects=projects,
+            all_running=view.running,
+        )

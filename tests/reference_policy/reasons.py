@@ -1,0 +1,130 @@
+"""Why a job waits, said in words. Reasons are small values; the words are made on demand."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .model import gpus_text
+
+
+def _where(gpus: int, nodes: int) -> str:
+    return f"{gpus_text(gpus)} on one node" if nodes == 1 else f"{gpus_text(gpus)} on {nodes} nodes"
+
+
+@dataclass(frozen=True, slots=True)
+class Reason:
+    def __str__(self) -> str:  # pragma: no cover - every subclass says its own
+        raise NotImplementedError
+
+
+@dataclass(frozen=True, slots=True)
+class TooLarge(Reason):
+    gpus: int
+    capacity: int
+    project: str = ""  # set when the project's limit, not the pool, is the bound
+    nodes: int = 0  # set when the gang's fewest nodes, not the pool, are the bound
+
+    def __str__(self):
+        if self.project:
+            bound = f"project {self.project} may never use more than {gpus_text(self.capacity)}"
+        elif self.nodes:
+            bound = (f"it must run on {self.nodes} nodes and the largest {self.nodes} nodes of "
+                     f"the train pool have only {gpus_text(self.capacity)}")
+        else:
+            bound = f"the train pool has only {gpus_text(self.capacity)}"
+        return f"the job asks for {gpus_text(self.gpus)} but {bound}; ask for fewer GPUs"
+
+
+@dataclass(frozen=True, slots=True)
+class AtLimit(Reason):
+    project: str
+    limit: int
+    usage: int
+
+    def __str__(self):
+        return (f"project {self.project} is at its limit of {gpus_text(self.limit)} "
+                f"({gpus_text(self.usage)} in use)")
+
+
+@dataclass(frozen=True, slots=True)
+class NoIdleGpus(Reason):
+    """Borrowing: the project is beyond its quota and no idle GPUs fit the gang."""
+
+    project: str
+    quota: int
+    usage: int
+    gpus: int
+    nodes: int
+
+    def __str__(self):
+        return (f"waiting for {_where(self.gpus, self.nodes)} to borrow: this would take project "
+                f"{self.project} ({gpus_text(self.usage)} in use) beyond its quota of "
+                f"{gpus_text(self.quota)}, and no idle GPUs fit")
+
+
+@dataclass(frozen=True, slots=True)
+class Fragmented(Reason):
+    """Within quota, but the free GPUs are spread and nothing can be reclaimed."""
+
+    gpus: int
+    nodes: int
+    free: int
+
+    def __str__(self):
+        return (f"waiting for {_where(self.gpus, self.nodes)}; {gpus_text(self.free)} are free "
+                f"but not on few enough nodes, and no over-quota jobs can be reclaimed")
+
+
+@dataclass(frozen=True, slots=True)
+class Reclaiming(Reason):
+    gpus: int
+    nodes: int
+    reclaimed: tuple[tuple[str, int], ...]  # (project, milli) being taken back
+
+    def __str__(self):
+        parts = ", ".join(f"{gpus_text(m)} from project {p}" for p, m in self.reclaimed)
+        return f"waiting for {_where(self.gpus, self.nodes)}; reclaiming {parts}"
+
+
+@dataclass(frozen=True, slots=True)
+class Releasing(Reason):
+    gpus: int
+    nodes: int
+
+    def __str__(self):
+        return (f"waiting for {_where(self.gpus, self.nodes)}; preempted jobs are releasing "
+                f"them within their grace period")
+
+
+@dataclass(frozen=True, slots=True)
+class MinRuntime(Reason):
+    gpus: int
+    nodes: int
+    min_runtime_s: float
+
+    def __str__(self):
+        return (f"waiting for {_where(self.gpus, self.nodes)}; the over-quota jobs that could "
+                f"give them back have run less than the minimum of {self.min_runtime_s:g} s")
+
+
+@dataclass(frozen=True, slots=True)
+class Reserved(Reason):
+    """This job holds a reservation; the nodes drain for it."""
+
+    gpus: int
+    nodes: tuple[str, ...]
+
+    def __str__(self):
+        return (f"waiting for {gpus_text(self.gpus)}; node(s) {', '.join(self.nodes)} are "
+                f"reserved for this job and start no new borrowing jobs until it runs")
+
+
+@dataclass(frozen=True, slots=True)
+class BehindReservation(Reason):
+    gpus: int
+    nodes: int
+    holder: str
+
+    def __str__(self):
+        return (f"waiting for {_where(self.gpus, self.nodes)}; the free GPUs are reserved for "
+                f"job {self.holder}, which has waited longest")

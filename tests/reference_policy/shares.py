@@ -1,0 +1,59 @@
+"""Deserved shares: each project's quota up to its demand, plus a fair part of what is left.
+
+Water-filling in integer milli-GPUs: the capacity that quotas leave unused goes to
+projects whose demand is not met, higher ``priority`` tiers first, in proportion to
+``over_quota_weight`` within a tier, never beyond a project's demand or ``limit``.
+"""
+
+from __future__ import annotations
+
+from itertools import groupby
+from typing import Iterable, Mapping
+
+from .model import Project
+
+
+def deserved_shares(projects: Iterable[Project], demand: Mapping[str, int],
+                    capacity: int) -> dict[str, int]:
+    projects = sorted(projects, key=lambda p: (-p.priority, p.name))
+    target = {}
+    share = {}
+    for p in projects:
+        want = demand.get(p.name, 0)
+        target[p.name] = want if p.limit is None else min(want, p.limit)
+        share[p.name] = min(p.quota, target[p.name])
+    left = capacity - sum(share.values())
+    for _, tier in groupby(projects, key=lambda p: p.priority):
+        if left <= 0:
+            break
+        hungry = [p for p in tier if p.over_quota_weight > 0 and target[p.name] > share[p.name]]
+        left -= _water_fill(hungry, target, share, left)
+    return share
+
+
+def _water_fill(hungry: list[Project], target: dict[str, int], share: dict[str, int],
+                left: int) -> int:
+    """Raise the shares of ``hungry`` by weight, up to their targets; return what was given."""
+    # Saturate projects in order of need per weight; cross-multiplying keeps it integer.
+    need = {p.name: target[p.name] - share[p.name] for p in hungry}
+    order = sorted(hungry, key=lambda p: (need[p.name] / p.over_quota_weight, p.name))
+    weight = sum(p.over_quota_weight for p in order)
+    pool = left
+    rest = []
+    for i, p in enumerate(order):
+        if need[p.name] * weight <= pool * p.over_quota_weight:
+            share[p.name] += need[p.name]
+            pool -= need[p.name]
+            weight -= p.over_quota_weight
+        else:
+            rest = order[i:]
+            break
+    if rest:
+        given = {p.name: pool * p.over_quota_weight // weight for p in rest}
+        spare = pool - sum(given.values())
+        for p in sorted(rest, key=lambda p: p.name)[:spare]:  # leftover milli-units, by name
+            given[p.name] += 1
+        for p in rest:
+            share[p.name] += given[p.name]
+        pool = 0
+    return left - pool
