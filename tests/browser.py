@@ -3,12 +3,11 @@ cannot work here)."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
+
+import debian
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update",
@@ -18,12 +17,8 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
 def chromium() -> str:
     """Debian's chromium, installed with apt-get where it is missing and we are root."""
     path = Path("/usr/bin/chromium")
-    if not path.exists() and os.geteuid() == 0 and shutil.which("apt-get"):
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "chromium"]
-        if subprocess.run(install, env=env, capture_output=True).returncode != 0:
-            subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True)
-            subprocess.run(install, env=env, capture_output=True)
+    if not path.exists():
+        debian.install("chromium")
     if not path.exists():
         pytest.skip("SKIPPED LOUDLY: this browser test needs Debian's chromium at "
                     "/usr/bin/chromium; install it with `apt-get install -y chromium` (as root)")

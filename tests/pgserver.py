@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+import debian
+
 
 def server_bin() -> Path | None:
     found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"),
@@ -27,13 +29,8 @@ def server_bin() -> Path | None:
 
 def install() -> None:
     """apt-get install postgresql, where it is missing and we may."""
-    if server_bin() is not None or os.geteuid() != 0 or not shutil.which("apt-get"):
-        return
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    command = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "postgresql"]
-    if subprocess.run(command, env=env, capture_output=True).returncode != 0:
-        subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True)
-        subprocess.run(command, env=env, capture_output=True)
+    if server_bin() is None:
+        debian.install("postgresql")
 
 
 class PostgreSQL:
