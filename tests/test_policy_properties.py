@@ -10,6 +10,7 @@ scheduling contract; the checks use their own brute-force arithmetic, never the 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from itertools import combinations
 
@@ -24,7 +25,9 @@ from jupyter_gpushare.policy.outcome import SUCCEEDED, after_stop
 from jupyter_gpushare.policy.queues import queue_key
 
 DT = 10.0  # seconds between cycles; the grace period is one cycle
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# GPUSHARE_EXAMPLES=5000 runs each property on more examples (the suite uses 150).
+SETTINGS = settings(max_examples=int(os.environ.get("GPUSHARE_EXAMPLES", 150)), deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow])
 
 
 # -- random worlds ---------------------------------------------------------------------------

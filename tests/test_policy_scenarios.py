@@ -375,6 +375,54 @@ def test_a_guaranteed_job_is_not_held_back_by_a_reservation():
     assert started(cycle(snap)) == {"s1": {"n0": 1}}
 
 
+
+def test_a_fair_share_claim_is_not_kept_out_by_a_reservation_beyond_its_share():
+    """Found by the no-flapping property: one GPU, project a (weight 1) deserves it, b
+    (weight 0) runs on it. a's claim preempts b's job while b's other job, waiting as long,
+    is given the node's reservation. Were a kept out of the reserved node, b would get the GPU
+    a reclaimed, a would reclaim it again, and the two would preempt each other for ever."""
+    snap = (cluster(nodes=1, gpus_per_node=1)
+            .projects(project("a").weight(1), project("b").weight(0))
+            .jobs(running("b0", "b", 1, 0), pending("a1", "a", submitted=0),
+                  pending("b1", "b", submitted=0))
+            .at(0))
+    config = PolicyConfig(min_runtime_s=15, reserve_after_s=20, reclaim_fair_share=True)
+    history = []
+    for t in range(0, 200, 10):
+        result, snap = step(replace(snap, now=t), config)
+        history.append((t, sorted(started(result)), preempted(result)))
+        if t == 20:
+            assert result.reservation.job == "b1"  # b1 waited longest: its node is held
+    changes = [h for h in history if h[1] or h[2]]
+    assert changes == [(20, [], ["b0"]), (40, ["a1"], [])]
+
+
+
+def test_a_priority_claim_does_not_drop_its_project_below_its_fair_share():
+    """Found by the no-flapping property: p2's high-priority 2-GPU job j8 may not preempt
+    p2's own j4 when that leaves p2 below its deserved share and j8 still beyond it. It
+    used to: the GPUs freed went to p0, below its share too, p2 reclaimed them back for j4,
+    p0 took them back by priority, and the three preempted each other for ever."""
+    jobs = [running("r0", "p2", 1, 0)]
+    for i, (who, gpus, prio) in enumerate([("p0", 1, 1), ("p0", 2, 0), ("p1", 1, 0),
+                                           ("p1", 1, 0), ("p2", 1, 0), ("p0", 2, 0),
+                                           ("p0", 2, 0), ("p0", 2, 0), ("p2", 2, 1),
+                                           ("p0", 2, 0)]):
+        jobs.append(pending(f"j{i}", who, gpus, submitted=0, priority=prio))
+    snap = (cluster(sizes=(1, 5))
+            .projects(project("p0").quota(2).weight(0), project("p1"), project("p2"))
+            .jobs(*jobs).at(0))
+    config = PolicyConfig(min_runtime_s=0, reclaim_fair_share=True,
+                          preempt_within_project=True, reservations=False)
+    history = []
+    for t in range(0, 300, 10):
+        result, snap = step(replace(snap, now=t), config)
+        history.append((t, sorted(started(result)), preempted(result)))
+    assert not any(starts or victims for _, starts, victims in history[6:]), history
+    assert ("j4" in {j.id for j in snap.jobs if j.running}
+            and "j8" not in {j.id for j in snap.jobs if j.running})
+
+
 # -- reasons are sentences ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("reason, text", [

@@ -129,8 +129,8 @@ class _Admission:
         self._candidates: dict[str, VictimPool] = {}
         self._young = 0  # over-quota jobs spared by the minimum runtime
         self.holder, self.reserved = self._current_reservation(view.holder)
-        held = self._pending_job(self.holder) if self.holder else None
-        self.holder_project = held.project if held else None
+        self.holder_job = self._pending_job(self.holder) if self.holder else None
+        self.holder_project = self.holder_job.project if self.holder_job else None
 
     # -- 3. order ---------------------------------------------------------------------
     def run(self) -> CycleResult:
@@ -248,7 +248,7 @@ class _Admission:
             job = queue[j]
             if job.id in seen:
                 continue
-            excluded = bool(self.reserved) and job.id != self.holder
+            excluded = bool(self._kept_out(job))
             k = nodes_needed(job.gpus, node_size)
             limit = self.projects[job.project].limit
             if limit is not None and self._committed(job.project) + job.gpus > limit:
@@ -268,7 +268,7 @@ class _Admission:
         if not cfg.reclaim_fair_share or \
                 self._committed(job.project) + job.gpus > self.deserved.get(job.project, 0):
             return False
-        excluded = bool(self.reserved) and job.id != self.holder
+        excluded = bool(self._kept_out(job))
         return job.gpus < self._no_fit.get(("reclaim-fair", excluded, k), _NEVER)
 
     def _next_borrower(self, queue, i: int) -> int | None:
@@ -278,9 +278,33 @@ class _Admission:
                 return j
         return None
 
+    def _kept_out(self, job: TrainJob) -> frozenset[str]:
+        """The reserved nodes a borrower may not use: none for the holder itself, and none,
+        with fair-share reclaim, for a job that keeps its project within its deserved share
+        while the holder would take its own beyond it. Such a job would take the GPUs back
+        from the holder once it ran; kept out, it would wait while the holder took the GPUs
+        it reclaimed, then reclaim them again, and the two would preempt each other for ever."""
+        if not self.reserved or job.id == self.holder:
+            return frozenset()
+        if self._holder_outranked() and self._within_share(job):
+            return frozenset()
+        return self.reserved
+
+    def _holder_outranked(self) -> bool:
+        """Whether a job within its project's deserved share may use the reserved nodes."""
+        cfg = self.config
+        return cfg.preemption and cfg.reclaim_fair_share and self.holder_job is not None \
+            and not self._within_share(self.holder_job)
+
+    def _within_share(self, job: TrainJob) -> bool:
+        p = self.projects[job.project]
+        return self._committed(p.name) + job.gpus <= max(self.deserved.get(p.name, 0), p.quota)
+
     def _exhausted(self) -> bool:
         """No borrower but the reservation holder can start on a free GPU any more."""
-        return self.c.free.total(self.reserved) == 0
+        if self.c.free.total(self.reserved) > 0:
+            return False
+        return not self._holder_outranked() or self.c.free.total() == 0
 
     def _may_reclaim(self, project: str, queue, i: int) -> bool:
         """Whether a job of ``project`` from position ``i`` on may still get GPUs once no
@@ -302,7 +326,7 @@ class _Admission:
         if p.limit is not None and self._committed(p.name) + job.gpus > p.limit:
             self._wait(job, None)
             return
-        exclude = self.reserved if job.id != self.holder else frozenset()
+        exclude = self._kept_out(job)
         if self._try_start(job, exclude, "borrow"):
             return
         cfg = self.config
@@ -391,10 +415,15 @@ class _Admission:
 
         Below quota a requeued victim keeps its project within quota and goes before this
         borrower, which would preempt it again: allowed only if the claimant then fits the quota.
+        With fair-share reclaim the same holds for the project's deserved share: below it, the
+        victim would reclaim, or another project below its share would take the GPUs first.
         """
-        quota = self.projects[job.project].quota
-        left = self.usage[job.project] - sum(v.gpus for v in victims)
-        return left >= quota or left + self.claimed[job.project] + job.gpus <= quota
+        p = self.projects[job.project]
+        floor = p.quota
+        if self.config.reclaim_fair_share:
+            floor = max(floor, self.deserved.get(p.name, 0))
+        left = self.usage[p.name] - sum(v.gpus for v in victims)
+        return left >= floor or left + self.claimed[p.name] + job.gpus <= floor
 
     def _victim_pool(self, mode: str, job: TrainJob) -> VictimPool:
         """The jobs reclaim may take: old enough, and (guarantee, fair) from other projects,
@@ -460,7 +489,7 @@ class _Admission:
             return never
         if p.limit is not None and self._committed(p.name) + job.gpus > p.limit:
             return R.AtLimit(p.name, p.limit, self._committed(p.name))
-        return self._why_no_room(job, self.reserved if job.id != self.holder else frozenset())
+        return self._why_no_room(job, self._kept_out(job))
 
     def _wait(self, job: TrainJob, reason: R.Reason | None) -> None:
         self.waits.append((job, reason))
