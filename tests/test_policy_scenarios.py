@@ -423,6 +423,29 @@ def test_a_priority_claim_does_not_drop_its_project_below_its_fair_share():
             and "j8" not in {j.id for j in snap.jobs if j.running})
 
 
+
+def test_a_priority_claim_beyond_quota_is_not_overtaken_by_its_own_project():
+    """Found by the no-flapping property: p0 (quota 5) runs 6 one-GPU jobs and its
+    high-priority j0 needs 3 on n3. Preempting two there would leave p0 below its quota,
+    so the released GPUs would go to p0's low-priority j1 (within quota, it goes first),
+    which j0 would preempt again, for ever. The claim is not made."""
+    placed = {"r0": "n0", "r1": "n1", "r2": "n2", "r3": "n2", "r4": "n3", "r5": "n3"}
+    snap = (cluster(sizes=(1, 1, 2, 3))
+            .projects(project("p0").quota(5), project("p1").weight(0))
+            .jobs(*(running(j, "p0", 1, 0, node) for j, node in placed.items()),
+                  pending("j0", "p0", 3, submitted=0, priority=1),
+                  pending("j1", "p0", submitted=0), pending("j2", "p0", submitted=0))
+            .at(0))
+    config = PolicyConfig(min_runtime_s=0, reclaim_fair_share=True,
+                          preempt_within_project=True, reservations=False)
+    history = []
+    for t in range(0, 200, 10):
+        result, snap = step(replace(snap, now=t), config)
+        history.append((t, sorted(started(result)), preempted(result)))
+    assert not any(victims for _, _, victims in history), history
+    assert history[0] == (0, ["j1"], [])
+
+
 # -- reasons are sentences ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("reason, text", [

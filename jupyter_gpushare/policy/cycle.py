@@ -419,11 +419,12 @@ class _Admission:
         victim would reclaim, or another project below its share would take the GPUs first.
         """
         p = self.projects[job.project]
-        floor = p.quota
-        if self.config.reclaim_fair_share:
-            floor = max(floor, self.deserved.get(p.name, 0))
         left = self.usage[p.name] - sum(v.gpus for v in victims)
-        return left >= floor or left + self.claimed[p.name] + job.gpus <= floor
+        after = left + self.claimed[p.name] + job.gpus
+        floors = [p.quota]
+        if self.config.reclaim_fair_share:
+            floors.append(self.deserved.get(p.name, 0))
+        return all(left >= floor or after <= floor for floor in floors)
 
     def _victim_pool(self, mode: str, job: TrainJob) -> VictimPool:
         """The jobs reclaim may take: old enough, and (guarantee, fair) from other projects,
