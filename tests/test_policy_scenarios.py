@@ -446,6 +446,29 @@ def test_a_priority_claim_beyond_quota_is_not_overtaken_by_its_own_project():
     assert history[0] == (0, ["j1"], [])
 
 
+
+def test_a_requeued_victim_does_not_retake_the_gpus_of_its_claimant():
+    """Found by the no-flapping property: p0's j2 (within quota) needs 4 GPUs on one node,
+    and only p1's j0 (2) and j3 (3) on n0 can give them; j0 leaves p1 below its quota. Both
+    go, and once n0 is free j2, not the requeued j0 submitted before it, goes first; were j0
+    first, it would start there and be reclaimed again, for ever."""
+    snap = (cluster(sizes=(5, 6, 7))
+            .projects(project("p0").quota(16).weight(0), project("p1").quota(2).weight(0),
+                      project("p2").weight(0))
+            .jobs(*(pending(f"j{i}", who, gpus, submitted=0) for i, (who, gpus) in enumerate(
+                [("p1", 2), ("p2", 1), ("p0", 4), ("p1", 3), ("p0", 1), ("p0", 1), ("p2", 1),
+                 ("p2", 1), ("p2", 1), ("p2", 1), ("p0", 4), ("p0", 1), ("p2", 1), ("p0", 5)])))
+            .at(0))
+    config = PolicyConfig(min_runtime_s=0, reclaim_fair_share=False, reservations=False)
+    history = []
+    for t in range(0, 200, 10):
+        result, snap = step(replace(snap, now=t), config)
+        history.append((t, sorted(started(result)), sorted(preempted(result))))
+    assert history[1] == (10, [], ["j0", "j3"])
+    assert "j2" in history[3][1]
+    assert not any(starts or victims for _, starts, victims in history[4:]), history
+
+
 # -- reasons are sentences ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("reason, text", [
@@ -471,6 +494,9 @@ def test_a_priority_claim_beyond_quota_is_not_overtaken_by_its_own_project():
      "longest"),
     (R.Fragmented(milli(4), 1, milli(4)),
      "waiting for 4 GPUs on one node; 4 GPUs are free but not on few enough nodes, and no "
+     "over-quota jobs can be reclaimed"),
+    (R.Fragmented(milli(2), 1, milli(1)),
+     "waiting for 2 GPUs on one node; 1 GPU is free but not on few enough nodes, and no "
      "over-quota jobs can be reclaimed"),
 ], ids=lambda v: type(v).__name__ if isinstance(v, R.Reason) else "")
 def test_reasons_are_plain_sentences(reason, text):

@@ -71,8 +71,10 @@ class Fragmented(Reason):
     free: int
 
     def __str__(self):
-        return (f"waiting for {_where(self.gpus, self.nodes)}; {gpus_text(self.free)} are free "
-                f"but not on few enough nodes, and no over-quota jobs can be reclaimed")
+        free = gpus_text(self.free)
+        verb = "are" if free.endswith("GPUs") else "is"
+        return (f"waiting for {_where(self.gpus, self.nodes)}; {free} {verb} "
+                f"free but not on few enough nodes, and no over-quota jobs can be reclaimed")
 
 
 @dataclass(frozen=True, slots=True)
