@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import sys
 from dataclasses import replace
 
 import pytest
@@ -690,3 +692,38 @@ def test_a_reservation_holder_at_its_projects_limit_gives_the_nodes_back():
     assert isinstance(reason_of(result, "b"), R.BehindReservation)  # it held this cycle
     result, snap = step(snap)
     assert started(result) == {"b": {"n1": 1}}
+
+
+def test_a_cycle_is_not_paused_by_the_garbage_collector():
+    """A cycle holds Python's cyclic collector off (a full collection midway walks the whole
+    heap) and gives it back as it found it."""
+    snap = (cluster(nodes=4)
+            .projects(project("a").quota(16), project("b"))
+            .jobs(*(running(f"r{i}", "b", 1, 0, f"n{i % 4}") for i in range(32)),
+                  *(pending(f"j{i}", "a", submitted=i) for i in range(200)))
+            .at(100))
+    collections = []  # collections that started while the cycle decided
+
+    def callback(phase, info):
+        frame = sys._getframe(1)
+        while frame is not None:  # (the collector is back while ``cycle`` returns)
+            if phase == "start" and frame.f_code.co_filename.endswith("policy/cycle.py") \
+                    and frame.f_code.co_name not in ("cycle", "_collector_held_off"):
+                collections.append(frame.f_code.co_name)
+                return
+            frame = frame.f_back
+
+    threshold = gc.get_threshold()
+    gc.callbacks.append(callback)
+    gc.set_threshold(1)  # any allocation would collect
+    try:
+        result = cycle(snap)
+        assert gc.isenabled()
+        gc.disable()
+        cycle(snap)
+        assert not gc.isenabled()  # a caller's choice stands
+    finally:
+        gc.enable()
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(callback)
+    assert len(result.preemptions) == 16 and collections == []

@@ -12,6 +12,7 @@ our stop ends is requeued (``policy/outcome.py``, the rule the service applies t
 
 from __future__ import annotations
 
+import gc
 import heapq
 import json
 import math
@@ -125,6 +126,16 @@ class Simulator:
             self._push(self.cycle_due, CYCLE)
 
     def run(self) -> SimRun:
+        # The trace, its records and the program live through the whole run: frozen, they
+        # are not walked again by every full collection the run's cycles trigger.
+        gc.collect()
+        gc.freeze()
+        try:
+            return self._run()
+        finally:
+            gc.unfreeze()
+
+    def _run(self) -> SimRun:
         wall = time.perf_counter()
         first = min((r.trace.submit_time for r in self.records.values()), default=0.0)
         end = first
