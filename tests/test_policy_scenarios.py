@@ -449,16 +449,13 @@ def test_a_priority_claim_beyond_quota_is_not_overtaken_by_its_own_project():
 
 
 
-@pytest.mark.parametrize("p1_priority", [0, 1])
-def test_a_requeued_victim_does_not_retake_the_gpus_of_its_claimant(p1_priority):
+def test_a_requeued_victim_does_not_retake_the_gpus_of_its_claimant():
     """Found by the no-flapping property: p0's j2 (within quota) needs 4 GPUs on one node,
     and only p1's j0 (2) and j3 (3) on n0 can give them; j0 leaves p1 below its quota. Both
-    go, and once n0 is free j2, not the requeued j0 submitted before it (or of a project of
-    higher priority), goes first; were j0 first, it would start there and be reclaimed
-    again, for ever."""
+    go, and once n0 is free j2, not the requeued j0 submitted before it, goes first; were j0
+    first, it would start there and be reclaimed again, for ever."""
     snap = (cluster(sizes=(5, 6, 7))
-            .projects(project("p0").quota(16).weight(0),
-                      project("p1").quota(2).weight(0).priority(p1_priority),
+            .projects(project("p0").quota(16).weight(0), project("p1").quota(2).weight(0),
                       project("p2").weight(0))
             .jobs(*(pending(f"j{i}", who, gpus, submitted=0) for i, (who, gpus) in enumerate(
                 [("p1", 2), ("p2", 1), ("p0", 4), ("p1", 3), ("p0", 1), ("p0", 1), ("p2", 1),

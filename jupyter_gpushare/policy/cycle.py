@@ -196,15 +196,14 @@ class _Admission:
         return None
 
     def _guaranteed_key(self, job: TrainJob) -> tuple:
-        """Across projects, within-quota jobs go first attempts before requeued ones, then
-        by project priority, then by submit time.
+        """Across projects, within-quota jobs go by project priority, then first attempts
+        before requeued ones, then submit time.
 
         A requeued job was preempted while its project ran over quota, to give GPUs back to
-        another project's job within quota. Were it first on the GPUs it gave back (by an
-        earlier submit time or a higher project priority), it would start there, put its
-        project over quota again, and be preempted again, for ever.
+        another project's job within quota. Were it first on the GPUs it gave back, it would
+        start there, put its project over quota again, and be preempted again, for ever.
         """
-        return (job.attempt > 1, -self.projects[job.project].priority, job.submit_time, job.id)
+        return (-self.projects[job.project].priority, job.attempt > 1, job.submit_time, job.id)
 
     def _global_key(self, job: TrainJob) -> tuple:
         # A job's own priority orders it within its project (the queue) only: across
