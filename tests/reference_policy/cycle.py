@@ -151,7 +151,7 @@ class _Admission:
         for name, queue in self.queues.items():
             i = self._next_guaranteed(name, queue, 0)
             if i is not None:
-                heap.append((self._guaranteed_key(queue[i]), name, i))
+                heap.append((self._global_key(queue[i]), name, i))
         heapq.heapify(heap)
         while heap:
             _, name, i = heapq.heappop(heap)
@@ -162,7 +162,7 @@ class _Admission:
                 self._admit_guaranteed(job)
             nxt = self._next_guaranteed(name, queue, i + 1)
             if nxt is not None:
-                heapq.heappush(heap, (self._guaranteed_key(queue[nxt]), name, nxt))
+                heapq.heappush(heap, (self._global_key(queue[nxt]), name, nxt))
 
     def _next_guaranteed(self, name: str, queue, i: int) -> int | None:
         room = self._room(name)
@@ -172,16 +172,6 @@ class _Admission:
             if queue[j].gpus <= room:
                 return j
         return None
-
-    def _guaranteed_key(self, job: TrainJob) -> tuple:
-        """Across projects, within-quota jobs go by project priority, then first attempts
-        before requeued ones, then submit time.
-
-        A requeued job was preempted while its project ran over quota, to give GPUs back to
-        another project's job within quota. Were it first on the GPUs it gave back, it would
-        start there, put its project over quota again, and be preempted again, for ever.
-        """
-        return (-self.projects[job.project].priority, job.attempt > 1, job.submit_time, job.id)
 
     def _global_key(self, job: TrainJob) -> tuple:
         # A job's own priority orders it within its project (the queue) only: across
