@@ -328,7 +328,11 @@ class KubeletSimulator:
             if e.status != 404:
                 raise
             if name in self.nodes:            # not for a node removed meanwhile
-                self.api.post(path, {"metadata": {"name": name}, "spec": spec})
+                try:
+                    self.api.post(path, {"metadata": {"name": name}, "spec": spec})
+                except KubeError as e:
+                    if e.status != 409:  # the heartbeat thread made it just now: renewed
+                        raise
 
     def _heartbeat(self):
         beats = 0
