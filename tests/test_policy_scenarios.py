@@ -389,14 +389,10 @@ def test_a_fair_share_claim_is_not_kept_out_by_a_reservation_beyond_its_share():
                   pending("b1", "b", submitted=0))
             .at(0))
     config = PolicyConfig(min_runtime_s=15, reserve_after_s=20, reclaim_fair_share=True)
-    history = []
-    for t in range(0, 200, 10):
-        result, snap = step(replace(snap, now=t), config)
-        history.append((t, sorted(started(result)), preempted(result)))
-        if t == 20:
-            assert result.reservation.job == "b1"  # b1 waited longest: its node is held
-    changes = [h for h in history if h[1] or h[2]]
-    assert changes == [(20, [], ["b0"]), (40, ["a1"], [])]
+    events, after = _history(snap, config, cycles=3)
+    assert job_of(after, "b1").reserved == ("n0",)  # b1 waited longest: its node is held
+    more, _ = _history(after, config, cycles=17)
+    assert events + more == [(20, "preempt", "b0"), (40, "start", "a1")]
 
 
 
@@ -416,11 +412,8 @@ def test_a_priority_claim_does_not_drop_its_project_below_its_fair_share():
             .jobs(*jobs).at(0))
     config = PolicyConfig(min_runtime_s=0, reclaim_fair_share=True,
                           preempt_within_project=True, reservations=False)
-    history = []
-    for t in range(0, 300, 10):
-        result, snap = step(replace(snap, now=t), config)
-        history.append((t, sorted(started(result)), preempted(result)))
-    assert not any(starts or victims for _, starts, victims in history[6:]), history
+    events, snap = _history(snap, config, cycles=30)
+    assert all(t < 60 for t, _, _ in events), events
     assert ("j4" in {j.id for j in snap.jobs if j.running}
             and "j8" not in {j.id for j in snap.jobs if j.running})
 
@@ -440,12 +433,8 @@ def test_a_priority_claim_beyond_quota_is_not_overtaken_by_its_own_project():
             .at(0))
     config = PolicyConfig(min_runtime_s=0, reclaim_fair_share=True,
                           preempt_within_project=True, reservations=False)
-    history = []
-    for t in range(0, 200, 10):
-        result, snap = step(replace(snap, now=t), config)
-        history.append((t, sorted(started(result)), preempted(result)))
-    assert not any(victims for _, _, victims in history), history
-    assert history[0] == (0, ["j1"], [])
+    events, _ = _history(snap, config, cycles=20)
+    assert events == [(0, "start", "j1")]
 
 
 
@@ -466,13 +455,10 @@ def test_a_requeued_victim_does_not_retake_the_gpus_of_its_claimant():
                  ("p2", 1), ("p2", 1), ("p2", 1), ("p0", 4), ("p0", 1), ("p2", 1), ("p0", 5)])))
             .at(0))
     config = PolicyConfig(min_runtime_s=0, reclaim_fair_share=False, reservations=False)
-    history = []
-    for t in range(0, 200, 10):
-        result, snap = step(replace(snap, now=t), config)
-        history.append((t, sorted(started(result)), sorted(preempted(result))))
-    assert history[1] == (10, [], ["j0", "j3"])
-    assert "j2" in history[3][1]
-    assert not any(starts or victims for _, starts, victims in history[4:]), history
+    events, _ = _history(snap, config, cycles=20)
+    assert sorted(e for e in events if e[0] == 10) == [(10, "preempt", "j0"), (10, "preempt", "j3")]
+    assert (30, "start", "j2") in events
+    assert all(t <= 30 for t, _, _ in events), events
 
 
 # -- reasons are sentences ---------------------------------------------------------------------
