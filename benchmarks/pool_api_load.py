@@ -2,8 +2,9 @@
 
 200 concurrent clients poll ``GET api/jobs`` (each with a user's token) while 20 jobs a second
 are submitted for 60 s on the local backend (8 simulated GPUs; the jobs run ``true``).
-Prints request latency p50/p99 and errors, and submit-to-running latency (from the job's
-own timestamps). Baseline in the same run: the same clients on ``api/openapi.json``, which
+Each client asks again at once, with the last answer's ETag as PoolClient does (the widget
+and the lab panel poll through it), so an unchanged answer is a 304. Prints request latency
+p50/p99, 304s and errors, and submit-to-running latency (from the job's own timestamps). Baseline in the same run: the same clients on ``api/openapi.json``, which
 goes through the same proxy and tornado but asks neither JupyterHub nor the database.
 
     .venv/bin/python benchmarks/pool_api_load.py [--clients 200] [--rate 20] [--seconds 60]
@@ -39,14 +40,23 @@ c.LocalBackend.env_keep = ["LANG", "LC_ALL"]
 """
 
 
-async def poll(url, token, until, latencies, errors):
-    client = AsyncHTTPClient()
+async def poll(url, token, until, latencies, errors, revalidated):
+    """Ask again and again, as PoolClient does: with the last answer's ETag, so that an
+    unchanged answer comes back as 304 without a body."""
+    client, etag = AsyncHTTPClient(), None
     while time.monotonic() < until:
+        headers = {"Authorization": f"token {token}"}
+        if etag:
+            headers["If-None-Match"] = etag
         t = time.perf_counter()
         try:
-            await client.fetch(HTTPRequest(url, headers={"Authorization": f"token {token}"},
-                                           request_timeout=30))
+            resp = await client.fetch(HTTPRequest(url, headers=headers, request_timeout=30),
+                                      raise_error=False)
+            if resp.code not in (200, 304):
+                raise HTTPClientError(resp.code, response=resp)
             latencies.append(time.perf_counter() - t)
+            revalidated.append(resp.code == 304)
+            etag = resp.headers.get("Etag", etag)
         except (HTTPClientError, OSError) as e:
             errors.append(str(e))
 
@@ -83,7 +93,7 @@ def submitter(hub, tokens, rate, seconds, out):
 
 
 async def phase(hub, tokens, path, clients, seconds, rate=0):
-    latencies, errors, ids = [], [], []
+    latencies, errors, ids, revalidated = [], [], [], []
     until = time.monotonic() + seconds
     users = list(tokens)
     if rate:
@@ -91,12 +101,12 @@ async def phase(hub, tokens, path, clients, seconds, rate=0):
         proc = multiprocessing.Process(target=submitter, args=(hub, tokens, rate, seconds, out))
         proc.start()
     await asyncio.gather(*[poll(hub.pool_url + path, tokens[users[i % len(users)]], until,
-                                latencies, errors) for i in range(clients)])
+                                latencies, errors, revalidated) for i in range(clients)])
     if rate:
         ids, submit_errors = out.get()
         proc.join()
         errors += submit_errors
-    return latencies, errors, ids
+    return latencies, errors, ids, sum(revalidated)
 
 
 def main():
@@ -113,9 +123,9 @@ def main():
         hub = Hub(Path(tmp), {"vision": ["alice"], "nlp": ["bob"]}, POOL).start()
         try:
             tokens = {u: hub.token(u) for u in ("alice", "bob")}
-            base_lat, base_err, _ = asyncio.run(phase(hub, tokens, "api/openapi.json",
+            base_lat, base_err, _, base_304 = asyncio.run(phase(hub, tokens, "api/openapi.json",
                                                       args.clients, min(args.seconds, 20)))
-            lat, err, ids = asyncio.run(phase(hub, tokens, "api/jobs", args.clients,
+            lat, err, ids, ours_304 = asyncio.run(phase(hub, tokens, "api/jobs", args.clients,
                                               args.seconds, args.rate))
             time.sleep(3)
             to_running = []
@@ -131,10 +141,10 @@ def main():
 
     print(f"{args.clients} clients polling, {args.rate:g} submits/s for {args.seconds:g} s "
           f"({len(ids)} jobs submitted)")
-    print(f"{'':24}{'requests':>10}{'p50 ms':>9}{'p99 ms':>9}{'errors':>8}")
-    print(f"{'GET api/jobs (ours)':24}{len(lat):>10}{ms(lat, 50):>9.1f}{ms(lat, 99):>9.1f}"
-          f"{len(err):>8}")
-    print(f"{'GET api/openapi.json':24}{len(base_lat):>10}{ms(base_lat, 50):>9.1f}"
+    print(f"{'':24}{'requests':>10}{'304':>8}{'p50 ms':>9}{'p99 ms':>9}{'errors':>8}")
+    print(f"{'GET api/jobs (ours)':24}{len(lat):>10}{ours_304:>8}{ms(lat, 50):>9.1f}"
+          f"{ms(lat, 99):>9.1f}{len(err):>8}")
+    print(f"{'GET api/openapi.json':24}{len(base_lat):>10}{base_304:>8}{ms(base_lat, 50):>9.1f}"
           f"{ms(base_lat, 99):>9.1f}{len(base_err):>8}")
     print(f"ours / baseline: p50 {ms(lat, 50) / ms(base_lat, 50):.2f}x, "
           f"p99 {ms(lat, 99) / ms(base_lat, 99):.2f}x")

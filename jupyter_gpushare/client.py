@@ -314,6 +314,9 @@ class PoolClient:
         self.retry_s = _retry_from_environment() if retry_s is None else retry_s
         self.on_retry = on_retry
         self._opener = urllib.request.build_opener(_NoRedirect())
+        # The last answer to each polled query with its ETag: asked again with
+        # If-None-Match, an unchanged list comes back as 304, without a body to send or parse.
+        self._answers: dict[str, tuple[str, bytes]] = {}
 
     def __repr__(self):
         return f"PoolClient({self.url!r})"
@@ -346,7 +349,7 @@ class PoolClient:
         at most ``limit`` (the server's default 100, at most 1000)."""
         query = {"project": project, "all": "1" if all else None, "state": state,
                  "limit": None if limit is None else str(limit)}
-        return self._json("GET", "api/jobs", query=query)["jobs"]
+        return self._json("GET", "api/jobs", query=query, revalidate=True)["jobs"]
 
     def submit(self, spec: dict, request_id: str | None = None) -> dict:
         """Submit a train job (see :func:`job_spec`); returns the job, with its ``reason``.
@@ -453,20 +456,38 @@ class PoolClient:
 
     # -- HTTP -------------------------------------------------------------------------------
     def _json(self, method, path, *, query=None, body=None, auth=True, headers=None,
-              retry=None):
+              retry=None, revalidate=False):
         """One call; reads (and submits, which carry a key) are tried again while the
-        service cannot be reached, for up to ``retry_s``."""
+        service cannot be reached, for up to ``retry_s``. ``revalidate`` (a GET polled
+        often): the last answer is kept with its ETag, and the service's 304 says to use it
+        again."""
+        key = f"{path}?{sorted((query or {}).items())}" if revalidate else None
+        seen = self._answers.get(key) if key else None
+        if seen is not None:
+            headers = {**(headers or {}), "If-None-Match": seen[0]}
+
         def call():
             with self._open(method, path, query=query, body=body, auth=auth,
                             headers=headers) as response:
-                return response.status, self._read(response, path)
+                if response.status == 304 and seen is not None:
+                    return 304, None
+                return response.status, self._read(response, path), response.headers
 
-        status, data = self._retrying(call, method == "GET" if retry is None else retry)
+        answer = self._retrying(call, method == "GET" if retry is None else retry)
+        if answer[0] == 304:
+            return json.loads(seen[1])  # parsed anew: the caller may change what it gets
+        status, data, response_headers = answer
         try:
-            return json.loads(data)
+            value = json.loads(data)
         except ValueError:
             raise PoolError(status, self._not_the_service(
                 f"answered {path} with something that is not JSON")) from None
+        etag = response_headers.get("Etag")
+        if key and etag and status == 200:
+            if len(self._answers) >= 32 and key not in self._answers:
+                self._answers.clear()
+            self._answers[key] = (etag, data)
+        return value
 
     def _retrying(self, call, retry: bool):
         """``call()``, tried again while the service cannot be reached (PoolUnreachable:
@@ -504,6 +525,8 @@ class PoolClient:
         try:
             return self._opener.open(request, timeout=self.timeout)
         except urllib.error.HTTPError as e:
+            if e.code == 304 and "If-None-Match" in headers:
+                return e  # not modified: the caller has the answer already
             with e:
                 raise self._error(e.code, e.reason, e.headers, path, self._read(e, path)) \
                     from None

@@ -339,3 +339,52 @@ def test_build_slices_are_packed_within_allowances_by_the_spawner_only(hub):
     assert as_spawner("DELETE", f"api/slices/{b1['id']}")[0] == 200
     assert as_spawner("DELETE", f"api/slices/{b1['id']}")[0] == 404
     assert as_spawner("POST", "api/slices", {"user": "carol", "gpus": 0.25})[0] == 201
+
+
+def test_lists_are_revalidated_by_etag_and_never_shared_between_users(hub):
+    from urllib.error import HTTPError
+    from urllib.request import Request, urlopen
+
+    from jupyter_gpushare.client import PoolClient
+
+    def get(user, path, etag=None):
+        req = Request(hub.pool_url + path, headers={"Authorization": f"token {hub.token(user)}"})
+        if etag:
+            req.add_header("If-None-Match", etag)
+        try:
+            with urlopen(req, timeout=30) as r:
+                return r.status, r.headers.get("Etag"), json.loads(r.read())
+        except HTTPError as e:
+            with e:
+                return e.code, e.headers.get("Etag"), e.read()
+
+    settle(hub)
+    job = submit(hub, "alice", gpus=1, source="import time; time.sleep(30)",
+                 env={"SECRET_SETTING": "alice-only"})
+    for _ in range(10):  # a usage sample between the two may change the list: ask again
+        status, etag, body = get("alice", "api/jobs")
+        again = get("alice", "api/jobs", etag)
+        if again[0] == 304:
+            break
+    assert status == 200 and job["id"] in [j["id"] for j in body["jobs"]]
+    assert again[0] == 304 and again[2] == b""  # not modified: no body
+    # Another user's tag gets that user's own list, never alice's.
+    status, bob_etag, bob_body = get("bob", "api/jobs", etag)
+    assert status == 200 and bob_etag != etag
+    assert job["id"] not in [j["id"] for j in bob_body["jobs"]]
+    # A member of the project sees the queue without alice's env, whatever tag she sends.
+    _, queue_etag, queue = get("alice", "api/jobs?project=vision")
+    status, _, carols = get("carol", "api/jobs?project=vision", queue_etag)
+    assert status == 200 and "alice-only" in json.dumps(queue)
+    assert "alice-only" not in json.dumps(carols)
+    # A change makes the old tag stale.
+    hub.api("DELETE", f"api/jobs/{job['id']}", "alice")
+    hub.wait_job("alice", job["id"], ("cancelled",))
+    status, _, body = get("alice", "api/jobs", etag)
+    assert status == 200 and body["jobs"][0]["state"] == "cancelled"
+    # PoolClient (the CLI, the widget, the lab panel's server extension) sends the tag back
+    # and gets the same list from a 304.
+    client = PoolClient(hub.pool_url, hub.token("alice"), retry_s=0)
+    first = client.jobs()
+    assert client.jobs() == first and [j["id"] for j in first][:1] == [job["id"]]
+    assert len(client._answers) == 1  # kept, with its tag, for the next poll

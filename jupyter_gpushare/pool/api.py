@@ -8,6 +8,7 @@ from JupyterHub (``directory.py``), never from a request body.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import re
 import time
@@ -29,7 +30,7 @@ STATES = ("pending", "running", "succeeded", "failed", "cancelled")
 MAX_DEPTH = 32  # nesting of a JSON body: specs are two levels deep
 _ID = re.compile(r"^[A-Za-z0-9._-]{1,64}\Z")  # job and slice ids (j-…, s-…)
 _PROJECT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}\Z")
-_LISTS: dict[tuple, str] = {}  # rendered job lists, by caller, query and store version
+_LISTS: dict[tuple, tuple[str, str]] = {}  # rendered job lists and their ETags, by caller, query and versions
 LIST_ARGUMENTS = ("all", "limit", "project", "state")  # the rest say nothing: not in the key
 
 
@@ -234,18 +235,37 @@ class QuotaHandler(PoolHandler):
 
 class JobsHandler(PoolHandler):
     def get(self):
-        # Many clients poll the same lists: the answer only changes when the store is
-        # written or a cycle explains positions anew, so it is kept until then.
+        # Many clients poll the same lists: the answer only changes when the caller's jobs
+        # change in the store or a cycle explains the queue differently, so it is kept
+        # rendered, with its ETag, until then; a client that sends the ETag back gets 304.
         key = (*list_key(self.who, self.request.query_arguments), id(self.pool.store),
-               self.pool.store.version, self.pool.scheduler.explained.at,
+               self._jobs_version(), self.pool.scheduler.explained.version,
                self.pool.usage.meter.version)
-        body = _LISTS.get(key)
-        if body is None:
+        cached = _LISTS.get(key)
+        if cached is None:
             body = json.dumps(self._list())
+            cached = (body, '"%s"' % hashlib.sha1(body.encode()).hexdigest())
             if len(_LISTS) >= 512:
                 _LISTS.clear()
-            _LISTS[key] = body
-        self.finish(body)
+            _LISTS[key] = cached
+        body, etag = cached
+        self.set_header("Cache-Control", "private, no-cache")  # keep it, but ask each time
+        self.set_header("Etag", etag)  # a hash of the body: equal tags, equal answers
+        if self.check_etag_header():
+            self.set_status(304)
+            self.finish()
+        else:
+            self.finish(body)
+
+    def _jobs_version(self) -> int:
+        """The job book's version of what the query lists (book.py)."""
+        book = self.pool.store.book
+        if self.get_argument("all", None):
+            return book.version_of()
+        project = self.get_argument("project", None)
+        if project is not None:
+            return book.version_of(project=project)
+        return book.version_of(user=self.who.name)
 
     def _list(self) -> dict:
         store = self.pool.store

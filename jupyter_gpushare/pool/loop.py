@@ -28,6 +28,11 @@ class Explanation:
     nodes: list[Node] = field(default_factory=list)
     starting: dict[str, str] = field(default_factory=dict)  # started jobs not yet running: why
     at: float = 0.0
+    version: int = 0  # changes when what it says changes (not when a cycle says it again)
+
+    def says(self) -> tuple:
+        return (self.positions, self.reasons, self.deserved, self.usage, self.nodes,
+                self.starting)
 
 
 class Scheduler:
@@ -124,11 +129,14 @@ class Scheduler:
             self.reserved = ({result.reservation.job: result.reservation.reserved}
                              if result.reservation else {})
             waits = result.waits
-            self.explained = Explanation(
+            explained = Explanation(
                 positions={w.job: w.position for w in waits},
                 reasons={w.job: str(w.reason) for w in waits},
                 deserved=dict(result.deserved), usage=dict(result.usage), nodes=nodes,
-                starting=self.backend.reasons(), at=now)
+                starting=self.backend.reasons(), at=now, version=self.explained.version)
+            if explained.says() != self.explained.says():
+                explained.version += 1  # answers rendered from the last one are stale
+            self.explained = explained
 
     async def _start_all(self, starts: list[tuple[str, dict]], now: float) -> None:
         """Record the cycle's starts (before the backend is asked, so that a crash in between

@@ -20,6 +20,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import sessionmaker
 
+from .book import JobBook
 from .models import AttemptRow, EventRow, JobRow, ProjectRow, SliceRow
 
 MIGRATIONS = Path(__file__).with_name("migrations")
@@ -70,16 +71,41 @@ def _private_sqlite(url: str) -> None:
 
 
 class Store:
-    def __init__(self, url: str):
+    def __init__(self, url: str, book_size: int = 20_000):
         self.engine = make_engine(url)
         upgrade(self.engine)
         self.session = sessionmaker(self.engine, expire_on_commit=False)
         self.version = 0  # bumped by every write: what was read before may be stale
         self._batch = None  # the session that ``batch()`` shares, while it runs
+        self.book = self._open_book(book_size)
+
+        # Every session's job rows reach the book when it commits (book.py): whichever
+        # method wrote them, lists read from memory never miss a change.
+        @event.listens_for(self.session, "after_flush")
+        def _flushed(session, _context):
+            rows = session.info.setdefault("jobs", {})
+            for row in (*session.new, *session.dirty):
+                if isinstance(row, JobRow):
+                    rows[row.id] = row
 
         @event.listens_for(self.session, "after_commit")
-        def _written(_session):
+        def _written(session):
             self.version += 1
+            rows = session.info.pop("jobs", None)
+            if rows:
+                self.book.committed(rows.values())
+
+        @event.listens_for(self.session, "after_soft_rollback")
+        def _undone(session, _previous):
+            session.info.pop("jobs", None)
+
+    def _open_book(self, size: int) -> JobBook:
+        book = JobBook([c.key for c in JobRow.__table__.columns], size)
+        newest = select(JobRow).order_by(JobRow.submitted.desc(), JobRow.id).limit(size)
+        with self.session() as s:
+            book.load(list(s.scalars(newest)),
+                      s.scalars(select(JobRow).where(JobRow.state.in_(ACTIVE))))
+        return book
 
     @contextlib.contextmanager
     def batch(self):
@@ -180,6 +206,11 @@ class Store:
 
     def jobs(self, user: str | None = None, project: str | None = None,
              states: Iterable[str] | None = None, limit: int = 1000) -> list[JobRow]:
+        """Newest first. From the job book (copies of the rows, as of their last commit)
+        unless the list reaches jobs the book forgot."""
+        found = self.book.jobs(user, project, states, limit)
+        if found is not None:
+            return found
         q = select(JobRow)
         if user is not None:
             q = q.where(JobRow.user == user)
