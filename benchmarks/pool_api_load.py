@@ -40,13 +40,13 @@ c.LocalBackend.env_keep = ["LANG", "LC_ALL"]
 """
 
 
-async def poll(url, token, until, latencies, errors, revalidated):
+async def poll(url, token, until, latencies, errors, revalidated, revalidate=True):
     """Ask again and again, as PoolClient does: with the last answer's ETag, so that an
-    unchanged answer comes back as 304 without a body."""
+    unchanged answer comes back as 304 without a body (``revalidate``)."""
     client, etag = AsyncHTTPClient(), None
     while time.monotonic() < until:
         headers = {"Authorization": f"token {token}"}
-        if etag:
+        if etag and revalidate:
             headers["If-None-Match"] = etag
         t = time.perf_counter()
         try:
@@ -92,7 +92,7 @@ def submitter(hub, tokens, rate, seconds, out):
     out.put((ids, errors))
 
 
-async def phase(hub, tokens, path, clients, seconds, rate=0):
+async def phase(hub, tokens, path, clients, seconds, rate=0, revalidate=True):
     latencies, errors, ids, revalidated = [], [], [], []
     until = time.monotonic() + seconds
     users = list(tokens)
@@ -101,7 +101,8 @@ async def phase(hub, tokens, path, clients, seconds, rate=0):
         proc = multiprocessing.Process(target=submitter, args=(hub, tokens, rate, seconds, out))
         proc.start()
     await asyncio.gather(*[poll(hub.pool_url + path, tokens[users[i % len(users)]], until,
-                                latencies, errors, revalidated) for i in range(clients)])
+                                latencies, errors, revalidated, revalidate)
+                           for i in range(clients)])
     if rate:
         ids, submit_errors = out.get()
         proc.join()
@@ -114,6 +115,8 @@ def main():
     ap.add_argument("--clients", type=int, default=200)
     ap.add_argument("--rate", type=float, default=20)
     ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--no-etag", dest="revalidate", action="store_false",
+                    help="clients that never send If-None-Match (every answer has a body)")
     args = ap.parse_args()
     system_users(["alice", "bob"])
     AsyncHTTPClient.configure(None, max_clients=args.clients + 10)
@@ -123,10 +126,12 @@ def main():
         hub = Hub(Path(tmp), {"vision": ["alice"], "nlp": ["bob"]}, POOL).start()
         try:
             tokens = {u: hub.token(u) for u in ("alice", "bob")}
-            base_lat, base_err, _, base_304 = asyncio.run(phase(hub, tokens, "api/openapi.json",
-                                                      args.clients, min(args.seconds, 20)))
-            lat, err, ids, ours_304 = asyncio.run(phase(hub, tokens, "api/jobs", args.clients,
-                                              args.seconds, args.rate))
+            base_lat, base_err, _, base_304 = asyncio.run(phase(
+                hub, tokens, "api/openapi.json", args.clients, min(args.seconds, 20),
+                revalidate=args.revalidate))
+            lat, err, ids, ours_304 = asyncio.run(phase(
+                hub, tokens, "api/jobs", args.clients, args.seconds, args.rate,
+                revalidate=args.revalidate))
             time.sleep(3)
             to_running = []
             for user, job_id in ids:
@@ -139,7 +144,8 @@ def main():
     def ms(values, q):
         return percentile([v * 1000 for v in values], q)
 
-    print(f"{args.clients} clients polling, {args.rate:g} submits/s for {args.seconds:g} s "
+    print(f"{args.clients} clients polling ({'with' if args.revalidate else 'without'} "
+          f"If-None-Match), {args.rate:g} submits/s for {args.seconds:g} s "
           f"({len(ids)} jobs submitted)")
     print(f"{'':24}{'requests':>10}{'304':>8}{'p50 ms':>9}{'p99 ms':>9}{'errors':>8}")
     print(f"{'GET api/jobs (ours)':24}{len(lat):>10}{ours_304:>8}{ms(lat, 50):>9.1f}"

@@ -102,3 +102,26 @@ def test_copies_handed_out_do_not_change_under_the_reader(tmp_path):
     store.start(job.id, {"n0": 1000}, time.time())
     assert seen.state == "pending"
     assert store.jobs(user="ann")[0].state == "running"
+
+
+def test_a_write_in_a_worker_thread_reaches_the_book_before_its_caller_resumes(tmp_path):
+    import asyncio
+    import threading
+
+    store = Store(f"sqlite:///{tmp_path / 'pool.sqlite'}")
+
+    async def main():
+        seen = []
+        original = store.book.committed
+        store.book.committed = lambda copies: (seen.append(threading.get_ident()),
+                                               original(copies))
+        job = await store.in_thread(store.add_job, time.time(), user="ann", project="p1",
+                                    **FIELDS)
+        assert [j.id for j in store.jobs(user="ann")] == [job.id]
+        await store.in_thread(store.start_many, [(job.id, {"n0": 1000})], time.time())
+        assert store.jobs(user="ann")[0].state == "running"
+        return seen
+
+    seen = asyncio.run(main())
+    assert seen == [threading.get_ident()] * 2  # applied on the loop's thread, not the worker's
+    check_all(store)

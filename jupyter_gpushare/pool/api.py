@@ -313,7 +313,7 @@ class JobsHandler(PoolHandler):
         if self.pool.store.state_counts(self.who.name).get("pending", 0) >= cap:
             self.fail(429, f"you have {cap} jobs waiting, the most one user may; wait for some "
                            f"to start, or cancel some")
-        row, created = self.pool.submit(self.who.name, project, spec)
+        row, created = await self.pool.submit(self.who.name, project, spec)
         if not created:  # a concurrent try of the same request won
             return self._again(row, spec)
         self.reply(self.job_json(row, True), 201)
@@ -607,9 +607,11 @@ class MetricsHandler(PoolHandler):
 
 
 class OpenAPIHandler(web.RequestHandler):
+    body = json.dumps(SPEC)  # it changes only with the code
+
     def get(self):
         self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps(SPEC))
+        self.finish(self.body)
 
 
 def routes(prefix: str) -> list:

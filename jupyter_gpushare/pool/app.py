@@ -292,10 +292,12 @@ class PoolService(Application):
         (with the working folder kept off ``sys.path``)."""
         return spec["command"] or [self.python, "-c", SOURCE_BOOTSTRAP, spec["source"]]
 
-    def submit(self, user: str, project: ProjectRow, spec: dict) -> tuple[JobRow, bool]:
+    async def submit(self, user: str, project: ProjectRow, spec: dict) -> tuple[JobRow, bool]:
         """Store a checked job spec; ``(job, created)``: a spec whose ``request_id`` the user
-        already submitted gets that job back, and no second one is made."""
-        row, created = self.store.add_job_once(
+        already submitted gets that job back, and no second one is made. The commit waits
+        for the disk in a worker thread, while the event loop answers other requests."""
+        row, created = await self.store.in_thread(
+            self.store.add_job_once,
             time.time(), spec.get("request_id"), user=user, project=project.name,
             name=spec["name"], gpus=spec["gpus"], priority=spec["priority"],
             command=self.command_for(spec), env=spec["env"], workdir=spec.get("workdir"),

@@ -6,8 +6,8 @@ a copy of each job as of its last commit, in the store's order (newest first), a
 to date by the store's own sessions: every committed change to a job row reaches it, whichever
 store method made it, so no write path can forget it.
 
-What flows in: the rows a session flushed, handed over when it commits (nothing when it rolls
-back). What flows out: ``jobs(...)`` as ``Store.jobs`` answers it, or None when the book cannot
+What flows in: copies of the rows a session flushed, made when it commits (nothing when it
+rolls back), on the event loop's thread even when a worker thread committed. What flows out: ``jobs(...)`` as ``Store.jobs`` answers it, or None when the book cannot
 answer exactly (it forgot old finished jobs to stay within ``size``: the store asks the
 database then), and versions per user, per project and overall that change exactly when a
 list of theirs may have changed.
@@ -63,10 +63,10 @@ class JobBook:
         a reader, and holds no database session."""
         return SimpleNamespace(**{c: getattr(row, c) for c in self.columns})
 
-    def committed(self, rows: Iterable) -> None:
-        """Job rows as a session just committed them."""
-        for row in rows:
-            self._put(self.copy(row))
+    def committed(self, copies: Iterable[SimpleNamespace]) -> None:
+        """Copies (``copy``) of job rows as a session just committed them."""
+        for job in copies:
+            self._put(job)
         if len(self._jobs) > self.size:
             self._forget_beyond(self.size)
 

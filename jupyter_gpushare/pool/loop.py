@@ -146,9 +146,11 @@ class Scheduler:
         per job."""
         if not starts:
             return
-        rows = self.store.start_many(starts, now)
+        # The commits wait for the disk in a worker thread, not on the event loop.
+        rows = await self.store.in_thread(self.store.start_many, starts, now)
         handles = await asyncio.gather(*(self._start(row) for row in rows))
-        self.store.set_handles({row.id: h for row, h in zip(rows, handles) if h is not None})
+        await self.store.in_thread(self.store.set_handles,
+                                   {row.id: h for row, h in zip(rows, handles) if h is not None})
 
     async def _start(self, row: JobRow) -> dict | None:
         try:

@@ -7,9 +7,11 @@ is upgraded in place and nothing accepted is lost.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import secrets
+import threading
 from pathlib import Path
 from typing import Iterable
 
@@ -76,8 +78,13 @@ class Store:
         upgrade(self.engine)
         self.session = sessionmaker(self.engine, expire_on_commit=False)
         self.version = 0  # bumped by every write: what was read before may be stale
-        self._batch = None  # the session that ``batch()`` shares, while it runs
+        self._local = threading.local()  # .batch: the session ``batch()`` shares, while it runs
         self.book = self._open_book(book_size)
+        # Writes may run in worker threads (``in_thread``). The book and the version are
+        # the event loop's alone: a worker's commit reaches them through the loop, before
+        # the worker's caller resumes.
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._home = threading.get_ident()
 
         # Every session's job rows reach the book when it commits (book.py): whichever
         # method wrote them, lists read from memory never miss a change.
@@ -90,14 +97,31 @@ class Store:
 
         @event.listens_for(self.session, "after_commit")
         def _written(session):
-            self.version += 1
             rows = session.info.pop("jobs", None)
-            if rows:
-                self.book.committed(rows.values())
+            copies = [self.book.copy(r) for r in rows.values()] if rows else []
+            if self._loop is None or threading.get_ident() == self._home:
+                self._committed(copies)
+            else:
+                self._loop.call_soon_threadsafe(self._committed, copies)
+
+    async def in_thread(self, method, *args, **kwargs):
+        """``method(*args, **kwargs)`` (a writing method of this store) in a worker thread:
+        its commit waits for the disk there, while the event loop goes on answering."""
+        self._loop, self._home = asyncio.get_running_loop(), threading.get_ident()
+        return await asyncio.to_thread(method, *args, **kwargs)
 
         @event.listens_for(self.session, "after_soft_rollback")
         def _undone(session, _previous):
             session.info.pop("jobs", None)
+
+    def _committed(self, copies: list) -> None:
+        self.version += 1
+        if copies:
+            self.book.committed(copies)
+
+    @property
+    def _batch(self):
+        return getattr(self._local, "batch", None)
 
     def _open_book(self, size: int) -> JobBook:
         book = JobBook([c.key for c in JobRow.__table__.columns], size)
@@ -116,12 +140,12 @@ class Store:
             yield
             return
         with self.session() as s:
-            self._batch = s
+            self._local.batch = s
             try:
                 yield
                 s.commit()
             finally:
-                self._batch = None
+                self._local.batch = None
 
     @contextlib.contextmanager
     def _writing(self):
