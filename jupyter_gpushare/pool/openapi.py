@@ -303,8 +303,14 @@ SPEC = {
                                                        "failed", "cancelled"]}},
                         {"name": "limit", "in": "query", "description": "newest first; "
                          "default 100, at most 1000",
-                         "schema": {"type": "integer", "minimum": 1, "maximum": 1000}}],
-                    "responses": {"200": _ok("JobList"), **_errors(400)}},
+                         "schema": {"type": "integer", "minimum": 1, "maximum": 1000}},
+                        {"name": "If-None-Match", "in": "header", "description": "the ETag "
+                         "of the last answer: 304 without a body if the list is unchanged",
+                         "schema": {"type": "string"}}],
+                    "responses": {"200": _ok("JobList"),
+                                  "304": {"description": "unchanged since the answer whose "
+                                                         "ETag was sent"},
+                                  **_errors(400)}},
             "post": {"summary": "Submit a train job. With an Idempotency-Key header (or "
                                 "request_id) a retried submit returns the job the first try "
                                 "made, with 200, and never makes a second one",
