@@ -125,3 +125,15 @@ def test_a_write_in_a_worker_thread_reaches_the_book_before_its_caller_resumes(t
     seen = asyncio.run(main())
     assert seen == [threading.get_ident()] * 2  # applied on the loop's thread, not the worker's
     check_all(store)
+
+
+def test_a_book_within_its_bytes_keeps_big_jobs_only_while_they_are_active(tmp_path):
+    url = f"sqlite:///{tmp_path / 'pool.sqlite'}"
+    store = Store(url, book_bytes=200_000)
+    big = dict(FIELDS, env={"DATA": "x" * 60_000})
+    ids = [store.add_job(1000.0 + i, user="ann", project="p1", **big).id for i in range(6)]
+    assert len(store.book) == 6  # all waiting: kept, whatever they weigh
+    for j in ids:
+        store.finish(j, 2000.0, "succeeded", 0)
+    assert store.book.bytes <= 200_000 and len(store.book) < 6
+    check_all(store)

@@ -116,6 +116,13 @@ class PoolService(Application):
                            "files.").tag(config=True)
     max_followers_per_user = Integer(10, min=1, help="Logs one user may follow at once "
                                      "(?follow=1, each an open connection).").tag(config=True)
+    job_book_size = Integer(20_000, min=100, help="Jobs kept in memory for lists (every "
+                            "waiting and running job, and the newest ended ones): lists that "
+                            "reach older jobs than it holds are read from the database."
+                            ).tag(config=True)
+    job_book_megabytes = Integer(64, min=1, help="Megabytes the jobs kept in memory for lists "
+                                 "may take (their commands and environments, mostly); the "
+                                 "oldest ended jobs are forgotten first.").tag(config=True)
     token_cache_ttl = Float(60.0, help="Seconds the hub's answer for a token (whose it is) is "
                             "kept; a revoked token works for at most this long.").tag(config=True)
     token_cache_size = Integer(10_000, help="Tokens whose owner is kept at most (the least "
@@ -197,7 +204,8 @@ class PoolService(Application):
         if self.config_file and Path(self.config_file).exists():
             self.load_config_file(self.config_file)
         private_dir(self.state_dir)  # the store holds every job's command and env
-        self.store = Store(self.db_url)
+        self.store = Store(self.db_url, self.job_book_size,
+                           self.job_book_megabytes * 1024 * 1024)
         self.backend = self.backend_class(parent=self, **self._backend_kwargs())
         capacity = self.train_capacity()
         configured = sum(round(p["quota"] * GPU) for p in self.projects.values())

@@ -8,8 +8,8 @@ store method made it, so no write path can forget it.
 
 What flows in: copies of the rows a session flushed, made when it commits (nothing when it
 rolls back), on the event loop's thread even when a worker thread committed. What flows out: ``jobs(...)`` as ``Store.jobs`` answers it, or None when the book cannot
-answer exactly (it forgot old finished jobs to stay within ``size``: the store asks the
-database then), and versions per user, per project and overall that change exactly when a
+answer exactly (it forgot old ended jobs to stay within ``size`` jobs and ``max_bytes``:
+the store asks the database then), and versions per user, per project and overall that change exactly when a
 list of theirs may have changed.
 
 The book is this process's: a second process writing the same database would not reach it.
@@ -29,10 +29,19 @@ def _order(job) -> tuple:
     return (-job.submitted, job.id)
 
 
+def weight(job) -> int:
+    """About the bytes a job holds in memory: its command, env and workdir (up to the
+    service's max_job_size each), and a little for the rest."""
+    return (sum(len(a) for a in job.command or ()) + len(job.workdir or "")
+            + sum(len(k) + len(v) for k, v in (job.env or {}).items()) + 1000)
+
+
 class JobBook:
-    def __init__(self, columns: Iterable[str], size: int = 20_000):
+    def __init__(self, columns: Iterable[str], size: int = 20_000,
+                 max_bytes: int = 64 * 1024 * 1024):
         self.columns = tuple(columns)
-        self.size = size
+        self.size, self.max_bytes = size, max_bytes
+        self.bytes = 0  # sum of weight() over the jobs held
         self._jobs: dict[str, SimpleNamespace] = {}
         self._all: list[tuple] = []  # order keys of every job held
         self._by_user: dict[str, list[tuple]] = {}
@@ -57,6 +66,7 @@ class JobBook:
                 self._put(self.copy(row))
         if len(newest) >= self.size:
             self._horizon = _order(newest[-1])  # conservative: from this one on
+        self._forget_beyond()
 
     def copy(self, row) -> SimpleNamespace:
         """A plain copy of a job row's columns: what the book hands out never changes under
@@ -67,8 +77,7 @@ class JobBook:
         """Copies (``copy``) of job rows as a session just committed them."""
         for job in copies:
             self._put(job)
-        if len(self._jobs) > self.size:
-            self._forget_beyond(self.size)
+        self._forget_beyond()
 
     def _put(self, job: SimpleNamespace) -> None:
         old = self._jobs.get(job.id)
@@ -77,24 +86,32 @@ class JobBook:
             bisect.insort(self._all, key)
             bisect.insort(self._by_user.setdefault(job.user, []), key)
             bisect.insort(self._by_project.setdefault(job.project, []), key)
+        else:
+            self.bytes -= weight(old)
         self._jobs[job.id] = job
+        self.bytes += weight(job)
         self.version += 1
         self._user_versions[job.user] = self._user_versions.get(job.user, 0) + 1
         self._project_versions[job.project] = self._project_versions.get(job.project, 0) + 1
 
-    def _forget_beyond(self, size: int) -> None:
-        """Forget the oldest ended jobs until ``size`` are held (active ones always stay: the
-        loop and the lists need them); lists that reach past them go to the database."""
-        excess = len(self._jobs) - size
+    def _forget_beyond(self) -> None:
+        """Forget the oldest ended jobs until at most ``size`` jobs and ``max_bytes`` are
+        held (active ones always stay: the lists show them first); lists that reach past
+        them go to the database."""
+        count, held = len(self._jobs), self.bytes
+        if count <= self.size and held <= self.max_bytes:
+            return
         forgotten = []
         for key in reversed(self._all):
-            if excess <= 0:
+            if count <= self.size and held <= self.max_bytes:
                 break
-            if self._jobs[key[1]].state not in ACTIVE:
+            job = self._jobs[key[1]]
+            if job.state not in ACTIVE:
                 forgotten.append(key)
-                excess -= 1
+                count, held = count - 1, held - weight(job)
         for key in forgotten:
             job = self._jobs.pop(key[1])
+            self.bytes -= weight(job)
             for index in (self._all, self._by_user[job.user], self._by_project[job.project]):
                 del index[bisect.bisect_left(index, key)]
         if forgotten:

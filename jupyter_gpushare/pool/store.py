@@ -73,13 +73,13 @@ def _private_sqlite(url: str) -> None:
 
 
 class Store:
-    def __init__(self, url: str, book_size: int = 20_000):
+    def __init__(self, url: str, book_size: int = 20_000, book_bytes: int = 64 * 1024 * 1024):
         self.engine = make_engine(url)
         upgrade(self.engine)
         self.session = sessionmaker(self.engine, expire_on_commit=False)
         self.version = 0  # bumped by every write: what was read before may be stale
         self._local = threading.local()  # .batch: the session ``batch()`` shares, while it runs
-        self.book = self._open_book(book_size)
+        self.book = self._open_book(book_size, book_bytes)
         # Writes may run in worker threads (``in_thread``). The book and the version are
         # the event loop's alone: a worker's commit reaches them through the loop, before
         # the worker's caller resumes.
@@ -123,8 +123,8 @@ class Store:
     def _batch(self):
         return getattr(self._local, "batch", None)
 
-    def _open_book(self, size: int) -> JobBook:
-        book = JobBook([c.key for c in JobRow.__table__.columns], size)
+    def _open_book(self, size: int, max_bytes: int) -> JobBook:
+        book = JobBook([c.key for c in JobRow.__table__.columns], size, max_bytes)
         newest = select(JobRow).order_by(JobRow.submitted.desc(), JobRow.id).limit(size)
         with self.session() as s:
             book.load(list(s.scalars(newest)),
