@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import gzip
 import http.client
 import json
 import os
@@ -463,8 +464,9 @@ class PoolClient:
         again."""
         key = f"{path}?{sorted((query or {}).items())}" if revalidate else None
         seen = self._answers.get(key) if key else None
+        headers = {**(headers or {}), "Accept-Encoding": "gzip"}
         if seen is not None:
-            headers = {**(headers or {}), "If-None-Match": seen[0]}
+            headers["If-None-Match"] = seen[0]
 
         def call():
             with self._open(method, path, query=query, body=body, auth=auth,
@@ -478,8 +480,10 @@ class PoolClient:
             return json.loads(seen[1])  # parsed anew: the caller may change what it gets
         status, data, response_headers = answer
         try:
+            if response_headers.get("Content-Encoding") == "gzip":
+                data = gzip.decompress(data)
             value = json.loads(data)
-        except ValueError:
+        except (ValueError, OSError, EOFError):  # not JSON, or not gzip after all
             raise PoolError(status, self._not_the_service(
                 f"answered {path} with something that is not JSON")) from None
         etag = response_headers.get("Etag")

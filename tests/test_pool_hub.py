@@ -3,6 +3,7 @@ simulated GPUs: jobs run and log, preemption and resume, every endpoint's rights
 idempotent submits, and a service that is killed and started again at once. All of it on
 SQLite and on PostgreSQL."""
 
+import gzip
 import json
 import os
 import signal
@@ -382,6 +383,12 @@ def test_lists_are_revalidated_by_etag_and_never_shared_between_users(hub):
     hub.wait_job("alice", job["id"], ("cancelled",))
     status, _, body = get("alice", "api/jobs", etag)
     assert status == 200 and body["jobs"][0]["state"] == "cancelled"
+    # Taken gzipped, the same list.
+    req = Request(hub.pool_url + "api/jobs", headers={
+        "Authorization": f"token {hub.token('alice')}", "Accept-Encoding": "gzip"})
+    with urlopen(req, timeout=30) as r:
+        assert r.headers["Content-Encoding"] == "gzip" and r.headers["Etag"] != etag
+        assert json.loads(gzip.decompress(r.read()))["jobs"][0]["id"] == job["id"]
     # PoolClient (the CLI, the widget, the lab panel's server extension) sends the tag back
     # and gets the same list from a 304.
     client = PoolClient(hub.pool_url, hub.token("alice"), retry_s=0)
