@@ -75,10 +75,21 @@ def test_the_book_lists_what_the_database_does(tmp_path):
             raise RuntimeError
     assert store.book.version == before
     check_all(store)
+    # So does a rolled-back change in a session that then commits something else.
+    victim = store.jobs(limit=1)[0]
+    with store.session() as s:
+        s.get(JobRow, victim.id).state = "failed"
+        s.flush()
+        s.rollback()
+        s.add(JobRow(id="j-after-rollback", submitted=5000.0, user="ann", project="p1",
+                     state="pending", pending_since=5000.0, **FIELDS))
+        s.commit()
+    assert store.book.get(victim.id).state == victim.state
+    check_all(store)
     # A restart loads the book from the database.
     again = Store(url)
     check_all(again)
-    assert len(again.book) == 40
+    assert len(again.book) == 41
 
 
 def test_a_small_book_forgets_ended_jobs_and_asks_the_database(tmp_path):

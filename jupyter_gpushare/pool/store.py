@@ -104,15 +104,15 @@ class Store:
             else:
                 self._loop.call_soon_threadsafe(self._committed, copies)
 
+        @event.listens_for(self.session, "after_soft_rollback")
+        def _undone(session, _previous):
+            session.info.pop("jobs", None)
+
     async def in_thread(self, method, *args, **kwargs):
         """``method(*args, **kwargs)`` (a writing method of this store) in a worker thread:
         its commit waits for the disk there, while the event loop goes on answering."""
         self._loop, self._home = asyncio.get_running_loop(), threading.get_ident()
         return await asyncio.to_thread(method, *args, **kwargs)
-
-        @event.listens_for(self.session, "after_soft_rollback")
-        def _undone(session, _previous):
-            session.info.pop("jobs", None)
 
     def _committed(self, copies: list) -> None:
         self.version += 1
