@@ -271,6 +271,27 @@ def test_a_flood_of_jobs_stops_at_the_pending_cap(hub):
             hub.api("DELETE", f"api/jobs/{job_id}", "bob")
 
 
+def test_concurrent_submits_stop_at_the_pending_cap_too(hub):
+    """Submits are stored in a worker thread: those still being stored count as waiting, so
+    that 20 at once cannot all pass the check before the first is written."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(_):
+        return hub.api("POST", "api/jobs", "bob", {"gpus": 1, "command": ["sleep", "30"]})
+
+    with ThreadPoolExecutor(20) as pool:
+        answers = list(pool.map(one, range(20)))
+    ids = [body["id"] for status, body in answers if status == 201]
+    try:
+        assert {status for status, _ in answers} <= {201, 429}
+        assert 3 <= len(ids) <= 4, answers  # 3 waiting, and one may have started meanwhile
+        pending = hub.api("GET", "api/jobs?state=pending", "bob")[1]["jobs"]
+        assert len(pending) <= 3
+    finally:
+        for job_id in ids:
+            hub.api("DELETE", f"api/jobs/{job_id}", "bob")
+
+
 def test_a_job_too_large_in_total_is_refused(hub):
     env = {f"BIG{i}": "x" * 30_000 for i in range(3)}  # 90 KiB, each under the 32 KiB per value
     status, answer = hub.api("POST", "api/jobs", "alice",

@@ -303,11 +303,20 @@ class JobsHandler(PoolHandler):
             project = self._project(spec.pop("project"), spec["gpus"], spec["priority"])
         except Invalid as e:
             self.fail(e.status, str(e))
-        cap = self.pool.max_pending_per_user
-        if self.pool.store.state_counts(self.who.name).get("pending", 0) >= cap:
+        # Submits still being written count as waiting: a flood of concurrent ones must not
+        # all pass the check before the first is stored.
+        cap, user = self.pool.max_pending_per_user, self.who.name
+        if (self.pool.store.state_counts(user).get("pending", 0)
+                + self.pool.submitting[user]) >= cap:
             self.fail(429, f"you have {cap} jobs waiting, the most one user may; wait for some "
                            f"to start, or cancel some")
-        row, created = await self.pool.submit(self.who.name, project, spec)
+        self.pool.submitting[user] += 1
+        try:
+            row, created = await self.pool.submit(user, project, spec)
+        finally:
+            self.pool.submitting[user] -= 1
+            if not self.pool.submitting[user]:
+                del self.pool.submitting[user]
         if not created:  # a concurrent try of the same request won
             return self._again(row, spec)
         self.reply(self.job_json(row, True), 201)

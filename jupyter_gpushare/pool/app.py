@@ -12,6 +12,7 @@ import os
 import pwd
 import signal
 import time
+from collections import Counter
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -204,6 +205,7 @@ class PoolService(Application):
         if self.config_file and Path(self.config_file).exists():
             self.load_config_file(self.config_file)
         private_dir(self.state_dir)  # the store holds every job's command and env
+        self.submitting: Counter[str] = Counter()  # submits being stored, by user
         self.store = Store(self.db_url, self.job_book_size,
                            self.job_book_megabytes * 1024 * 1024)
         self.backend = self.backend_class(parent=self, **self._backend_kwargs())
