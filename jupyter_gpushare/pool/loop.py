@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..backends.base import Backend, BackendError, Exit, Handle
 from ..policy import JobState, Node, PolicyConfig, Project, Snapshot, TrainJob, cycle
@@ -125,18 +125,25 @@ class Scheduler:
             for p in result.preemptions:
                 row = self.store.mark(p.job, now, preempting=True, detail=p.why)
                 await self.backend.stop(p.job, row.attempt, self.grace_s)
-            await self._start_all([(s.job, dict(s.placement)) for s in result.starts], now)
             self.reserved = ({result.reservation.job: result.reservation.reserved}
                              if result.reservation else {})
             waits = result.waits
-            explained = Explanation(
+            # Explained before the starts are recorded (their commits wait in a worker
+            # thread): a job shown running is counted in its project's use at once.
+            self._explain(Explanation(
                 positions={w.job: w.position for w in waits},
                 reasons={w.job: str(w.reason) for w in waits},
                 deserved=dict(result.deserved), usage=dict(result.usage), nodes=nodes,
-                starting=self.backend.reasons(), at=now, version=self.explained.version)
-            if explained.says() != self.explained.says():
-                explained.version += 1  # answers rendered from the last one are stale
-            self.explained = explained
+                starting=self.backend.reasons(), at=now))
+            await self._start_all([(s.job, dict(s.placement)) for s in result.starts], now)
+            if result.starts:  # why the jobs just started are not running yet
+                self._explain(replace(self.explained, starting=self.backend.reasons()))
+
+    def _explain(self, explained: Explanation) -> None:
+        """What the API shows of the last cycle; its version changes when what it says does
+        (answers rendered from the last one are stale then), not when a cycle says it again."""
+        explained.version = self.explained.version + (explained.says() != self.explained.says())
+        self.explained = explained
 
     async def _start_all(self, starts: list[tuple[str, dict]], now: float) -> None:
         """Record the cycle's starts (before the backend is asked, so that a crash in between
