@@ -32,6 +32,9 @@ MAX_DEPTH = 32  # nesting of a JSON body: specs are two levels deep
 _ID = re.compile(r"^[A-Za-z0-9._-]{1,64}\Z")  # job and slice ids (j-…, s-…)
 _PROJECT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}\Z")
 _LISTS: dict[tuple, "Rendered"] = {}  # rendered job lists, by caller, query and versions
+# Each job's JSON as the last list had it, by (job id, with its command and env): the row
+# it came from and what the cycle said of the job (job_text).
+_JOB_TEXTS: dict[tuple, tuple] = {}
 LIST_ARGUMENTS = ("all", "limit", "project", "state")  # the rest say nothing: not in the key
 
 
@@ -244,7 +247,7 @@ class JobsHandler(PoolHandler):
                self.pool.usage.meter.version)
         answer = _LISTS.get(key)
         if answer is None:
-            answer = Rendered(json.dumps(self._list()))
+            answer = Rendered(self._list())
             if len(_LISTS) >= 512:
                 _LISTS.clear()
             _LISTS[key] = answer
@@ -261,7 +264,7 @@ class JobsHandler(PoolHandler):
             return book.version_of(project=project)
         return book.version_of(user=self.who.name)
 
-    def _list(self) -> dict:
+    def _list(self) -> str:
         store = self.pool.store
         state = self.get_argument("state", None)
         if state is not None and state not in STATES:
@@ -287,8 +290,26 @@ class JobsHandler(PoolHandler):
             rows = store.jobs(user=self.who.name, states=states, limit=limit)
         else:
             rows = []  # a service has no jobs of its own
-        return {"jobs": [self.job_json(r, self.who.is_user(r.user) or self.who.admin)
-                         for r in rows]}
+        texts = [self.job_text(r, self.who.is_user(r.user) or self.who.admin) for r in rows]
+        return '{"jobs": [' + ", ".join(texts) + "]}"
+
+    def job_text(self, row: JobRow, full: bool) -> str:
+        """``job_json`` as JSON text, kept for the next list while neither the job (its
+        row, as the job book hands it out) nor what the last cycle and the usage meter say
+        of it changes: a list that changed in one job encodes that job only."""
+        ex = self.pool.scheduler.explained
+        says = (ex.positions.get(row.id) if row.state == "pending" else None,
+                self.why_text(row, ex),
+                self.pool.usage.meter.holder_now("job", f"{row.id}/{row.attempt}")
+                if row.state == "running" else None)
+        kept = _JOB_TEXTS.get((row.id, full))
+        if kept is not None and kept[0] is row and kept[1] == says:
+            return kept[2]
+        text = json.dumps(self.job_json(row, full))
+        if len(_JOB_TEXTS) >= 50_000:
+            _JOB_TEXTS.clear()
+        _JOB_TEXTS[(row.id, full)] = (row, says, text)
+        return text
 
     async def post(self):
         if self.who.kind != "user":
