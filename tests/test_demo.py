@@ -232,4 +232,6 @@ def test_the_demo_stops_soon_and_says_no_error(demo):
     text = log.read_text()
     assert "was not released" not in text and "Traceback" not in text, text[-3000:]
     assert took < 20, f"the demo took {took:.1f} s to stop"
+    # Her server shut its kernel down (not left it to notice its parent was gone).
+    assert "Shutting down 1 kernel" in text and "Interrupted..." not in text, text[-3000:]
     assert not _processes_of(demo["hub_port"], "alice"), "alice's server outlived the hub"

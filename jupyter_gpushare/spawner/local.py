@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import signal
 import stat
 from pathlib import Path
 
@@ -129,6 +130,19 @@ class LocalGPUShareSpawner(GPUShareSpawnerBase, LocalProcessSpawner):
             return env
         env.update(USER=self.user.name, HOME=self._hub_user_home(), SHELL="/bin/bash")
         return env
+
+    async def stop(self, now=False):
+        # JupyterHub asks a server to stop with SIGINT, which jupyter_server treats as a clean
+        # stop only when its stdin is a terminal. A spawned server has none: SIGINT raises
+        # KeyboardInterrupt, and the server exits without shutting its kernels down (they
+        # notice a second later and leave their connection files behind). SIGTERM is its
+        # clean stop in every case, so it goes first; the parent's SIGINT, SIGTERM, SIGKILL
+        # follow for a server that has not stopped within interrupt_timeout.
+        if not now and self.pid and await self.poll() is None:
+            self.log.debug("Terminating %i, so that it shuts its kernels down", self.pid)
+            await self._signal(signal.SIGTERM)
+            await self.wait_for_death(self.interrupt_timeout)
+        await super().stop(now=now)
 
     async def move_certs(self, paths):
         if not self.run_as_hub_user:
