@@ -6,8 +6,8 @@ are submitted for 60 s on the local backend (8 simulated nodes of 8 GPUs; the jo
 Each client asks again at once, with the last answer's ETag as PoolClient does (the widget
 and the lab panel poll through it), so an unchanged answer is a 304 (``--no-etag``: never).
 Prints request latency p50/p99, 304s, answer sizes and errors, and submit-to-running latency
-(from the job's own timestamps), split by whether a GPU was free at the submit. Baseline in the same run: the same clients on
-``api/openapi.json``, which goes through the same proxy and tornado but asks neither
+(from the job's own timestamps), split by whether a GPU was free at the submit. Baseline in
+the same run: the same clients on ``api/openapi.json``, which goes through the same proxy and tornado but asks neither
 JupyterHub nor the database, while the same stream of jobs is submitted
 (``--quiet-baseline``: without it, as this benchmark did at first). The two take turns
 (``--turns``, 3 by default), each running ``--seconds`` in all.
@@ -134,6 +134,11 @@ def main():
                     help="no submits during the baseline (as before): its machine then has "
                          "no jobs to start, so it is lighter loaded than ours")
     args = ap.parse_args()
+    for name in ("clients", "seconds", "turns", "nodes"):
+        if not getattr(args, name) > 0:
+            ap.error(f"--{name} must be more than 0")
+    if args.rate < 0:
+        ap.error("--rate must be 0 (no submits) or more")
     system_users(["alice", "bob"])
     AsyncHTTPClient.configure(None, max_clients=args.clients + 10)
     tmp = tempfile.mkdtemp(prefix="gpushare-load-")
