@@ -1,11 +1,76 @@
-"""Prometheus metrics of the pool (text exposition format), computed when scraped."""
+"""Prometheus metrics of the pool (text exposition format), computed when scraped.
+
+Every metric is declared once, in ``METRICS``: the collectors fill them and the documentation's
+metrics reference is made from the same table."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..policy.model import GPU
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric family: its name, kind (``gauge`` or ``counter``), help text and labels."""
+
+    name: str
+    kind: str
+    help: str
+    labels: tuple[str, ...] = ()
+
+    @property
+    def exposed(self) -> str:
+        """The name a scrape shows: counters get ``_total``, as the exposition format says."""
+        return self.name + "_total" if self.kind == "counter" else self.name
+
+    def family(self):
+        cls = CounterMetricFamily if self.kind == "counter" else GaugeMetricFamily
+        return cls(self.name, self.help, labels=list(self.labels))
+
+
+_GPU = ("node", "gpu", "pool")
+TRAIN_GPUS = Metric("gpushare_train_gpus", "gauge", "GPUs in the train pool")
+PROJECT_IN_USE = Metric("gpushare_project_gpus_in_use", "gauge", "GPUs a project's jobs hold",
+                        ("project",))
+PROJECT_QUOTA = Metric("gpushare_project_quota_gpus", "gauge", "A project's guaranteed GPUs",
+                       ("project",))
+PROJECT_DESERVED = Metric("gpushare_project_deserved_gpus", "gauge",
+                          "A project's deserved share in the last cycle", ("project",))
+JOBS = Metric("gpushare_jobs", "gauge", "Jobs by state and project", ("state", "project"))
+GPU_UTILIZATION = Metric("gpushare_gpu_utilization_ratio", "gauge", "SM utilization of a GPU "
+                         "at its last reading (0-1); absent where NVML cannot say (MIG, a lost "
+                         "GPU)", _GPU)
+GPU_MEMORY_USED = Metric("gpushare_gpu_memory_used_bytes", "gauge", "GPU memory in use", _GPU)
+GPU_MEMORY_TOTAL = Metric("gpushare_gpu_memory_total_bytes", "gauge", "GPU memory", _GPU)
+GPU_ALLOCATED = Metric("gpushare_gpu_allocated_ratio", "gauge", "Share of a GPU held by jobs "
+                       "and slices (0-1)", _GPU)
+GPU_LOST = Metric("gpushare_gpu_lost", "gauge", "1 when NVML reports the GPU fallen off the bus",
+                  _GPU)
+GPU_OUTSIDE = Metric("gpushare_gpu_outside_processes", "gauge", "Processes on a GPU that no job "
+                     "or slice of gpushare owns", _GPU)
+PROJECT_SECONDS = Metric("gpushare_project_gpu_seconds", "counter", "GPU-seconds of a project's "
+                         "jobs since the service started: allocated (held), utilized (SM "
+                         "utilization x GPUs x time), idle (held below the idle threshold)",
+                         ("project", "kind"))
+USER_SECONDS = Metric("gpushare_user_gpu_seconds", "counter", "GPU-seconds of a user's jobs and "
+                      "build slices since the service started, as for projects", ("user", "kind"))
+POOL_SECONDS = Metric("gpushare_pool_gpu_seconds", "counter", "GPU-seconds of a pool since the "
+                      "service started: capacity (GPUs present x time), allocated, utilized, "
+                      "idle", ("pool", "kind"))
+JOBS_IDLE = Metric("gpushare_jobs_idle", "gauge", "Running jobs whose GPUs have stayed below the "
+                   "idle threshold for idle_job_after", ("project",))
+SLICES_CULLED = Metric("gpushare_slices_culled", "counter", "Notebook servers stopped because "
+                       "their build slice and kernels sat idle (only while culling is on)")
+USAGE_PROBLEMS = Metric("gpushare_usage_problems", "gauge", "Sentences api/pool has about what "
+                        "could not be read (MIG, lost GPUs, no NVML, stray processes)")
+
+METRICS = (TRAIN_GPUS, PROJECT_IN_USE, PROJECT_QUOTA, PROJECT_DESERVED, JOBS, GPU_UTILIZATION,
+           GPU_MEMORY_USED, GPU_MEMORY_TOTAL, GPU_ALLOCATED, GPU_LOST, GPU_OUTSIDE,
+           PROJECT_SECONDS, USER_SECONDS, POOL_SECONDS, JOBS_IDLE, SLICES_CULLED, USAGE_PROBLEMS)
 
 
 class _PoolCollector:
@@ -14,16 +79,12 @@ class _PoolCollector:
 
     def collect(self):
         ex = self.pool.scheduler.explained
-        capacity = GaugeMetricFamily("gpushare_train_gpus", "GPUs in the train pool")
+        capacity = TRAIN_GPUS.family()
         capacity.add_metric([], sum(n.gpus for n in ex.nodes))
         yield capacity
-        in_use = GaugeMetricFamily("gpushare_project_gpus_in_use", "GPUs a project's jobs hold",
-                                   labels=["project"])
-        quota = GaugeMetricFamily("gpushare_project_quota_gpus", "A project's guaranteed GPUs",
-                                  labels=["project"])
-        deserved = GaugeMetricFamily("gpushare_project_deserved_gpus",
-                                     "A project's deserved share in the last cycle",
-                                     labels=["project"])
+        in_use = PROJECT_IN_USE.family()
+        quota = PROJECT_QUOTA.family()
+        deserved = PROJECT_DESERVED.family()
         for p in self.pool.store.projects():
             in_use.add_metric([p.name], ex.usage.get(p.name, 0) / GPU)
             quota.add_metric([p.name], p.quota / GPU)
@@ -31,8 +92,7 @@ class _PoolCollector:
         yield in_use
         yield quota
         yield deserved
-        jobs = GaugeMetricFamily("gpushare_jobs", "Jobs by state and project",
-                                 labels=["state", "project"])
+        jobs = JOBS.family()
         counts: dict[tuple[str, str], int] = {}
         for row in self.pool.store.active():
             key = (row.state, row.project)
@@ -50,19 +110,9 @@ class _UsageCollector:
 
     def collect(self):
         meter = self.pool.usage.meter
-        labels = ["node", "gpu", "pool"]
-        util = GaugeMetricFamily("gpushare_gpu_utilization_ratio", "SM utilization of a GPU at "
-                                 "its last reading (0-1); absent where NVML cannot say (MIG, a "
-                                 "lost GPU)", labels=labels)
-        used = GaugeMetricFamily("gpushare_gpu_memory_used_bytes", "GPU memory in use",
-                                 labels=labels)
-        total = GaugeMetricFamily("gpushare_gpu_memory_total_bytes", "GPU memory", labels=labels)
-        held = GaugeMetricFamily("gpushare_gpu_allocated_ratio", "Share of a GPU held by jobs "
-                                 "and slices (0-1)", labels=labels)
-        lost = GaugeMetricFamily("gpushare_gpu_lost", "1 when NVML reports the GPU fallen off "
-                                 "the bus", labels=labels)
-        outside = GaugeMetricFamily("gpushare_gpu_outside_processes", "Processes on a GPU that "
-                                    "no job or slice of gpushare owns", labels=labels)
+        util, used, total = (GPU_UTILIZATION.family(), GPU_MEMORY_USED.family(),
+                             GPU_MEMORY_TOTAL.family())
+        held, lost, outside = GPU_ALLOCATED.family(), GPU_LOST.family(), GPU_OUTSIDE.family()
         for _at, use in meter.gpus_now():
             values = [use.node, use.uuid, use.pool or "other"]
             if use.utilization is not None:
@@ -74,27 +124,14 @@ class _UsageCollector:
             lost.add_metric(values, 1 if use.lost else 0)
             outside.add_metric(values, use.outside.processes)
         yield from (util, used, total, held, lost, outside)
-        families = {
-            "project": CounterMetricFamily(
-                "gpushare_project_gpu_seconds", "GPU-seconds of a project's jobs since the "
-                "service started: allocated (held), utilized (SM utilization x GPUs x time), "
-                "idle (held below the idle threshold)", labels=["project", "kind"]),
-            "user": CounterMetricFamily(
-                "gpushare_user_gpu_seconds", "GPU-seconds of a user's jobs and build slices since "
-                "the service started, as for projects", labels=["user", "kind"]),
-            "pool": CounterMetricFamily(
-                "gpushare_pool_gpu_seconds", "GPU-seconds of a pool since the service started: "
-                "capacity (GPUs present x time), allocated, utilized, idle",
-                labels=["pool", "kind"]),
-        }
+        families = {"project": PROJECT_SECONDS.family(), "user": USER_SECONDS.family(),
+                    "pool": POOL_SECONDS.family()}
         for (group, name), t in sorted(meter.counters.items()):
             kinds = ["allocated", "utilized", "idle"] + (["capacity"] if group == "pool" else [])
             for kind in kinds:
                 families[group].add_metric([name, kind], getattr(t, kind) / GPU)
         yield from families.values()
-        idle = GaugeMetricFamily("gpushare_jobs_idle", "Running jobs whose GPUs have stayed "
-                                 "below the idle threshold for idle_job_after",
-                                 labels=["project"])
+        idle = JOBS_IDLE.family()
         flagged: dict[str, int] = {}
         idle_ids = meter.idle_jobs()
         for row in self.pool.store.active():
@@ -105,12 +142,10 @@ class _UsageCollector:
         yield idle
         culler = self.pool.usage.culler
         if culler is not None:
-            culled = CounterMetricFamily("gpushare_slices_culled", "Notebook servers stopped "
-                                         "because their build slice and kernels sat idle")
+            culled = SLICES_CULLED.family()
             culled.add_metric([], culler.culled)
             yield culled
-        notes = GaugeMetricFamily("gpushare_usage_problems", "Sentences api/pool has about what "
-                                  "could not be read (MIG, lost GPUs, no NVML, stray processes)")
+        notes = USAGE_PROBLEMS.family()
         notes.add_metric([], len(meter.notes()))
         yield notes
 

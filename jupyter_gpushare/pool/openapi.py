@@ -67,7 +67,9 @@ _HOLDER_NOW = {"type": "object", "nullable": True, "description": "null until th
                    "at": {"type": "number", "description": "when it was last read"},
                    "minutes": {"type": "array", "description": "the last hour, minute by "
                                "minute (the current one so far): [minute start, SM 0–1 or "
-                               "null, memory peak bytes]", "items": {"type": "array"}}}}
+                               "null, memory peak bytes]", "items": {
+                                   "type": "array", "minItems": 3, "maxItems": 3,
+                                   "items": {"type": "number", "nullable": True}}}}}
 
 SPEC = {
     "openapi": "3.0.3",

@@ -100,7 +100,7 @@ class GPUShareSpawnerBase(Spawner):
     pool_api_token = Unicode(help="""
         JupyterHub API token the spawner reserves and releases slices with. The pool accepts
         slices only from JupyterHub services (and admins): the hub's own token is not one, so
-        register a service of its own for the spawner, with access to the pool:
+        register a service of its own for the spawner, with access to the pool::
 
             c.JupyterHub.services.append({"name": "gpushare-spawner", "api_token": TOKEN})
             c.JupyterHub.load_roles.append({"name": "gpushare-spawner",
