@@ -19,9 +19,12 @@ c.LocalBackend.env_keep = ["LANG", "LC_ALL"]
 
 # The build pool, cut into notebook slices (at most ½ GPU per user, all servers together).
 # Without a GPU: one labelled simulated build GPU beside the simulated train pool. With GPUs:
-# this host's GPU 0, which in this one-machine demo the train pool uses as well.
-if NVMLInventory().problem() is None:
+# this host's GPU 0, which the train pool then leaves out; on a machine with one GPU, train
+# jobs share it with the slices, so that the demo has a train pool at all.
+_nvml = NVMLInventory()
+if _nvml.problem() is None:
     c.PoolService.build_nodes = {socket.gethostname(): 1}
+    c.LocalBackend.share_build_gpus = len(_nvml.gpus()) == 1
 else:
     c.PoolService.build_nodes = {"sim-build-0": 1}
 c.PoolService.build_allowance = 0.5

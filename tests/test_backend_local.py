@@ -4,6 +4,7 @@ as a throw-away system user created for this module."""
 
 import asyncio
 import json
+import logging
 import os
 import pwd
 import shutil
@@ -20,6 +21,7 @@ import pytest
 from jupyter_gpushare.backends import BackendError, Handle, Launch
 from jupyter_gpushare.backends.base import Exit
 from jupyter_gpushare.backends.local import SIMULATED_LABEL, LocalBackend
+from jupyter_gpushare.pool.app import PoolService
 from jupyter_gpushare.backends.shim import members
 from jupyter_gpushare.gpus import SimulatedInventory, detect
 from jupyter_gpushare.policy.model import GPU
@@ -182,6 +184,27 @@ def test_nodes_come_from_detection(make_backend):
         assert nodes == [(found[0].node, len(found[0].gpus()))]
     else:
         assert nodes == [(f"sim-node-{i}", 2) for i in range(3)]
+
+
+@pytest.mark.parametrize("build_nodes, share, expected", [
+    # one server: GPU 0 serves the notebooks' slices, the train pool has the others
+    ({"sim-node-0": 1}, False, {"sim-node-0": [1, 2, 3], "sim-node-1": [0, 1, 2, 3]}),
+    ({"sim-node-0": 1}, True, {"sim-node-0": [0, 1, 2, 3], "sim-node-1": [0, 1, 2, 3]}),
+    # a build node that is not one of the train pool's takes nothing from it
+    ({"sim-build-0": 1}, False, {"sim-node-0": [0, 1, 2, 3], "sim-node-1": [0, 1, 2, 3]}),
+    # every GPU of a node in the build pool: the node has none left for train jobs
+    ({"sim-node-1": 4}, False, {"sim-node-0": [0, 1, 2, 3]}),
+])
+def test_build_gpus_are_left_out_of_the_train_pool(make_backend, build_nodes, share, expected,
+                                                   caplog):
+    service = PoolService(build_nodes=build_nodes)
+    backend = make_backend(parent=service, share_build_gpus=share,
+                           log=logging.getLogger("gpushare-test-backend"))
+    assert {n.name: n.gpus for n in backend.nodes()} == {k: len(v) for k, v in expected.items()}
+    assert {node: [int(g.uuid.rsplit("-", 1)[1]) for g in found]
+            for node, found in backend.local_gpus().items()} == expected
+    if expected.keys() != {"sim-node-0", "sim-node-1"}:
+        assert "All 4 GPUs of sim-node-1 are in the build pool" in caplog.text
 
 
 # --- start: devices, environment ---

@@ -140,6 +140,14 @@ class LocalBackend(Backend):
     def _default_grace(self):
         return float(getattr(self.parent, "grace_period", 30))
 
+    share_build_gpus = Bool(False, help="""
+        Let train jobs run on this machine's build-pool GPUs too. By default a GPU that
+        PoolService.build_nodes gives to the build pool (the first N GPUs of a node of that
+        name: on one server, {hostname: N}) is left out of the train pool, so that no train
+        job lands on a GPU that notebooks' slices share. Turn it on where a machine has too
+        few GPUs to split (the demo does, on a machine with one GPU).
+        """).tag(config=True)
+
     env_keep = List(Unicode(), [
         "PATH", "PYTHONPATH", "CONDA_ROOT", "CONDA_DEFAULT_ENV", "VIRTUAL_ENV", "LANG", "LC_ALL",
     ], help="""
@@ -163,9 +171,30 @@ class LocalBackend(Backend):
     def _gpus(self) -> dict[str, tuple[str, list[gpu_inventory.GPUInfo]]]:
         # Asked once: the hardware does not change while the service runs.
         if self._inventory is None:
-            self._inventory = {inv.node: (inv.source, inv.gpus())
-                               for inv in self.detect_inventories()}
+            self._inventory = {}
+            for inv in self.detect_inventories():
+                found = self._without_build_gpus(inv.node, inv.gpus())
+                if found:
+                    self._inventory[inv.node] = (inv.source, found)
         return self._inventory
+
+    def _without_build_gpus(self, node: str, found: list[gpu_inventory.GPUInfo]):
+        """The GPUs of ``node`` that the build pool does not have (see share_build_gpus)."""
+        # The build pool is the service's setting; a backend made without one has none.
+        build = int((getattr(self.parent, "build_nodes", None) or {}).get(node, 0))
+        if not build or self.share_build_gpus:
+            return found
+        kept = [g for g in found if g.index >= build]
+        if not kept:
+            self.log.warning(
+                "All %d GPUs of %s are in the build pool (PoolService.build_nodes), so the train "
+                "pool has none there; give the build pool fewer, or set "
+                "LocalBackend.share_build_gpus = True to let train jobs share them.",
+                len(found), node)
+        else:
+            self.log.info("GPUs %s of %s serve build slices and are left out of the train pool.",
+                          ", ".join(str(g.index) for g in found if g.index < build), node)
+        return kept
 
     def nodes(self) -> list[Node]:
         return [Node(name, len(found),

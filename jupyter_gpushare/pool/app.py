@@ -102,8 +102,10 @@ class PoolService(Application):
     reclaim_fair_share = Bool(False, help="Let borrowers below their deserved share preempt "
                               "borrowers above theirs (more preemptions; see README).").tag(config=True)
     build_nodes = Dict(help="""The build pool, whose GPUs are cut into slices for notebook
-        servers: ``{node name: GPUs}``. On one machine, give it GPUs the train pool does not
-        use. Empty: no build slices (servers get CPU-only profiles).""").tag(config=True)
+        servers: ``{node name: GPUs}``, the first GPUs of each node by index. On one server,
+        ``{hostname: N}``: the local backend leaves those N GPUs out of the train pool
+        (LocalBackend.share_build_gpus). Empty: no build slices (servers get CPU-only
+        profiles).""").tag(config=True)
     build_allowance = Float(0.5, help="GPUs of build slices one user may hold at once, all "
                             "their notebook servers together.").tag(config=True)
 
