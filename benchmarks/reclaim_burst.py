@@ -37,7 +37,7 @@ SIZES, WEIGHTS = (1, 2, 4, 8, 16), (70, 10, 10, 8, 2)
 
 
 def write_burst(path: Path, jobs: int, projects: int, seed: int = 14) -> None:
-    """The burst as a trace CSV in the simulator's format (DESIGN.md, Trace CSV)."""
+    """The burst as a trace CSV in the simulator's format (docs/reference/trace-format.md)."""
     rng = random.Random(seed)
     submits = sorted(rng.uniform(0, 60) for _ in range(jobs))
     width = len(str(jobs - 1))

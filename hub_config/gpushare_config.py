@@ -30,7 +30,8 @@ else:
 c.PoolService.build_allowance = 0.5
 
 # GPU utilization: read every 5 s (NVML, or without a GPU the NVML stand-in over the simulated
-# GPUs, playing .demo-state/pool/nvml-standin.json if you write one; see the README). Idle
+# GPUs, playing .demo-state/pool/nvml-standin.json if you write one; see
+# docs/explanation/utilization.md). Idle
 # train jobs are flagged after 10 minutes here (30 by default) and taken first when GPUs are
 # reclaimed. Build sessions whose slice shows no GPU use and whose server the hub saw no
 # activity from for 5 minutes are warned, and stopped 2 minutes later: short, so it can be seen.

@@ -153,7 +153,7 @@ c.JupyterHub.services = [{
     "name": "gpushare",
     "url": f"http://127.0.0.1:{SERVICE_PORT}",
     # The supervisor starts the service again at once if it dies (the hub would notice only
-    # at its 30 s poll); see the README's "Reliability".
+    # at its 30 s poll); see docs/explanation/reliability.md.
     "command": [sys.executable, "-m", "jupyter_gpushare.pool.supervisor",
                 f"--PoolService.config_file={pool_config}",
                 f"--PoolService.state_dir={STATE / 'pool'}"]

@@ -4,8 +4,9 @@ A random world is driven through many cycles the way the service drives the poli
 (``builders.apply``): jobs finish after their run time, preempted jobs release their GPUs
 after a grace of one cycle and are requeued, unless their run time ended within that grace:
 then they exited 0 by themselves and have finished, never to run again (contract 9,
-``policy/outcome.py``). Every cycle is checked against DESIGN.md's
-scheduling contract; the checks use their own brute-force arithmetic, never the policy's.
+``policy/outcome.py``). Every cycle is checked against the scheduling contract
+(docs/explanation/scheduling.md); the checks use their own brute-force arithmetic, never the
+policy's.
 """
 
 from __future__ import annotations

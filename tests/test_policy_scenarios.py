@@ -1,4 +1,5 @@
-"""Scenarios of the scheduling contract (DESIGN.md, points 1–8), one table per rule."""
+"""Scenarios of the scheduling contract (docs/explanation/scheduling.md, points 1–8), one table
+per rule."""
 
 from __future__ import annotations
 
@@ -438,7 +439,8 @@ def test_a_priority_claim_beyond_quota_is_not_overtaken_by_its_own_project():
 
 
 
-@pytest.mark.xfail(strict=True, reason="known limit (README): the requeued victim, submitted "
+@pytest.mark.xfail(strict=True, reason="known limit (docs/explanation/known-limits.md): the "
+                   "requeued victim, submitted "
                    "first, retakes the GPUs of its claimant; a fix needs the time of requeue")
 def test_a_requeued_victim_does_not_retake_the_gpus_of_its_claimant():
     """Found by the no-flapping property: p0's j2 (within quota) needs 4 GPUs on one node,

@@ -148,7 +148,7 @@ def test_usage_shows_what_the_standin_played(hub, capsys, monkeypatch):
     assert main(["usage", "--by", "project", *window]) == 0
     text = capsys.readouterr().out
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    (ARTIFACTS / "usage-by-project.txt").write_text(text)  # what the README shows
+    (ARTIFACTS / "usage-by-project.txt").write_text(text)  # what docs/howto/utilization.md shows
     table = text.splitlines()
     vision = next(line.split() for line in table if line.startswith("vision"))
     nlp = next(line.split() for line in table if line.startswith("nlp"))

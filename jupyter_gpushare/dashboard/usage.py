@@ -1,6 +1,6 @@
 """Allocation and utilization per project over the window, and the top idle-allocated jobs and
-slices (step 3), from ``api/usage`` answers. The figures are the API's own (README:
-"Allocation and utilization"); nothing is recomputed here but GPUs from allocation ratios."""
+slices (step 3), from ``api/usage`` answers. The figures are the API's own
+(docs/explanation/utilization.md); nothing is recomputed here but GPUs from allocation ratios."""
 
 from __future__ import annotations
 

@@ -145,7 +145,8 @@ class Slice:
 DEFAULT_MIN_RUNTIME_S = 30.0
 """The service's and ``gpushare simulate``'s default minimum runtime: without one, a job that
 borrowed an idle GPU could be preempted milliseconds after it started by the next job within
-quota, again and again (README: anti-thrash, measured on the Philly trace)."""
+quota, again and again (docs/explanation/scheduling.md, "Anti-thrash"; measured on the
+Philly trace in docs/explanation/performance.md)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +160,8 @@ class PolicyConfig:
     """A job pending this long gets nodes reserved: no borrowing job starts there until it does."""
     reclaim_fair_share: bool = False
     """Borrowers below their deserved share may preempt borrowers above theirs. Off by
-    default: on the Philly trace it multiplied preemptions and lost work (README); fair
+    default: on the Philly trace it multiplied preemptions and lost work
+    (docs/explanation/scheduling.md, "Fair borrowing"); fair
     borrowing then comes from the order in which idle GPUs are handed out."""
     preempt_within_project: bool = False
     """A higher-priority job may preempt lower-priority jobs of its own project."""

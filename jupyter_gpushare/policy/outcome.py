@@ -1,7 +1,8 @@
 """How an attempt that was told to stop ended: the one rule the service and the simulator share.
 
 A preempted attempt gets SIGTERM, then SIGKILL after its grace period. During that grace it
-may end in three ways, told apart by its exit status alone (DESIGN.md, contract item 9):
+may end in three ways, told apart by its exit status alone (contract point 9,
+docs/explanation/scheduling.md#contract-9):
 
 - **exit 0**: it finished its work by itself (often it was about to anyway). The job has
   succeeded; it is never requeued, since running it again would repeat work and side effects.

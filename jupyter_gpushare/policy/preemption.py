@@ -1,6 +1,6 @@
 """Victims: which running jobs give GPUs back so that a claimant fits.
 
-Contract (DESIGN.md §Scheduling contract, point 6): only over-quota projects lose jobs;
+Contract point 6 (docs/explanation/scheduling.md#contract-6): only over-quota projects lose jobs;
 prefer victims that leave their project at or above its quota; then idle jobs (``idle``:
 their GPUs stayed unused) before busy ones; then the project most over its deserved share,
 then the lowest priority, then the most recently started job. Remove

@@ -100,7 +100,8 @@ class PoolService(Application):
     preempt_within_project = Bool(False, help="Let a higher-priority job preempt lower-priority "
                                   "jobs of its own project.").tag(config=True)
     reclaim_fair_share = Bool(False, help="Let borrowers below their deserved share preempt "
-                              "borrowers above theirs (more preemptions; see README).").tag(config=True)
+                              "borrowers above theirs (more preemptions: see 'Fair borrowing' "
+                              "in the documentation's scheduling page).").tag(config=True)
     build_nodes = Dict(help="""The build pool, whose GPUs are cut into slices for notebook
         servers: ``{node name: GPUs}``, the first GPUs of each node by index. On one server,
         ``{hostname: N}``: the local backend leaves those N GPUs out of the train pool

@@ -8,7 +8,7 @@ the hub sends the browser back after login. The service must be an OAuth client 
 JupyterHub service with a ``url`` is one (the redirect URI defaults to
 ``/services/<name>/oauth_callback``); ``oauth_no_confirm`` spares admins the hub's "authorize
 access" page, and ``oauth_client_allowed_scopes: ["custom:gpushare:admin"]`` lets pool admins
-who are not hub admins in (README: "The admin dashboard").
+who are not hub admins in (docs/howto/utilization.md, "The admin dashboard").
 """
 
 from __future__ import annotations

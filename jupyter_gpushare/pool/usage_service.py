@@ -36,7 +36,7 @@ def slice_owner(slice_id: str, user: str) -> Owner:
 
 
 class GPUUsage(LoggingConfigurable):
-    """How the pool measures what its GPUs do (README: "Allocation and utilization")."""
+    """How the pool measures what its GPUs do (docs/explanation/utilization.md)."""
 
     sample_interval = Float(5.0, help="""
         Seconds between two readings of the GPUs (SM utilization, memory and processes of

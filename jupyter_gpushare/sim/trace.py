@@ -1,6 +1,6 @@
 """Trace and quota files: reading, checking and deriving quotas.
 
-Trace CSV (DESIGN.md §Public contracts): ``job_id,submit_time,duration,gpus,project`` and
+Trace CSV (docs/reference/trace-format.md): ``job_id,submit_time,duration,gpus,project`` and
 optionally ``user,priority,kind``; ``.gz`` files are read transparently. Every problem is
 reported as a ``TraceError`` naming the file, the line and what to fix.
 """

@@ -61,8 +61,8 @@ class GPUShareSpawnerBase(Spawner):
         """).tag(config=True)
 
     slice_mode = Unicode(help="""
-        How a server gets its slice of a GPU: see the README's "Build slices" table for what
-        each mode enforces and what it does not. The local spawner has "pinned"; the
+        How a server gets its slice of a GPU: the documentation's page on slicing modes says
+        what each mode enforces and what it does not. The local spawner has "pinned"; the
         Kubernetes spawner "timeslice" (default), "mig", "hami" and "exclusive".
         """).tag(config=True)
 

@@ -21,9 +21,10 @@ Every amount is milli-GPU-seconds (1000 = one GPU for one second):
   - ``idle``: allocated while the holder's own utilization stayed below the idle threshold.
 A pool's row sums its holders' (use outside gpushare is not counted); a GPU's row has all of
 that GPU's use, and ``measured`` is then its capacity while measurable.
-The definitions the README states: allocation = allocated ÷ capacity of the pool it draws on;
-utilization = utilized ÷ measured (for a slice: its share of the GPU ÷ its fraction; for a GPU:
-its SM utilization); idle-allocated = idle; a pool's average utilization = utilized ÷ capacity.
+The definitions of docs/explanation/utilization.md: allocation = allocated ÷ capacity of the
+pool it draws on; utilization = utilized ÷ measured (for a slice: its share of the GPU ÷ its
+fraction; for a GPU: its SM utilization); idle-allocated = idle; a pool's average utilization
+= utilized ÷ capacity.
 """
 
 from __future__ import annotations
