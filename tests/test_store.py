@@ -3,12 +3,13 @@
 import time
 
 import pytest
+from sqlalchemy import create_engine
 from sqlalchemy.exc import IntegrityError
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
 from jupyter_gpushare.pool.models import Base, ProjectRow
-from jupyter_gpushare.pool.store import Store
+from jupyter_gpushare.pool.store import Store, StoreError
 
 
 def schema_diff(store: Store):
@@ -43,6 +44,45 @@ def test_jobs_attempts_and_events_survive_reopening(tmp_path):
     again.update_project("vision", {"quota": 3000}, time.time())
     again.add_missing_projects([ProjectRow(name="vision", quota=2000, groups=["vision"])])
     assert again.project("vision").quota == 3000
+
+
+def test_a_database_of_a_newer_version_is_refused_with_a_sentence(tmp_path):
+    """An older version started on a newer version's database (a downgrade) says so and
+    changes nothing, instead of a traceback from alembic that the supervisor would repeat."""
+    url = f"sqlite:///{tmp_path / 'pool.sqlite'}"
+    Store(url).add_missing_projects([ProjectRow(name="vision", quota=2000, groups=[])])
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE alembic_version SET version_num = '9999_from_the_future'")
+    engine.dispose()
+    with pytest.raises(StoreError) as refused:
+        Store(url)
+    assert str(refused.value) == (
+        "The pool's database was made by a newer version of jupyter-gpushare (schema "
+        "9999_from_the_future, which this version does not know): install that version "
+        "again, or restore the backup made before the upgrade.")
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar() == \
+            "9999_from_the_future"
+        assert conn.exec_driver_sql("SELECT name FROM projects").scalars().all() == ["vision"]
+    engine.dispose()
+
+
+def test_the_service_stops_with_that_sentence(tmp_path, capsys):
+    from jupyter_gpushare.pool.app import PoolService
+
+    Store(f"sqlite:///{tmp_path / 'gpushare.sqlite'}")
+    engine = create_engine(f"sqlite:///{tmp_path / 'gpushare.sqlite'}")
+    with engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE alembic_version SET version_num = '9999_from_the_future'")
+    engine.dispose()
+    service = PoolService()
+    with pytest.raises(SystemExit) as stopped:
+        service.initialize([f"--PoolService.state_dir={tmp_path}", "--PoolService.config_file="])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert "made by a newer version of jupyter-gpushare" in err and "Traceback" not in err
 
 
 def test_migrations_on_postgresql(postgresql):

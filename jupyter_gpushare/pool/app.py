@@ -31,7 +31,7 @@ from .api import routes
 from .directory import HubDirectory, HubTokens
 from .loop import Scheduler
 from .models import JobRow, ProjectRow
-from .store import Store
+from .store import Store, StoreError
 from .sweep import release_stale
 from .usage_service import GPUUsage
 
@@ -209,8 +209,12 @@ class PoolService(Application):
             self.load_config_file(self.config_file)
         private_dir(self.state_dir)  # the store holds every job's command and env
         self.submitting: Counter[str] = Counter()  # submits being stored, by user
-        self.store = Store(self.db_url, self.job_book_size,
-                           self.job_book_megabytes * 1024 * 1024)
+        try:
+            self.store = Store(self.db_url, self.job_book_size,
+                               self.job_book_megabytes * 1024 * 1024)
+        except StoreError as exc:
+            self.log.critical("%s", exc)
+            self.exit(2)
         self.backend = self.backend_class(parent=self, **self._backend_kwargs())
         capacity = self.train_capacity()
         configured = sum(round(p["quota"] * GPU) for p in self.projects.values())

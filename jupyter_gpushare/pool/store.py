@@ -17,6 +17,8 @@ from typing import Iterable
 
 from alembic import command
 from alembic.config import Config
+from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, event, func, make_url, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
@@ -29,12 +31,24 @@ MIGRATIONS = Path(__file__).with_name("migrations")
 ACTIVE = ("pending", "running")
 
 
+class StoreError(Exception):
+    """The database cannot be used by this version; the message says what to do."""
+
+
 def upgrade(engine: Engine) -> None:
-    """Bring the database to the newest schema."""
+    """Bring the database to the newest schema. A database of a newer version (a schema
+    revision this version does not know) is refused with ``StoreError``: nothing is changed."""
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
     with engine.begin() as conn:
         cfg.attributes["connection"] = conn
+        known = {s.revision for s in ScriptDirectory.from_config(cfg).walk_revisions()}
+        current = set(MigrationContext.configure(conn).get_current_heads())
+        if current - known:
+            raise StoreError(
+                "The pool's database was made by a newer version of jupyter-gpushare (schema "
+                f"{', '.join(sorted(current - known))}, which this version does not know): "
+                "install that version again, or restore the backup made before the upgrade.")
         command.upgrade(cfg, "head")
 
 

@@ -62,7 +62,7 @@ class GPUShareKubeSpawner(GPUShareSpawnerBase, KubeSpawner):
 
     build_node_selector = Dict(help="""
         Node labels of the build pool's GPU nodes, added to the pod's node selector of every
-        GPU build profile (not of CPU-only ones), e.g. {"gpushare.io/pool": "build"}.
+        GPU build profile (not of CPU-only ones), e.g. {"gpushare.jupyter.org/pool": "build"}.
         """).tag(config=True)
 
     build_tolerations = List(Dict(), help="""
