@@ -20,7 +20,7 @@ from kernels import Kernel
 
 from jupyter_gpushare.notebook import runner
 from jupyter_gpushare.notebook.job import describe
-from jupyter_gpushare.notebook.magics import TrainError, parse
+from jupyter_gpushare.notebook.magics import TrainError, build_parser, parse
 
 TESTS = Path(__file__).resolve().parent
 JOB_ID = re.compile(r"\bj-[0-9a-f]{8}\b")
@@ -451,3 +451,11 @@ def test_a_per_gpu_cell_runs_a_rank_per_gpu_and_shows_rank_0_or_every_rank(hub, 
         mine = [line for line in lines if line.startswith(f"[rank {rank}] ")]
         assert f"[rank {rank}] rank {rank} done" in mine and len(mine) == 2, cell.stdout
     assert len(lines) == 4  # whole lines, each with its rank, none mixed
+
+
+def test_the_magics_usage_lines_format():
+    """``%train --help`` and ``%%train --help`` print their own usage (argparse formats it with
+    "%": a bare "%train" in it raised ValueError), as the docs' generated reference does."""
+    for script, prog in ((False, "%%train"), (True, "%train")):
+        usage = build_parser(script).format_usage()
+        assert usage.startswith(f"usage: {prog} ["), usage

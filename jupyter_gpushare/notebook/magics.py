@@ -55,16 +55,17 @@ class _Parser(argparse.ArgumentParser):
 
 def _sentence(message: str, parser: argparse.ArgumentParser) -> str:
     """argparse's words, made into a sentence that says what to do."""
+    usage = parser.usage.replace("%%", "%")
     if message.startswith("unrecognized arguments: "):
         unknown = message.split(": ", 1)[1]
-        return f"unknown option {unknown}; use {parser.usage}"
+        return f"unknown option {unknown}; use {usage}"
     if message.startswith("the following arguments are required"):
-        return f"give the script to run: {parser.usage}"
+        return f"give the script to run: {usage}"
     if message.startswith("argument "):
         option, _, problem = message[len("argument "):].partition(": ")
         option = option.split("/")[-1]
         if problem == "expected one argument":
-            return f"{option} needs a value; use {parser.usage}"
+            return f"{option} needs a value; use {usage}"
         return f"{option}: {problem}"
     return message
 
@@ -79,8 +80,9 @@ def _var_names(text: str) -> list[str]:
 
 
 def build_parser(script: bool) -> _Parser:
+    usage = SCRIPT_USAGE if script else USAGE
     parser = _Parser(prog="%train" if script else "%%train", add_help=True,
-                     usage=SCRIPT_USAGE if script else USAGE, allow_abbrev=False,
+                     usage=usage.replace("%", "%%"), allow_abbrev=False,
                      description="Run the script as a train job." if script else
                      "Run the cell as a train job, in a fresh Python process in this "
                      "notebook's working directory and Python environment.")
