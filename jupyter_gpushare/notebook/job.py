@@ -130,7 +130,7 @@ class Job:
 
     @property
     def state(self) -> str:
-        """The state now: pending, running, succeeded, failed or cancelled."""
+        """The state now (pending, running, succeeded, failed or cancelled), as the pool says."""
         return self.info()["state"]
 
     def info(self) -> dict:
@@ -180,7 +180,7 @@ class Job:
         of the attempt (default: the current one) printed so far. With ``follow``: as it is
         printed, through later attempts if the job is preempted and requeued, until the job
         ends; a job with several ranks gives rank 0's lines (every rank's with ``all_ranks``)
-        as whole lines, each after ``[rank N] ``, unless ``rank`` names one."""
+        as whole lines, each after ``[rank N]`` and a space, unless ``rank`` names one."""
         if not follow or attempt is not None:
             return self.client.logs(self.id, follow=follow, attempt=attempt, rank=rank)
         return self._follow(rank=rank, all_ranks=all_ranks)
