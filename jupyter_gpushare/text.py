@@ -95,6 +95,15 @@ def format_usage(answer: dict) -> str:
 
 # -- jobs, quotas and the pool ----------------------------------------------------------------------------
 
+def duration(seconds: float) -> str:
+    """``45 s``, ``12 min``, ``3 h``."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.0f} h"
+
+
 def gpus(value) -> str:
     """A GPU amount from the API (GPUs, maybe fractional) as a short number: 4, 0.25."""
     if value is None:

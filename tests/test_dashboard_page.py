@@ -7,9 +7,8 @@ from html.parser import HTMLParser
 import pytest
 
 from jupyter_gpushare.charts import Frame, Series, line_chart, sparkline, stacked_chart, time_ticks
-from jupyter_gpushare.dashboard import WINDOWS, Window, choose_window, refusal, render
+from jupyter_gpushare.dashboard import WINDOWS, BadWindow, Window, choose_window, refusal, render
 from jupyter_gpushare.dashboard import poolmap, tables, usage
-from jupyter_gpushare.pool.validate import Invalid
 
 GiB = 2**30
 NOW = 1_763_650_000.0  # 2025-11-20 14:46:40 UTC
@@ -409,7 +408,7 @@ def test_windows():
             (("6h", NOW, NOW - 60), r"a window \(window=6h\) or a period"),
             ((None, NOW, None, NOW - 60), "a period needs since as well as until"),
             ((None, NOW, NOW, NOW - 60), "since must be before until")):
-        with pytest.raises(Invalid, match=words):
+        with pytest.raises(BadWindow, match=words):
             choose_window(*args)
     page = render({**sample(), "window": choose_window(None, NOW, NOW - 600, NOW - 60)})
     assert "Allocation and utilization per project, Nov 20 14:36 to Nov 20 14:45" in page

@@ -6,7 +6,8 @@ import asyncio
 import pytest
 
 from jupyter_gpushare.pool.store import Store
-from jupyter_gpushare.pool.usage_store import DAY, HOUR, MINUTE, Scope, UsageStore, spans
+from jupyter_gpushare.pool.usage_store import Scope, UsageStore
+from jupyter_gpushare.usage.rollup import DAY, HOUR, MINUTE, spans
 from jupyter_gpushare.usage.attribution import GPUUse, HolderUse, Owner, Stray
 from jupyter_gpushare.usage.meter import UsageMeter, UsageSettings
 from jupyter_gpushare.usage.report import BY

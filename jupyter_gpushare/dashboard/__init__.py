@@ -17,6 +17,6 @@ nothing outside the hub need be reachable from the browser.
 """
 
 from .page import refusal, render
-from .window import WINDOWS, Window, choose_window
+from .window import WINDOWS, BadWindow, Window, choose_window
 
-__all__ = ["render", "refusal", "WINDOWS", "Window", "choose_window"]
+__all__ = ["render", "refusal", "WINDOWS", "BadWindow", "Window", "choose_window"]

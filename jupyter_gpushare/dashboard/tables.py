@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from html import escape
 
-from ..usage.cull import duration
+from ..text import duration
 from .markup import clock, day_clock, fraction, table
 
 EVENTS = {"warn": "warned", "cull": "stopped", "spare": "no longer warned"}

@@ -8,7 +8,7 @@ from html import escape
 from typing import Sequence
 
 from ..charts import Frame, Series, colour, line_chart, stacked_chart
-from ..usage.cull import duration
+from ..text import duration
 from ..text import idle_text, percent, size
 from .markup import clock, fraction, table
 from .window import Window

@@ -6,15 +6,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..pool.validate import Invalid
-
-MINUTE, HOUR, DAY = 60, 3600, 86400
+from ..usage.rollup import DAY, HOUR, MINUTE
 STEPS = (MINUTE, 5 * MINUTE, 15 * MINUTE, 30 * MINUTE, HOUR, 2 * HOUR, 6 * HOUR, DAY)
 
 # Back from now, each in about 60–120 buckets: (span, bucket) seconds.
 WINDOWS = {"1h": (HOUR, MINUTE), "6h": (6 * HOUR, 5 * MINUTE), "24h": (DAY, 15 * MINUTE),
            "7d": (7 * DAY, 2 * HOUR), "30d": (30 * DAY, 6 * HOUR)}
 DEFAULT = "6h"
+
+
+class BadWindow(ValueError):
+    """A window the dashboard cannot show, in one sentence that says what to ask for."""
 
 
 @dataclass(frozen=True)
@@ -37,18 +39,18 @@ def step_for(span: float) -> int:
 def choose_window(name: str | None, now: float, since: float | None = None,
                   until: float | None = None) -> Window:
     """``name``: one of WINDOWS back from ``now``; or the period from ``since`` to ``until``
-    (times already read; ``until`` defaults to now). ``Invalid`` with one sentence otherwise."""
+    (times already read; ``until`` defaults to now). ``BadWindow`` with one sentence otherwise."""
     if since is not None or until is not None:
         if name:
-            raise Invalid("ask for a window (window=6h) or a period (since=…&until=…), not both")
+            raise BadWindow("ask for a window (window=6h) or a period (since=…&until=…), not both")
         until = now if until is None else until
         if since is None:
-            raise Invalid("a period needs since as well as until")
+            raise BadWindow("a period needs since as well as until")
         if since >= until:
-            raise Invalid("since must be before until")
+            raise BadWindow("since must be before until")
         return Window("", since, until, step_for(until - since))
     found = WINDOWS.get((name or DEFAULT).strip())
     if found is None:
-        raise Invalid(f"window must be one of {', '.join(WINDOWS)}, not {name[:40]!r}")
+        raise BadWindow(f"window must be one of {', '.join(WINDOWS)}, not {name[:40]!r}")
     span, step = found
     return Window(name or DEFAULT, now - span, now, step)

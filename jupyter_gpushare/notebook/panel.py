@@ -24,8 +24,7 @@ import ipywidgets as widgets
 
 from ..charts import minute_values, sparkline
 from ..client import ClientError, PoolClient
-from ..usage.cull import duration
-from ..text import idle_text, memory_cell, sm_cell
+from ..text import duration, idle_text, memory_cell, sm_cell
 from .watchdog import BuildSlice
 
 LOG_TAIL = 64 * 1024  # characters of a job's log shown in the panel

@@ -16,13 +16,13 @@ from datetime import datetime
 from ..policy.model import GPU
 from ..usage.attribution import Holding, attribute
 from ..usage.report import BY, SORTS
+from ..usage.rollup import DAY
 from ..usage.sampler import GPUReading, MachineReading, ProcessReading
 from .api import PoolHandler
 from .usage_service import job_owner, slice_owner
 from .usage_store import Scope
 from .validate import Invalid
 
-DAY = 86400
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])\Z")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": DAY, "w": 7 * DAY}
 MAX_WINDOW = 400 * DAY

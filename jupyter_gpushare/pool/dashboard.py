@@ -22,7 +22,7 @@ from jupyterhub.services.auth import (HubOAuth, HubOAuthCallbackHandler, HubOAut
                                        UserNotAllowed)
 from tornado import web
 
-from ..dashboard import choose_window, refusal, render
+from ..dashboard import BadWindow, choose_window, refusal, render
 from ..usage.report import BY
 from .api import PoolHandler, pool_json, slice_json
 from .api_usage import MAX_WINDOW, parse_time
@@ -111,7 +111,7 @@ class DashboardHandler(HubOAuthenticated, PoolHandler):
                            f"JupyterLab's GPU share panel, %gpushare and gpushare usage.")
         try:
             window = self.window(time.time())
-        except Invalid as e:
+        except (Invalid, BadWindow) as e:
             self.fail(400, f"{str(e)[:1].upper()}{str(e)[1:]}.")
         xsrf = self.xsrf_token  # also sets the _xsrf cookie on a page view
         self.finish(render(await gather(self, window), nonce=self.nonce,

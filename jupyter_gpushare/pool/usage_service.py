@@ -20,11 +20,11 @@ from ..policy.model import GPU
 from ..usage.attribution import Holding, Owner
 from ..usage.cull import CullSettings
 from ..usage.meter import LocalContext, UsageMeter, UsageSettings
+from ..usage.rollup import DAY
 from ..usage.sampler import NVMLSampler
 from .culler import SliceCuller
 from .usage_store import UsageStore
 
-DAY = 86400.0
 
 
 def job_owner(job_id: str, attempt: int, user: str, project: str) -> Owner:

@@ -17,10 +17,9 @@ from typing import Iterable, Mapping, Sequence
 
 from sqlalchemy import and_, func, insert, literal, select
 
-from ..usage.rollup import RowKey, Totals
+from ..usage.rollup import DAY, HOUR, MINUTE, RowKey, Totals, spans
 from .models import UsageRow
 
-MINUTE, HOUR, DAY = 60, 3600, 86400
 _SUMS = ("capacity", "allocated", "measured", "utilized", "idle", "seconds")
 _MAXES = ("memory_peak", "memory_total")
 GROUPS = {"kind", "key", "node", "project", "user", "job"}
@@ -108,42 +107,6 @@ class UsageStore:
                     else:
                         found.merge(t)
         return out
-
-
-def spans(since: int, until: int, minutes_from: int, finest: int = DAY
-          ) -> list[tuple[int, int, int]]:
-    """The rows that cover [since, until), widened to whole minutes: day rows for whole days,
-    hour rows for the rest of whole hours, minute rows for the rest where minute rows are still
-    kept (from ``minutes_from``, an hour's start, on; an edge before that widens to whole
-    hours). No rows coarser than ``finest`` seconds (a series' step) are used."""
-    lo, hi = _down(since, MINUTE), _up(until, MINUTE)
-    if lo < minutes_from:
-        lo = _down(lo, HOUR)
-    if hi < minutes_from:
-        hi = _up(hi, HOUR)
-    allowed = [s for s in (DAY, HOUR, MINUTE) if s <= max(finest, MINUTE)]
-    if allowed == [MINUTE] and lo < minutes_from:  # a series by the minute: hours before
-        return _cover(lo, min(hi, minutes_from), [HOUR]) + \
-            _cover(max(lo, minutes_from), hi, [MINUTE])
-    return _cover(lo, hi, allowed) or [(MINUTE, lo, lo)]
-
-
-def _cover(lo: int, hi: int, steps: list[int]) -> list[tuple[int, int, int]]:
-    step, rest = steps[0], steps[1:]
-    if not rest:
-        return [(step, lo, hi)] if hi > lo else []
-    a, b = _up(lo, step), _down(hi, step)
-    if a >= b:
-        return _cover(lo, hi, rest)
-    return [(step, a, b)] + _cover(lo, a, rest) + _cover(b, hi, rest)
-
-
-def _down(t: int, step: int) -> int:
-    return t // step * step
-
-
-def _up(t: int, step: int) -> int:
-    return -(-t // step) * step
 
 
 @dataclass(frozen=True)

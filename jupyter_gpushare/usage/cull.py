@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..text import duration
+
 
 @dataclass(frozen=True)
 class CullSettings:
@@ -81,10 +83,3 @@ def decide(evidence: list[Evidence], warned: dict[str, float], now: float,
     return out
 
 
-def duration(seconds: float) -> str:
-    """``45 s``, ``12 min``, ``3 h``."""
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.0f} h"

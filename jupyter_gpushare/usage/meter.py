@@ -29,10 +29,9 @@ from ..policy.model import GPU
 from . import report
 from .attribution import GPUUse, Holding, Owner, attribute
 from .procs import LocalOwners
-from .rollup import RowKey, Tally, Totals, bucket, reading_totals
+from .rollup import DAY, HOUR, MINUTE, RowKey, Tally, Totals, bucket, reading_totals, spans
 from .sampler import MachineReading
 
-MINUTE, HOUR, DAY = 60, 3600, 86400
 
 
 @dataclass(frozen=True)
@@ -40,7 +39,7 @@ class UsageSettings:
     sample_interval: float = 5.0
     idle_threshold: float = 5.0  # percent of the holder's own share
     idle_job_after: float = 1800.0
-    rollup_after: float = 7 * 86400.0
+    rollup_after: float = 7 * DAY
     retention: float = 90 * 86400.0
 
 
@@ -274,7 +273,6 @@ class UsageMeter:
         """``api/usage``'s answer over [since, until) (``report.py``), rows the ``scope``
         (``pool/usage_store.Scope``) admits. The database is read in a worker thread; the
         rows not written yet are added from memory."""
-        from ..pool.usage_store import spans
         horizon = int(self.clock() - self.settings.rollup_after) // HOUR * HOUR
         covered = spans(int(since), int(until), horizon, series_step or DAY)
         lo, hi = min(c[1] for c in covered), max(c[2] for c in covered)
