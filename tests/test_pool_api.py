@@ -1,7 +1,8 @@
 """The OpenAPI document and the handlers describe the same API."""
 
-from jupyter_gpushare.pool.api import list_key, routes
+from jupyter_gpushare.pool.api import routes
 from jupyter_gpushare.pool.directory import Who
+from jupyter_gpushare.pool.joblists import list_key
 from jupyter_gpushare.pool.openapi import SPEC
 
 

@@ -18,7 +18,7 @@ from ..usage.attribution import Holding, attribute
 from ..usage.report import BY, SORTS
 from ..usage.rollup import DAY
 from ..usage.sampler import GPUReading, MachineReading, ProcessReading
-from .api import PoolHandler
+from .handlers import ServiceHandler
 from .usage_service import job_owner, slice_owner
 from .usage_store import Scope
 from .validate import Invalid
@@ -95,7 +95,7 @@ def usage_query(args: dict[str, str], now: float) -> dict:
             "limit": int(limit)}
 
 
-class UsageHandler(PoolHandler):
+class UsageHandler(ServiceHandler):
     async def get(self):
         if self.who.kind != "user":
             self.fail(403, "GPU usage is read by users and admins, not by services")
@@ -109,10 +109,10 @@ class UsageHandler(PoolHandler):
                            "shows yours")
         scope = Scope() if self.who.admin else \
             Scope(self.who.name, frozenset(p.name for p in self.my_projects()))
-        answer = await self.pool.usage.meter.query(q["since"], q["until"], BY[q["by"]], scope,
-                                                   q["step"], q["sort"], q["limit"])
+        answer = await self.usage.meter.query(q["since"], q["until"], BY[q["by"]], scope,
+                                              q["step"], q["sort"], q["limit"])
         answer.update(by=q["by"], sort=q["sort"], definitions=DEFINITIONS,
-                      idle_threshold=self.pool.usage.idle_threshold / 100)
+                      idle_threshold=self.usage.idle_threshold / 100)
         self.reply(answer)
 
 
@@ -133,7 +133,7 @@ DEFINITIONS = {
 def pool_gpus(handler) -> dict:
     """The pool map: every GPU read, who holds it, its utilization and memory now; and what
     could not be read, in sentences. Non-admins see other people's holdings without names."""
-    usage, who = handler.pool.usage, handler.who
+    usage, who = handler.usage, handler.who
     mine = {p.name for p in handler.my_projects()} if not who.admin else set()
     gpus = []
     for at, use in usage.meter.gpus_now():
@@ -284,9 +284,9 @@ def parse_samples(body, now: float):
     return reading, proc_claims, gpu_claims
 
 
-class SamplesHandler(PoolHandler):
+class SamplesHandler(ServiceHandler):
     def post(self):
-        agent = self.pool.usage.agent_service
+        agent = self.usage.agent_service
         if self.who.kind != "service" or self.who.name != agent:
             self.fail(403, f"GPU readings are posted only by the gpushare node agent (the "
                            f"JupyterHub service {agent!r})")
@@ -295,14 +295,14 @@ class SamplesHandler(PoolHandler):
         except Invalid as e:
             self.fail(e.status, str(e))
         owners, holdings, pools = self._resolve(reading.node, proc_claims, gpu_claims)
-        self.pool.usage.meter.ingest(reading.node, reading.at,
-                                     attribute(reading, holdings, owners, pools), reading.problem)
+        self.usage.meter.ingest(reading.node, reading.at,
+                                attribute(reading, holdings, owners, pools), reading.problem)
         self.reply({"gpus": len(reading.gpus), "attributed": len(owners)}, 202)
 
     def _resolve(self, node: str, proc_claims: dict, gpu_claims: dict):
         """The agent's claims, believed only where the pool agrees: a job attempt running on
         that node, a slice on that node."""
-        store = self.pool.store
+        store = self.store
         jobs = {r.id: r for r in store.active() if r.state == "running" and node in
                 (r.placement or {})}
         slices = {s.id: s for s in store.slices() if s.node == node}
@@ -332,13 +332,13 @@ class SamplesHandler(PoolHandler):
                     continue
                 room[key] = room.get(key, 1) - 1
                 holdings[uuid].append(Holding(*o))
-        pool = "build" if node in self.pool.build_nodes else "train"
+        pool = "build" if node in self.build.names else "train"
         return owners, holdings, {uuid: pool for uuid in gpu_claims}
 
 
 # -- api/activity (the notebook server extension) ----------------------------------------
 
-class ActivityHandler(PoolHandler):
+class ActivityHandler(ServiceHandler):
     """A notebook server says how many of its kernels are busy (``notebook/activity.py``):
     culling never stops a server whose kernels are busy. Only about the caller's own servers."""
 
@@ -360,8 +360,14 @@ class ActivityHandler(PoolHandler):
                 raise Invalid("busy must be at most kernels")
         except Invalid as e:
             self.fail(e.status, str(e))
-        culler = self.pool.usage.culler
+        culler = self.usage.culler
         if culler is not None:
             culler.kernels_said(self.who.name, server, kernels, busy)
         self.set_status(204)
         self.finish()
+
+
+def routes(prefix: str) -> list:
+    p = prefix.rstrip("/")
+    return [(rf"{p}/api/usage", UsageHandler), (rf"{p}/api/samples", SamplesHandler),
+            (rf"{p}/api/activity", ActivityHandler)]

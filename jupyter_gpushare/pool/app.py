@@ -2,6 +2,14 @@
 
 Configured like JupyterHub itself: ``gpushare_config.py`` (``c.PoolService.projects = ...``)
 or command-line options; every option has a help text (``--help-all``).
+
+This module is the wiring, in the way of JupyterHub's ``init_*`` steps: it reads the
+configuration, builds each part of the service with the parts it needs passed in, gives the
+HTTP handlers each part by name, and runs them. What the parts do is theirs: the store
+(``store.py``), the backend (``backends/``), the build pool (``build.py``), projects
+(``projects.py``), the scheduling loop (``loop.py``), submits (``intake.py``) and launches
+(``launch.py``), GPU use (``usage_service.py``), the hub (``hub.py``, ``directory.py``), the
+API (``api.py``, ``api_usage.py``, ``joblists.py``) and the dashboard (``dashboard.py``).
 """
 
 from __future__ import annotations
@@ -9,10 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import pwd
 import signal
-import time
-from collections import Counter
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -22,29 +27,27 @@ from traitlets import Bool, Dict, Float, Integer, TraitError, Type, Unicode, def
 from traitlets.config import Application
 
 from .. import __version__
-from .. import gpus as gpu_inventory
-from ..backends.base import Backend, Launch, private_dir
+from ..backends.base import Backend, private_dir
 from ..backends.local import SIMULATED_LABEL, LocalBackend
-from ..policy import SliceRefused, place_slice
-from ..policy.model import BUILD, DEFAULT_MIN_RUNTIME_S, GPU, TRAIN, Node, PolicyConfig, Slice
-from .api import routes
+from ..policy.model import DEFAULT_MIN_RUNTIME_S, GPU, TRAIN, PolicyConfig
+from ..policy.quotas import overbooking
+from . import api, dashboard
+from .build import BuildPool
 from .directory import HubDirectory, HubTokens
+from .follows import Follows
+from .hub import HubAPI
+from .intake import JobIntake
+from .joblists import JobLists
+from .launch import Launcher
 from .loop import Scheduler
-from .models import JobRow, ProjectRow
+from .projects import configured
 from .store import Store, StoreError
 from .sweep import release_stale
 from .usage_service import GPUUsage
-
+from .validate import Invalid
 
 BACKENDS = {"local": "jupyter_gpushare.backends.local.LocalBackend",
             "kubernetes": "jupyter_gpushare.backends.kube.KubernetesBackend"}
-
-
-# ``python -c SOURCE`` would put the working directory first on sys.path, where a module
-# planted in a shared folder shadows the standard library: the source runs after it is taken
-# off (any Python, unlike -P), as __main__, with sys.argv as -c leaves it.
-SOURCE_BOOTSTRAP = ("import sys; del sys.path[0]; "
-                    "exec(compile(sys.argv.pop(1), '<string>', 'exec'))")
 
 
 class BackendType(Type):
@@ -164,88 +167,93 @@ class PoolService(Application):
     def _db_url(self):
         return f"sqlite:///{Path(self.state_dir) / 'gpushare.sqlite'}"
 
+    hub_api_url = Unicode(help="JupyterHub's REST API, which the service asks who a token "
+                          "is and what a user may do. Default: $JUPYTERHUB_API_URL, which the "
+                          "hub gives the services it starts.").tag(config=True)
+    hub_api_token = Unicode(help="The service's own token for JupyterHub's API (never logged). "
+                            "Default: $JUPYTERHUB_API_TOKEN, which the hub gives the services "
+                            "it starts.").tag(config=True)
+    service_url = Unicode(help="Where the service listens, as JupyterHub.services gives it. "
+                          "Default: $JUPYTERHUB_SERVICE_URL, else http://127.0.0.1:10101."
+                          ).tag(config=True)
+    service_prefix = Unicode(help="The path the hub's proxy routes to the service. Default: "
+                             "$JUPYTERHUB_SERVICE_PREFIX, else /services/gpushare/."
+                             ).tag(config=True)
+
+    @default("hub_api_url")
+    def _hub_api_url(self):
+        return os.environ.get("JUPYTERHUB_API_URL", "")
+
+    @default("hub_api_token")
+    def _hub_api_token(self):
+        return os.environ.get("JUPYTERHUB_API_TOKEN", "")
+
+    @default("service_url")
+    def _service_url(self):
+        return os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101")
+
+    @default("service_prefix")
+    def _service_prefix(self):
+        return os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpushare/")
+
+    @default("log_level")
+    def _log_level(self):
+        return logging.INFO  # as JupyterHub's own: what the service did is worth a line
+
+    @default("state_dir")
+    def _state_dir(self):
+        return str(Path("gpushare-state").resolve())
+
+    @default("db_url")
+    def _db_url(self):
+        return f"sqlite:///{Path(self.state_dir) / 'gpushare.sqlite'}"
+
     @validate("projects")
     def _check_projects(self, proposal):
-        out = {}
-        for name, spec in proposal["value"].items():
-            if not isinstance(spec, dict):
-                raise TraitError(f"PoolService.projects[{name!r}] must be a dict like "
-                                 f"{{'quota': 2, 'groups': ['{name}']}}")
-            extra = set(spec) - {"quota", "groups", "over_quota_weight", "limit", "priority",
-                                 "job_priority_min", "job_priority_max"}
-            if extra:
-                raise TraitError(f"PoolService.projects[{name!r}] has unknown key(s) "
-                                 f"{', '.join(sorted(extra))}")
-            quota, limit = spec.get("quota", 0), spec.get("limit")
-            if not isinstance(quota, (int, float)) or quota < 0:
-                raise TraitError(f"PoolService.projects[{name!r}]['quota'] must be 0 or more GPUs")
-            if limit is not None and (not isinstance(limit, (int, float)) or limit < quota):
-                raise TraitError(f"PoolService.projects[{name!r}]['limit'] must be a number of "
-                                 f"GPUs no smaller than its quota, or None")
-            groups = spec.get("groups", [name])
-            if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
-                raise TraitError(f"PoolService.projects[{name!r}]['groups'] must be a list of "
-                                 f"JupyterHub group names")
-            low, high = spec.get("job_priority_min", -100), spec.get("job_priority_max", 0)
-            if not all(isinstance(v, int) and -100 <= v <= 100 for v in (low, high)) \
-                    or low > high:
-                raise TraitError(f"PoolService.projects[{name!r}]: job_priority_min and "
-                                 f"job_priority_max must be whole numbers from -100 to 100, "
-                                 f"the min no larger than the max")
-            out[name] = {"quota": quota, "groups": groups, "limit": limit,
-                         "over_quota_weight": int(spec.get("over_quota_weight", 1)),
-                         "priority": int(spec.get("priority", 0)),
-                         "job_priority_min": low, "job_priority_max": high}
-        return out
+        try:
+            return configured(proposal["value"])
+        except Invalid as e:
+            raise TraitError(str(e)) from None
 
-    _build_uuids: dict[tuple[str, int], str] | None = None  # found at the first use
-    followers: dict[str, int]  # user -> logs they follow now
-
-    # -- set-up -------------------------------------------------------------------------
+    # -- set-up: one step each, in order ------------------------------------------------
     def initialize(self, argv=None):
         super().initialize(argv)
-        self.followers = {}
-        if self.config_file and Path(self.config_file).exists():
-            self.load_config_file(self.config_file)
+        try:
+            if self.config_file and Path(self.config_file).exists():
+                self.load_config_file(self.config_file)
+        except TraitError as e:
+            self._refuse(str(e))
+        self.init_hub()
+        self.init_store()
+        self.init_backend()
+        self.init_projects()
+        self.init_usage()
+        self.init_scheduler()
+
+    def _refuse(self, sentence: str) -> None:
+        """Stop at start with one sentence that says what to change."""
+        self.log.critical("%s", sentence)
+        self.exit(2)
+
+    def init_hub(self):
+        self.hub = HubAPI(self.hub_api_url, self.hub_api_token)
+        self.directory = HubDirectory(self.hub, self.rights_ttl, self.rights_max_stale)
+        self.tokens = HubTokens(self.hub, self.token_cache_ttl, self.token_cache_size,
+                                self.unknown_token_rate, self.unknown_token_burst)
+
+    def init_store(self):
         private_dir(self.state_dir)  # the store holds every job's command and env
-        self.submitting: Counter[str] = Counter()  # submits being stored, by user
         try:
             self.store = Store(self.db_url, self.job_book_size,
                                self.job_book_megabytes * 1024 * 1024)
-        except StoreError as exc:
-            self.log.critical("%s", exc)
-            self.exit(2)
+        except StoreError as e:
+            self._refuse(str(e))
+
+    def init_backend(self):
         self.backend = self.backend_class(parent=self, **self._backend_kwargs())
-        capacity = self.train_capacity()
-        configured = sum(round(p["quota"] * GPU) for p in self.projects.values())
-        if configured > capacity:
-            self.log.critical("The configured quotas add up to %g GPUs but the train pool has "
-                              "%g: a guarantee that cannot be honoured is refused. Lower "
-                              "PoolService.projects quotas.", configured / GPU, capacity / GPU)
-            self.exit(2)
-        created = self.store.add_missing_projects(
-            ProjectRow(name=name, quota=round(p["quota"] * GPU), groups=p["groups"],
-                       over_quota_weight=p["over_quota_weight"], priority=p["priority"],
-                       job_priority_min=p["job_priority_min"],
-                       job_priority_max=p["job_priority_max"],
-                       limit=None if p["limit"] is None else round(p["limit"] * GPU),
-                       updated=time.time())
-            for name, p in self.projects.items())
-        if created:
-            self.log.info("created project(s) %s from the configuration", ", ".join(created))
-        self.scheduler = Scheduler(self.store, self.backend, PolicyConfig(
-            min_runtime_s=self.min_runtime, reserve_after_s=self.reserve_after,
-            preempt_within_project=self.preempt_within_project,
-            reclaim_fair_share=self.reclaim_fair_share),
-            self.grace_period, self.launch_for, self.log)
-        self.scheduler.explained.nodes = self.backend.nodes()  # api/pool before the first cycle
-        self.usage = GPUUsage(self, parent=self)
-        self.scheduler.idle_jobs = self.usage.idle_jobs
-        api_url = os.environ.get("JUPYTERHUB_API_URL", "")
-        self.directory = HubDirectory(api_url, os.environ.get("JUPYTERHUB_API_TOKEN", ""),
-                                      self.rights_ttl, self.rights_max_stale)
-        self.tokens = HubTokens(api_url, self.token_cache_ttl, self.token_cache_size,
-                                self.unknown_token_rate, self.unknown_token_burst)
+        nodes = self.backend.nodes()
+        self.build = BuildPool(self.build_nodes, self.build_allowance, self.store,
+                               any(n.labels.get(SIMULATED_LABEL) for n in nodes), self.log)
 
     def _backend_kwargs(self) -> dict:
         # A backend's own files go under the service's state_dir unless configured.
@@ -257,104 +265,48 @@ class PoolService(Application):
             return {"state_dir": str(Path(self.state_dir) / where)}
         return {}
 
-    def build_pool(self) -> list[Node]:
-        return [Node(name, int(gpus), pool=BUILD) for name, gpus in sorted(self.build_nodes.items())]
-
-    def build_gpu_uuid(self, node: str, gpu: int) -> str | None:
-        """The UUID of a build-pool GPU where this machine can name it: what a pinned slice puts
-        in ``CUDA_VISIBLE_DEVICES``. None for a GPU of another machine (on Kubernetes the
-        device plugin picks the device)."""
-        if self._build_uuids is None:
-            self._build_uuids = self._find_build_uuids()
-        return self._build_uuids.get((node, gpu))
-
-    def _find_build_uuids(self) -> dict[tuple[str, int], str]:
-        # A simulated train pool means NVML found no GPU here: the build pool is simulated too,
-        # and its UUIDs say so (GPU-SIMULATED-<node>-<index>). Otherwise only a build node
-        # named like this host has GPUs NVML can name.
-        simulated = any(n.labels.get(SIMULATED_LABEL) for n in self.backend.nodes())
-        nvml = None if simulated else gpu_inventory.NVMLInventory()
-        found = {}
-        for name, count in self.build_nodes.items():
-            if simulated:
-                inventory = gpu_inventory.SimulatedInventory(name, int(count))
-            elif name == nvml.node:
-                inventory = nvml
-            else:
-                continue
-            try:
-                gpus = inventory.gpus()
-            except gpu_inventory.InventoryError as exc:
-                self.log.warning("The build GPUs of %s cannot be named: %s", name, exc)
-                continue
-            found.update({(name, g.index): g.uuid for g in gpus if g.index < int(count)})
-        return found
-
-    def reserve_slice(self, user: str, milli: int, server: str):
-        """Pack a slice on the build pool (policy.place_slice) or say why not."""
-        slices = [Slice(r.id, r.user, r.milli, r.node, r.gpu) for r in self.store.slices()]
-        where = place_slice(self.build_pool(), slices, user, milli,
-                            round(self.build_allowance * GPU))
-        if isinstance(where, SliceRefused):
-            return where
-        return self.store.add_slice(time.time(), user=user, server=server, milli=milli,
-                                    node=where.node, gpu=where.gpu)
-
-    def train_capacity(self) -> int:
-        return sum(n.milli for n in self.backend.nodes() if n.pool == TRAIN)
-
-    # -- what handlers call ---------------------------------------------------------------
-    def command_for(self, spec: dict) -> list[str]:
-        """The argv a checked job spec runs: its command, or its source run by ``python``
-        (with the working folder kept off ``sys.path``)."""
-        return spec["command"] or [self.python, "-c", SOURCE_BOOTSTRAP, spec["source"]]
-
-    async def submit(self, user: str, project: ProjectRow, spec: dict) -> tuple[JobRow, bool]:
-        """Store a checked job spec; ``(job, created)``: a spec whose ``request_id`` the user
-        already submitted gets that job back, and no second one is made. The commit waits
-        for the disk in a worker thread, while the event loop answers other requests."""
-        row, created = await self.store.in_thread(
-            self.store.add_job_once,
-            time.time(), spec.get("request_id"), user=user, project=project.name,
-            name=spec["name"], gpus=spec["gpus"], priority=spec["priority"],
-            command=self.command_for(spec), env=spec["env"], workdir=spec.get("workdir"),
-            per_gpu=spec.get("per_gpu", False), checkpoint_dir="")
+    def init_projects(self):
+        capacity = sum(n.milli for n in self.backend.nodes() if n.pool == TRAIN)
+        problem = overbooking((p.quota for p in self.projects.values()), capacity)
+        if problem:
+            self._refuse(f"{problem[:1].upper()}{problem[1:]}: lower PoolService.projects "
+                         f"quotas.")
+        created = self.store.add_missing_projects(p.row() for p in self.projects.values())
         if created:
-            self.scheduler.wake()
-        return row, created
+            self.log.info("created project(s) %s from the configuration", ", ".join(created))
 
-    def create_project(self, name: str, fields: dict) -> ProjectRow:
-        row = ProjectRow(name=name, **{"quota": 0, "groups": [name], "over_quota_weight": 1,
-                                       "priority": 0, "limit": None, "job_priority_min": -100,
-                                       "job_priority_max": 0, **fields},
-                         updated=time.time())
-        self.store.add_missing_projects([row])
-        return self.store.project(name)
+    def init_usage(self):
+        self.follows = Follows(self.max_followers_per_user)
+        self.usage = GPUUsage(self.store, self.backend, self.build, self.state_dir,
+                              self.follows, self.hub, parent=self)
 
-    def launch_for(self, row: JobRow) -> Launch:
-        home = self.backend.user_home(row.user)
-        try:
-            home = home or pwd.getpwnam(row.user).pw_dir
-        except KeyError:
-            home = str(Path(self.state_dir) / "home" / row.user)
-        checkpoint = self.checkpoint_dir_template.format(home=home, user=row.user, job_id=row.id)
-        return Launch(row.id, row.attempt, row.user, row.project, tuple(row.command),
-                      dict(row.env), dict(row.placement), checkpoint, row.workdir,
-                      per_gpu=bool(row.per_gpu))
-
-    def metrics(self) -> str:
-        from .metrics import render
-        return render(self)
+    def init_scheduler(self):
+        self.scheduler = Scheduler(
+            self.store, self.backend, PolicyConfig(
+                min_runtime_s=self.min_runtime, reserve_after_s=self.reserve_after,
+                preempt_within_project=self.preempt_within_project,
+                reclaim_fair_share=self.reclaim_fair_share),
+            self.grace_period,
+            Launcher(self.backend, self.checkpoint_dir_template, self.state_dir),
+            self.log, idle_jobs=self.usage.idle_jobs)
+        self.intake = JobIntake(self.store, self.scheduler, self.python,
+                                self.max_pending_per_user, self.max_job_size)
 
     # -- run ------------------------------------------------------------------------------
     def make_app(self) -> web.Application:
-        from . import dashboard
-        prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpushare/")
-        # The dashboard's login cookie is signed with a secret of this process: after a
-        # restart the browser logs in again through the hub, without a question.
-        return web.Application(routes(prefix) + dashboard.routes(prefix), pool=self,
-                               hub_auth=HubAuth(), dashboard_oauth=dashboard.OAuthSettings(),
-                               cookie_secret=os.urandom(32), xsrf_cookies=False)
+        prefix = self.service_prefix
+        return web.Application(
+            api.routes(prefix) + dashboard.routes(prefix),
+            # the parts handlers use, each by name (handlers.ServiceHandler)
+            store=self.store, scheduler=self.scheduler, backend=self.backend,
+            build=self.build, intake=self.intake, usage=self.usage,
+            directory=self.directory, tokens=self.tokens, follows=self.follows,
+            job_lists=JobLists(self.scheduler, self.usage.meter),
+            max_body_size=self.max_body_size,
+            hub_auth=HubAuth(), dashboard_oauth=dashboard.OAuthSettings(),
+            # The dashboard's login cookie is signed with a secret of this process: after a
+            # restart the browser logs in again through the hub, without a question.
+            cookie_secret=os.urandom(32), xsrf_cookies=False)
 
     def server_limits(self) -> dict:
         """What the HTTP server reads of a request at most: handlers refuse a body beyond
@@ -369,7 +321,7 @@ class PoolService(Application):
     async def _serve(self):
         """Answer the API at once; adopt what still runs in the background (the scheduling
         loop starts with it); stop cleanly on SIGTERM or SIGINT, leaving jobs running."""
-        url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
+        url = urlparse(self.service_url)
         loop = asyncio.get_running_loop()
         stopping: asyncio.Future = loop.create_future()
         for sig in (signal.SIGINT, signal.SIGTERM):  # the hub sends SIGINT, then SIGTERM
@@ -384,9 +336,7 @@ class PoolService(Application):
                       else "")
         # Slices the spawners of a stopping hub could not release (the hub stops its
         # services first) are released now, in the background (sweep.py).
-        sweeping = asyncio.ensure_future(release_stale(
-            self.store, os.environ.get("JUPYTERHUB_API_URL", ""),
-            os.environ.get("JUPYTERHUB_API_TOKEN", ""), self.log))
+        sweeping = asyncio.ensure_future(release_stale(self.store, self.hub, self.log))
         sweeping.add_done_callback(lambda f: f.cancelled() or f.exception() is None or
                                    self.log.error("Releasing stale build slices failed: %s",
                                                   f.exception()))

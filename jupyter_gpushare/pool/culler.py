@@ -12,21 +12,26 @@ The service's role needs the scopes ``read:users`` (activity), ``read:servers`` 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections import deque
+from typing import Callable
 from datetime import datetime
 from urllib.parse import quote
 
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
-
 from ..usage.cull import CullSettings, Evidence, decide
+from .hub import HubAPI, HubError
+from .store import Store
 
 
 class SliceCuller:
-    def __init__(self, pool, settings: CullSettings, log: logging.Logger | None = None):
-        self.pool, self.settings = pool, settings
+    def __init__(self, store: Store, meter, hub: HubAPI, following: Callable[[str], bool],
+                 settings: CullSettings, log: logging.Logger | None = None):
+        """``meter``: how long each slice's GPU use stayed idle; ``hub``: the servers'
+        activity, and stopping them; ``following(user)``: whether the user follows a train
+        job's output now."""
+        self.store, self.meter, self.hub, self.following = store, meter, hub, following
+        self.settings = settings
         self.log = log or logging.getLogger("gpushare.cull")
         self.warned: dict[str, float] = {}  # slice id -> when its server was warned
         self.kernels: dict[tuple[str, str], tuple[float, int, int]] = {}  # (user, server) ->
@@ -58,7 +63,7 @@ class SliceCuller:
 
     async def once(self) -> None:
         now = time.time()
-        slices = [s for s in self.pool.store.slices()]
+        slices = self.store.slices()
         users = sorted({s.user for s in slices})
         activity = dict(zip(users, await asyncio.gather(*(self._hub_servers(u) for u in users))))
         evidence = []
@@ -66,10 +71,10 @@ class SliceCuller:
             said = self.kernels.get((s.user, s.server))
             last = (activity.get(s.user) or {}).get(s.server)
             evidence.append(Evidence(
-                s.user, s.server, s.id, self.pool.usage.meter.idle_for("slice", s.id),
+                s.user, s.server, s.id, self.meter.idle_for("slice", s.id),
                 None if last is None else max(0.0, now - last),
                 None if said is None else said[2], None if said is None else now - said[0],
-                self.pool.followers.get(s.user, 0) > 0))  # logs the user follows now
+                self.following(s.user)))
         self.warned = {k: v for k, v in self.warned.items() if k in {s.id for s in slices}}
         for d in decide(evidence, self.warned, now, self.settings):
             e = d.evidence
@@ -92,23 +97,16 @@ class SliceCuller:
                                 "slice": e.slice_id, "reason": d.reason})
 
     # -- the hub ----------------------------------------------------------------------------
-    async def _hub(self, method: str, path: str):
-        directory = self.pool.directory
-        req = HTTPRequest(f"{directory.api_url}/{path}", method=method,
-                          headers={"Authorization": f"token {directory.token}"},
-                          request_timeout=10, allow_nonstandard_methods=True)
-        return await AsyncHTTPClient().fetch(req)
-
     async def _hub_servers(self, user: str) -> dict[str, float]:
         """The user's servers and when the hub last saw activity from each (epoch seconds)."""
         try:
-            resp = await self._hub("GET", f"users/{quote(user, safe='')}")
-        except (HTTPClientError, OSError) as exc:
+            model = await self.hub.user(user)
+        except HubError as exc:
             self.log.warning("Culling: the hub did not say when %s's servers were last active "
                              "(%s); none of them is culled now", user, exc)
             return {}
         out = {}
-        for name, server in (json.loads(resp.body).get("servers") or {}).items():
+        for name, server in (model.get("servers") or {}).items():
             when = server.get("last_activity")
             if when:
                 out[name] = datetime.fromisoformat(when.replace("Z", "+00:00")).timestamp()
@@ -118,8 +116,8 @@ class SliceCuller:
         path = f"users/{quote(user, safe='')}/" + (f"servers/{quote(server, safe='')}"
                                                    if server else "server")
         try:
-            await self._hub("DELETE", path)
-        except (HTTPClientError, OSError) as exc:
+            await self.hub.delete(path)
+        except HubError as exc:
             self.log.error("Culling: the hub did not stop %s's server %r (%s); the service's "
                            "role needs the 'servers' scope", user, server, exc)
             return False

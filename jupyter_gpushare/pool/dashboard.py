@@ -24,7 +24,7 @@ from tornado import web
 
 from ..dashboard import BadWindow, choose_window, refusal, render
 from ..usage.report import BY
-from .api import PoolHandler, pool_json, slice_json
+from .api import PoolHandler, pool_json
 from .api_usage import MAX_WINDOW, parse_time
 from .usage_store import Scope
 from .validate import Invalid
@@ -103,7 +103,7 @@ class DashboardHandler(HubOAuthenticated, PoolHandler):
         if model.get("kind", "user") != "user":
             self.fail(403, "The dashboard is for people signed in to JupyterHub, not for "
                            "services.")
-        self.who = await self.pool.directory.who(model)
+        self.who = await self.directory.who(model)
         if not self.who.admin:
             self.fail(403, f"Only admins of the GPU pool see its dashboard (JupyterHub admins "
                            f"and holders of custom:gpushare:admin); you are signed in as "
@@ -144,29 +144,29 @@ def _zone(now: float) -> tuple[float, str]:
 
 async def gather(handler: PoolHandler, window) -> dict:
     """What the dashboard shows, as the API shows it to an admin."""
-    pool, now = handler.pool, time.time()
-    meter, since, until = pool.usage.meter, window.since, window.until
+    store, now = handler.store, time.time()
+    meter, since, until = handler.usage.meter, window.since, window.until
     usage = await meter.query(since, until, BY["project"], Scope(), window.step, "allocated",
                               1000)
-    usage["idle_threshold"] = pool.usage.idle_threshold / 100
+    usage["idle_threshold"] = handler.usage.idle_threshold / 100
     idle_jobs = (await meter.query(since, until, BY["job"], Scope(), None, "idle",
                                    IDLE_ROWS))["rows"]
     idle_slices = (await meter.query(since, until, BY["slice"], Scope(), None, "idle",
                                      IDLE_ROWS))["rows"]
-    rows = {r.id: r for r in pool.store.active()}
+    rows = {r.id: r for r in store.active()}
     for r in idle_jobs:  # ended jobs among the idlest: their names and how they ended
         if r.get("job") and r["job"] not in rows:
-            found = pool.store.job(r["job"])
+            found = store.job(r["job"])
             if found is not None:
                 rows[found.id] = found
-    counts = pool.store.pending_counts()
+    counts = store.pending_counts()
     offset, zone = _zone(now)
     return {"now": now, "offset": offset, "zone": zone, "user": handler.who.name,
             "window": window, "refresh_s": REFRESH_S, "pool": pool_json(handler),
-            "projects": [handler.project_json(p, counts) for p in pool.store.projects()],
+            "projects": [handler.project_json(p, counts) for p in store.projects()],
             "usage": usage, "idle_jobs": idle_jobs, "idle_slices": idle_slices,
             "jobs": [handler.job_json(r, False) for r in rows.values()],
-            "slices": [slice_json(s, pool) for s in pool.store.slices()]}
+            "slices": [handler.slice_json(s) for s in store.slices()]}
 
 
 def routes(prefix: str) -> list:

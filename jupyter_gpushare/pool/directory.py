@@ -1,7 +1,7 @@
 """Who a request comes from, and what they may do: asked from JupyterHub, never believed
 from the request.
 
-Two questions, both asked of the hub's REST API without blocking the event loop:
+Two questions, both asked of the hub's REST API (``hub.py``) without blocking the event loop:
 - ``HubTokens.identify(token)``: whom the hub says a token belongs to (``GET /user`` with
   that token). Answers are kept a short while in a bounded cache; tokens the hub does not
   know are not kept, and once too many of them came in a short time, further unknown tokens
@@ -18,21 +18,16 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+from .hub import HubAPI, HubNotFound, HubRefused, HubUnavailable
 
 ADMIN_SCOPE = "custom:gpushare:admin"
 log = logging.getLogger("gpushare.pool")
-
-
-class HubUnavailable(Exception):
-    """The hub did not answer; one sentence for the user (HTTP 503)."""
 
 
 class TooManyFailures(Exception):
@@ -72,30 +67,12 @@ class _Bucket:
         self.level = max(0.0, self.level - 1)
 
 
-async def _get(url: str, token: str) -> dict | None:
-    """The hub's JSON at ``url`` asked with ``token``; None when the hub says 401, 403 or
-    404; ``HubUnavailable`` when it cannot be asked."""
-    req = HTTPRequest(url, headers={"Authorization": f"token {token}"}, request_timeout=10)
-    try:
-        resp = await AsyncHTTPClient().fetch(req)
-    except HTTPClientError as e:
-        if e.code in (401, 403, 404):
-            return None
-        raise HubUnavailable(f"JupyterHub answered {e.code}") from None
-    except OSError as e:
-        raise HubUnavailable(f"JupyterHub cannot be reached ({e})") from None
-    try:
-        return json.loads(resp.body)
-    except ValueError:
-        raise HubUnavailable("JupyterHub's answer was not JSON") from None
-
-
 class HubTokens:
     """Token → the hub's model of its owner (user or service, with the token's scopes)."""
 
-    def __init__(self, api_url: str, ttl_s: float = 60.0, size: int = 10_000,
+    def __init__(self, hub: HubAPI, ttl_s: float = 60.0, size: int = 10_000,
                  failures_per_s: float = 5.0, failure_burst: int = 50, concurrent: int = 8):
-        self.api_url = api_url.rstrip("/")
+        self.hub = hub
         self.ttl_s, self.size = ttl_s, size
         self._cache: OrderedDict[str, tuple[float, dict]] = OrderedDict()
         self._asking: dict[str, asyncio.Future] = {}
@@ -125,7 +102,10 @@ class HubTokens:
         if self._slots is None:
             self._slots = asyncio.Semaphore(self._concurrent)
         async with self._slots:  # a flood of new tokens waits here, not at the hub
-            model = await _get(f"{self.api_url}/user", token)
+            try:
+                model = await self.hub.get("user", token)
+            except (HubNotFound, HubRefused):
+                model = None  # a token the hub does not know, or one without its scopes
         if model is None or not model.get("name"):
             self._failures.take()
             self._cache.pop(key, None)
@@ -140,10 +120,9 @@ class HubTokens:
 class HubDirectory:
     """User name → admin flag and groups, as the hub says."""
 
-    def __init__(self, api_url: str, token: str, ttl_s: float = 30.0,
-                 max_stale_s: float = 300.0, size: int = 10_000):
-        self.api_url = api_url.rstrip("/")
-        self.token = token
+    def __init__(self, hub: HubAPI, ttl_s: float = 30.0, max_stale_s: float = 300.0,
+                 size: int = 10_000):
+        self.hub = hub
         self.ttl_s, self.max_stale_s, self.size = ttl_s, max(max_stale_s, ttl_s), size
         self._cache: OrderedDict[str, tuple[float, Who]] = OrderedDict()
         self._asking: dict[str, asyncio.Future] = {}
@@ -188,8 +167,9 @@ class HubDirectory:
         return who
 
     async def _lookup(self, name: str) -> Who:
-        model = await _get(f"{self.api_url}/users/{quote(name, safe='')}", self.token)
-        if model is None:
+        try:
+            model = await self.hub.get(f"users/{quote(name, safe='')}")
+        except (HubNotFound, HubRefused):
             return Who(name, False, frozenset())
         if model.get("name") != name:  # never take another user's rights
             log.warning("JupyterHub answered for user %r when asked for %r", model.get("name"),

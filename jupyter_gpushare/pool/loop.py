@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from ..backends.base import Backend, BackendError, Exit, Handle
-from ..policy import JobState, Node, PolicyConfig, Project, Snapshot, TrainJob, cycle
+from ..policy import TRAIN, JobState, Node, PolicyConfig, Project, Snapshot, TrainJob, cycle
 from ..policy.outcome import FAILED, PREEMPTED, SUCCEEDED, after_stop
 from .models import JobRow
 from .store import Store
@@ -37,15 +37,22 @@ class Explanation:
 
 class Scheduler:
     def __init__(self, store: Store, backend: Backend, config: PolicyConfig, grace_s: float,
-                 launch_for, log: logging.Logger | None = None):
+                 launch_for, log: logging.Logger | None = None, idle_jobs=lambda: set()):
+        """``launch_for``: a stored job → the backend's ``Launch`` (``launch.py``);
+        ``idle_jobs``: the ids of jobs whose GPUs sat idle (``usage_service.py``), taken
+        first when GPUs are reclaimed."""
         self.store, self.backend, self.config, self.grace_s = store, backend, config, grace_s
-        self.launch_for = launch_for  # JobRow → Launch (the app knows users' homes, python)
+        self.launch_for, self.idle_jobs = launch_for, idle_jobs
         self.log = log or logging.getLogger("gpushare.pool")
-        self.explained = Explanation()
-        self.idle_jobs = lambda: set()  # ids of jobs flagged idle (usage): victims first
+        # What the pool looks like before the first cycle says more (api/pool answers at once).
+        self.explained = Explanation(nodes=backend.nodes())
         self.reserved: dict[str, tuple[str, ...]] = {}
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()
+
+    def train_capacity(self) -> int:
+        """Milli-GPUs of the train pool now."""
+        return sum(n.milli for n in self.backend.nodes() if n.pool == TRAIN)
 
     def wake(self) -> None:
         """Run a cycle soon (a job was submitted or cancelled)."""

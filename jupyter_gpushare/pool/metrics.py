@@ -74,18 +74,20 @@ METRICS = (TRAIN_GPUS, PROJECT_IN_USE, PROJECT_QUOTA, PROJECT_DESERVED, JOBS, GP
 
 
 class _PoolCollector:
-    def __init__(self, pool):
-        self.pool = pool
+    """The train pool, its projects and their jobs."""
+
+    def __init__(self, store, scheduler):
+        self.store, self.scheduler = store, scheduler
 
     def collect(self):
-        ex = self.pool.scheduler.explained
+        ex = self.scheduler.explained
         capacity = TRAIN_GPUS.family()
         capacity.add_metric([], sum(n.gpus for n in ex.nodes))
         yield capacity
         in_use = PROJECT_IN_USE.family()
         quota = PROJECT_QUOTA.family()
         deserved = PROJECT_DESERVED.family()
-        for p in self.pool.store.projects():
+        for p in self.store.projects():
             in_use.add_metric([p.name], ex.usage.get(p.name, 0) / GPU)
             quota.add_metric([p.name], p.quota / GPU)
             deserved.add_metric([p.name], ex.deserved.get(p.name, 0) / GPU)
@@ -94,7 +96,7 @@ class _PoolCollector:
         yield deserved
         jobs = JOBS.family()
         counts: dict[tuple[str, str], int] = {}
-        for row in self.pool.store.active():
+        for row in self.store.active():
             key = (row.state, row.project)
             counts[key] = counts.get(key, 0) + 1
         for (state, project), n in sorted(counts.items()):
@@ -105,11 +107,11 @@ class _PoolCollector:
 class _UsageCollector:
     """What the GPUs do (usage/): each GPU now, GPU-seconds since the service started."""
 
-    def __init__(self, pool):
-        self.pool = pool
+    def __init__(self, store, usage):
+        self.store, self.usage = store, usage
 
     def collect(self):
-        meter = self.pool.usage.meter
+        meter = self.usage.meter
         util, used, total = (GPU_UTILIZATION.family(), GPU_MEMORY_USED.family(),
                              GPU_MEMORY_TOTAL.family())
         held, lost, outside = GPU_ALLOCATED.family(), GPU_LOST.family(), GPU_OUTSIDE.family()
@@ -134,13 +136,13 @@ class _UsageCollector:
         idle = JOBS_IDLE.family()
         flagged: dict[str, int] = {}
         idle_ids = meter.idle_jobs()
-        for row in self.pool.store.active():
+        for row in self.store.active():
             if row.id in idle_ids:
                 flagged[row.project] = flagged.get(row.project, 0) + 1
         for project, n in sorted(flagged.items()):
             idle.add_metric([project], n)
         yield idle
-        culler = self.pool.usage.culler
+        culler = self.usage.culler
         if culler is not None:
             culled = SLICES_CULLED.family()
             culled.add_metric([], culler.culled)
@@ -150,8 +152,10 @@ class _UsageCollector:
         yield notes
 
 
-def render(pool) -> str:
+def render(store, scheduler, usage) -> str:
+    """The exposition, read now from the store, the scheduler's last cycle and GPU use
+    (``usage_service.GPUUsage``)."""
     registry = CollectorRegistry()
-    registry.register(_PoolCollector(pool))
-    registry.register(_UsageCollector(pool))
+    registry.register(_PoolCollector(store, scheduler))
+    registry.register(_UsageCollector(store, usage))
     return generate_latest(registry).decode()

@@ -15,12 +15,9 @@ error): a running server must keep its slice. Its spawner releases it at its nex
 
 from __future__ import annotations
 
-import json
 import logging
-from urllib.parse import quote
 
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
-
+from .hub import HubAPI, HubError, HubNotFound
 from .models import SliceRow
 from .store import Store
 
@@ -33,28 +30,25 @@ def stale(slices: list[SliceRow], servers: dict[str, set[str] | None]) -> list[S
             if servers.get(s.user, UNKNOWN) is not UNKNOWN and s.server not in servers[s.user]]
 
 
-async def active_servers(api_url: str, token: str, user: str) -> set[str] | None:
+async def active_servers(hub: HubAPI, user: str) -> set[str] | None:
     """The names of the user's active servers ("" is the default one), as the hub says;
     an empty set for a user the hub does not know; None when it cannot be told."""
-    req = HTTPRequest(f"{api_url.rstrip('/')}/users/{quote(user, safe='')}",
-                      headers={"Authorization": f"token {token}"}, request_timeout=10)
     try:
-        model = json.loads((await AsyncHTTPClient().fetch(req)).body)
-    except HTTPClientError as e:
-        return set() if e.code == 404 else UNKNOWN
-    except (OSError, ValueError):
+        model = await hub.user(user)
+    except HubNotFound:
+        return set()
+    except HubError:
         return UNKNOWN
-    if model.get("name") != user or not isinstance(model.get("servers"), dict):
-        return UNKNOWN  # another user's answer, or no read:servers
+    if not isinstance(model.get("servers"), dict):
+        return UNKNOWN  # no read:servers
     return set(model["servers"])
 
 
-async def release_stale(store: Store, api_url: str, token: str,
-                        log: logging.Logger) -> list[SliceRow]:
+async def release_stale(store: Store, hub: HubAPI, log: logging.Logger) -> list[SliceRow]:
     slices = store.slices()
-    if not slices or not api_url:
+    if not slices or not hub:
         return []
-    servers = {user: await active_servers(api_url, token, user)
+    servers = {user: await active_servers(hub, user)
                for user in sorted({s.user for s in slices})}
     unknown = sorted(u for u, names in servers.items() if names is UNKNOWN)
     if unknown:

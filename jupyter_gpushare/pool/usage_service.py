@@ -1,4 +1,5 @@
-"""GPU utilization in the pool service: options, and the wiring of ``usage/`` to the pool.
+"""GPU utilization in the pool service: options, and the wiring of ``usage/`` to the store, the
+backend and the build pool.
 
 ``c.GPUUsage.*`` in ``gpushare_config.py``. Where the train pool runs on the service's own
 machine (the local backend), the service reads the GPUs itself every ``sample_interval``:
@@ -22,7 +23,12 @@ from ..usage.cull import CullSettings
 from ..usage.meter import LocalContext, UsageMeter, UsageSettings
 from ..usage.rollup import DAY
 from ..usage.sampler import NVMLSampler
+from ..backends.base import Backend
+from .build import BuildPool
 from .culler import SliceCuller
+from .follows import Follows
+from .hub import HubAPI
+from .store import Store
 from .usage_store import UsageStore
 
 
@@ -113,28 +119,32 @@ class GPUUsage(LoggingConfigurable):
                              "usage_rollup_after_days")
         return proposal.value
 
-    def __init__(self, pool, **kwargs):
+    def __init__(self, store: Store, backend: Backend, build: BuildPool, state_dir: str,
+                 follows: Follows, hub: HubAPI, **kwargs):
+        """``state_dir``: the service's (the stand-in's script lives there by default);
+        ``follows`` and ``hub``: what culling asks (who follows a job's output now; the
+        servers' activity, and stopping them)."""
+        self.store, self.backend, self.build, self.state_dir = store, backend, build, state_dir
         super().__init__(**kwargs)
-        self.pool = pool
-        self.meter = UsageMeter(UsageStore(pool.store), UsageSettings(
+        self.meter = UsageMeter(UsageStore(store), UsageSettings(
             self.sample_interval, self.idle_threshold, self.idle_job_after,
             self.usage_rollup_after_days * DAY, self.usage_retention_days * DAY), self.log)
         self.source = self._source()
-        self.culler = SliceCuller(pool, CullSettings(self.cull_idle_slices_after,
-                                                     self.cull_warning), self.log) \
+        self.culler = SliceCuller(store, self.meter, hub, follows.following, CullSettings(
+            self.cull_idle_slices_after, self.cull_warning), self.log) \
             if self.cull_idle_slices_after > 0 else None
 
     @default("nvml_standin_script")
     def _default_script(self):
-        return str(Path(self.pool.state_dir) / "nvml-standin.json")
+        return str(Path(self.state_dir) / "nvml-standin.json")
 
     def _source(self) -> str:
         if self.nvml != "auto":
             return self.nvml
-        found = self.pool.backend.local_gpus()
+        found = self.backend.local_gpus()
         if not found:
             return "off"
-        simulated = any(n.labels.get(SIMULATED_LABEL) for n in self.pool.backend.nodes())
+        simulated = any(n.labels.get(SIMULATED_LABEL) for n in self.backend.nodes())
         return "standin" if simulated else "nvml"
 
     # -- local readings -------------------------------------------------------------------
@@ -147,7 +157,7 @@ class GPUUsage(LoggingConfigurable):
             return [NVMLSampler(socket.gethostname())]
         from ..usage.nvml_standin import NVMLStandIn, gpus_script
         machines = {node: [g.uuid for g in found]
-                    for node, found in self.pool.backend.local_gpus().items()}
+                    for node, found in self.backend.local_gpus().items()}
         for uuid, (node, _index) in sorted(self._build_uuids().items()):
             if not any(uuid in found for found in machines.values()):
                 machines.setdefault(node, []).append(uuid)
@@ -159,22 +169,16 @@ class GPUUsage(LoggingConfigurable):
             for node, uuids in sorted(machines.items())]
 
     def _build_uuids(self) -> dict[str, tuple[str, int]]:
-        out = {}
-        for node in self.pool.build_pool():
-            for i in range(node.gpus):
-                uuid = self.pool.build_gpu_uuid(node.name, i)
-                if uuid:
-                    out[uuid] = (node.name, i)
-        return out
+        return {uuid: where for where, uuid in self.build.uuids().items()}
 
     def context(self) -> LocalContext:
         """Who holds what on this machine now (store and backend; no I/O beyond them)."""
         holdings: dict[str, list[Holding]] = {}
         groups: dict = {}
-        pools = {g.uuid: "train" for found in self.pool.backend.local_gpus().values()
+        pools = {g.uuid: "train" for found in self.backend.local_gpus().values()
                  for g in found}
-        rows = {r.id: r for r in self.pool.store.active() if r.state == "running"}
-        for a in self.pool.backend.local_attempts():
+        rows = {r.id: r for r in self.store.active() if r.state == "running"}
+        for a in self.backend.local_attempts():
             row = rows.get(a.job_id)
             if row is None or row.attempt != a.attempt:
                 continue
@@ -184,8 +188,8 @@ class GPUUsage(LoggingConfigurable):
                 for uuid in uuids:
                     holdings.setdefault(uuid, []).append(Holding(owner, GPU))
         servers: dict = {}
-        for s in self.pool.store.slices():
-            uuid = self.pool.build_gpu_uuid(s.node, s.gpu)
+        for s in self.store.slices():
+            uuid = self.build.uuid(s.node, s.gpu)
             if uuid is None:
                 continue
             pools.setdefault(uuid, "build")

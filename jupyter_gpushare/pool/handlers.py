@@ -1,0 +1,214 @@
+"""What every handler of the pool service shares: JSON errors, the identity JupyterHub gives
+for the request's token, the caller's rights, bodies of bounded size and depth, answers rendered
+once for many requests, and the service's parts, each by name from the application's settings
+(the wiring, ``app.py``, puts them there).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import re
+
+from jupyterhub.services.auth import HubAuthenticated, UserNotAllowed
+from tornado import web
+
+from .directory import TooManyFailures, Who
+from .hub import HubUnavailable
+from .models import JobRow, ProjectRow
+
+MAX_DEPTH = 32  # nesting of a JSON body: specs are two levels deep
+ID = re.compile(r"^[A-Za-z0-9._-]{1,64}\Z")  # job and slice ids (j-…, s-…)
+
+
+class ServiceHandler(HubAuthenticated, web.RequestHandler):
+    """Every handler: JSON errors, the hub's identity for the token, the pool's view of the
+    user, bodies of at most ``max_body_size`` bytes."""
+
+    who: Who
+
+    # -- the service's parts ---------------------------------------------------------------
+    @property
+    def store(self):
+        return self.settings["store"]
+
+    @property
+    def scheduler(self):
+        return self.settings["scheduler"]
+
+    @property
+    def backend(self):
+        return self.settings["backend"]
+
+    @property
+    def build(self):
+        """The build pool (``build.py``)."""
+        return self.settings["build"]
+
+    @property
+    def intake(self):
+        """Submits (``intake.py``)."""
+        return self.settings["intake"]
+
+    @property
+    def usage(self):
+        """GPU use: the meter, the culler and their options (``usage_service.py``)."""
+        return self.settings["usage"]
+
+    @property
+    def directory(self):
+        return self.settings["directory"]
+
+    @property
+    def tokens(self):
+        return self.settings["tokens"]
+
+    def set_default_headers(self):
+        self.set_header("Content-Type", "application/json")
+        self.set_header("Cache-Control", "no-store")
+
+    async def prepare(self):
+        # The HTTP server reads at most four times the limit (app.server_limits) and drops
+        # the connection beyond that; a body over the limit, chunked or not, is refused here.
+        limit = self.settings["max_body_size"]
+        if len(self.request.body) > limit:
+            raise web.HTTPError(413, reason=f"the body is larger than {limit // 1024} KiB; "
+                                            f"send less (large code belongs in a file)")
+        try:
+            model = await self.identify()
+        except TooManyFailures as e:
+            raise web.HTTPError(429, reason=str(e)) from None
+        except HubUnavailable as e:
+            raise web.HTTPError(503, reason=str(e)) from None
+        if model is None:
+            raise web.HTTPError(403, reason="this needs a JupyterHub token that may use the "
+                                            "gpushare service (Authorization: token ...)")
+        try:
+            self.who = await self.directory.who(model)
+        except HubUnavailable as e:
+            raise web.HTTPError(503, reason=str(e)) from None
+
+    async def identify(self) -> dict | None:
+        """The hub's model of the token's owner, asked without blocking (HubAuth's own
+        get_current_user would ask synchronously), checked against the service's scopes."""
+        token = self.hub_auth.get_token(self, in_cookie=False)
+        model = await self.tokens.identify(token) if token else None
+        if model is not None:
+            try:
+                model = self.check_hub_user(dict(model))
+            except UserNotAllowed:
+                model = None
+        self._hub_auth_user_cache = model  # what get_current_user() returns from now on
+        return model
+
+    def write_error(self, status_code, **kwargs):
+        exc = kwargs.get("exc_info", (None, None))[1]
+        if isinstance(exc, web.HTTPError) and exc.reason:
+            message = exc.reason
+        elif status_code == 404:
+            message = "no such path in the gpushare API; see api/openapi.json"
+        elif status_code == 405:
+            message = f"{self.request.method} is not allowed here; see api/openapi.json"
+        else:
+            message = "the pool service failed to answer; the administrator can see why in its log"
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"error": message}))
+
+    def fail(self, status: int, message: str):
+        raise web.HTTPError(status, reason=message)
+
+    def body(self):
+        """The request's JSON body, or a 400 with a sentence: bytes that are not UTF-8, text
+        that is not JSON, nesting deeper than MAX_DEPTH, text no store can hold."""
+        raw = self.request.body or b"null"
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            self.fail(400, f"the body is not UTF-8 text (byte {e.start} is not); send JSON "
+                           f"encoded as UTF-8")
+        try:
+            value = json.loads(text)
+        except RecursionError:
+            self.fail(400, f"the body nests deeper than {MAX_DEPTH} levels; send a flatter "
+                           f"JSON object")
+        except ValueError as e:
+            where = f" ({e.msg} at character {e.pos})" if isinstance(e, json.JSONDecodeError) \
+                else ""
+            self.fail(400, f"the body is not valid JSON{where}")
+        problem = _unstorable(value)
+        if problem:
+            self.fail(400, problem)
+        return value
+
+    def reply(self, obj, status: int = 200):
+        self.set_status(status)
+        self.finish(json.dumps(obj))
+
+    # -- rights -----------------------------------------------------------------------
+    def member_of(self, project: ProjectRow) -> bool:
+        return self.who.admin or bool(self.who.groups & set(project.groups or ()))
+
+    def my_projects(self) -> list[ProjectRow]:
+        return [p for p in self.store.projects() if self.member_of(p)]
+
+    def own_job(self, job_id: str) -> JobRow:
+        row = self.store.job(job_id) if ID.match(job_id) else None
+        if row is None:
+            self.fail(404, f"there is no job {job_id}")
+        if not (self.who.is_user(row.user) or self.who.admin):
+            self.fail(403, f"job {job_id} is not yours")
+        return row
+
+
+class Rendered:
+    """An answer rendered once and sent to many requests: its body, the body gzipped (made
+    at the first request that takes gzip), and their ETags, hashes of the body: equal tags,
+    equal answers, whoever asks."""
+
+    __slots__ = ("body", "etag", "_gzipped")
+
+    def __init__(self, text: str):
+        self.body = text.encode()
+        self.etag = '"%s"' % hashlib.sha1(self.body).hexdigest()
+        self._gzipped: bytes | None = None
+
+    def send(self, handler: web.RequestHandler) -> None:
+        """304 when the request names the answer it has (If-None-Match); gzipped when it takes
+        gzip (a list of 100 jobs is about 40 kB, a tenth of that gzipped)."""
+        gz = "gzip" in handler.request.headers.get("Accept-Encoding", "")
+        handler.set_header("Vary", "Accept-Encoding")
+        handler.set_header("Etag", self.etag[:-1] + '-gzip"' if gz else self.etag)
+        if handler.check_etag_header():
+            handler.set_status(304)
+            handler.finish()
+        elif gz:
+            if self._gzipped is None:
+                self._gzipped = gzip.compress(self.body, compresslevel=1, mtime=0)
+            handler.set_header("Content-Encoding", "gzip")
+            handler.finish(self._gzipped)
+        else:
+            handler.finish(self.body)
+
+
+def _unstorable(value) -> str | None:
+    """Why a parsed JSON body cannot be taken (too deep, or a string with a lone surrogate
+    such as "\\ud800", which is no text any database holds), or None. Iterative, so that
+    no nesting can exhaust the stack."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return f"the body nests deeper than {MAX_DEPTH} levels; send a flatter JSON object"
+        if isinstance(item, dict):
+            stack.extend((k, depth + 1) for k in item)
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+        elif isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return ("the body has a string with a lone UTF-16 surrogate (\\ud800 to "
+                        "\\udfff), which is not text; send valid Unicode")
+    return None
