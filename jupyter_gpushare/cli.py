@@ -10,6 +10,7 @@ import sys
 from .cli_base import CommandError, UsageError, _Parser
 from .cli_pool import add_pool_commands
 from .policy.model import DEFAULT_MIN_RUNTIME_S, GPU, PolicyConfig
+from .policy.quotas import overbooking
 
 
 def _positive_int(text):
@@ -124,10 +125,8 @@ def cmd_simulate(args) -> int:
         quotas = proportional_quotas(jobs, capacity)
     elif args.scale_quotas and sum(quotas.values()) > 0:
         quotas = apportion({p: q for p, q in quotas.items()}, capacity)
-    elif sum(quotas.values()) > capacity * GPU:
-        raise UsageError(f"the quotas add up to {sum(quotas.values()) / GPU:g} GPUs but the "
-                         f"train pool has {capacity}; lower them, raise --capacity or pass "
-                         f"--scale-quotas")
+    elif problem := overbooking(quotas.values(), capacity * GPU):
+        raise UsageError(f"{problem}: lower them, raise --capacity or pass --scale-quotas")
     for job in jobs:
         if job.kind == "train" and job.gpus > capacity * GPU:
             raise UsageError(f"{args.trace}, line {job.line}: job {job.id} asks for "

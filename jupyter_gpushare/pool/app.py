@@ -218,11 +218,10 @@ class PoolService(Application):
     # -- set-up: one step each, in order ------------------------------------------------
     def initialize(self, argv=None):
         super().initialize(argv)
-        try:
-            if self.config_file and Path(self.config_file).exists():
-                self.load_config_file(self.config_file)
-        except TraitError as e:
-            self._refuse(str(e))
+        if self.config_file and Path(self.config_file).exists():
+            # A value the options refuse stops the service here with their sentence
+            # (traitlets' "Bad config encountered during initialization: ...").
+            self.load_config_file(self.config_file)
         self.init_hub()
         self.init_store()
         self.init_backend()

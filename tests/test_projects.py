@@ -1,0 +1,77 @@
+"""Projects have one set of rules: a project in the configuration (``PoolService.projects``) is
+checked by the same rules, with the same sentence, as one sent to ``PUT api/projects/{name}``.
+A bad one stops the service at start with that sentence, naming the project."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+from hubtest import Hub, need_proxy
+from jupyter_gpushare.pool.app import PoolService
+from jupyter_gpushare.pool.projects import ProjectSpec, configured
+from jupyter_gpushare.pool.validate import Invalid
+
+# (project name, its settings, the sentence the API answers for the same)
+BAD = [
+    ("vision", {"quota": 2, "priority": 5000}, "priority must be between -1000 and 1000, not 5000"),
+    ("vision", {"quota": 1.2345}, "quota has more than three decimals (1.2345); GPUs are counted "
+                                  "in thousandths"),
+    ("a b", {"quota": 1}, "project name 'a b' must be 1-100 letters, digits, '.', '_' or '-'"),
+    ("vision", {"quota": 2, "limit": 1}, "limit (1 GPUs) may not be below the quota (2 GPUs); "
+                                         "raise the limit or lower the quota"),
+    ("vision", {"quota": 1, "owner": "alice"}, "unknown field(s) owner; the fields are groups, "
+                                               "job_priority_max, job_priority_min, limit, "
+                                               "over_quota_weight, priority, quota"),
+]
+
+
+@pytest.mark.parametrize("name, settings, sentence", BAD)
+def test_a_bad_configured_project_gets_the_apis_sentence(name, settings, sentence):
+    with pytest.raises(Invalid) as refused:
+        configured({name: settings})
+    assert str(refused.value) == f"PoolService.projects[{name!r}]: {sentence}"
+
+
+@pytest.mark.parametrize("name, settings, sentence", BAD)
+def test_the_service_does_not_start_with_a_bad_project(name, settings, sentence, tmp_path,
+                                                       capsys):
+    config = tmp_path / "gpushare_config.py"
+    config.write_text(f"c.PoolService.projects = {{{name!r}: {settings!r}}}\n")
+    service = PoolService()
+    with pytest.raises(SystemExit) as stopped:
+        service.initialize([f"--PoolService.config_file={config}",
+                            f"--PoolService.state_dir={tmp_path / 'state'}"])
+    assert stopped.value.code != 0
+    err = capsys.readouterr().err
+    assert f"PoolService.projects[{name!r}]: {sentence}" in err and "Traceback" not in err
+
+
+def test_configured_projects_take_the_defaults_written_once():
+    assert configured({"nlp": {"quota": 2}, "empty": {}}) == {
+        "nlp": ProjectSpec("nlp", quota=2000), "empty": ProjectSpec("empty")}
+    row = ProjectSpec("nlp", quota=2000).row(updated=1.0)
+    assert (row.groups, row.over_quota_weight, row.limit, row.priority, row.job_priority_min,
+            row.job_priority_max) == (["nlp"], 1, None, 0, -100, 0)  # its own group by default
+    assert ProjectSpec.of(row) == ProjectSpec("nlp", 2000, ("nlp",))
+
+
+@pytest.fixture(scope="module")
+def hub():
+    """A hub whose API is asked what it says of the same projects (no job runs: any user)."""
+    need_proxy()
+    folder = Path(tempfile.mkdtemp(prefix="gpushare-projects-"))
+    made = Hub(folder, {"vision": ["alice"]},
+               'c.PoolService.projects = {"vision": {"quota": 2, "groups": ["vision"]}}\n')
+    made.start()
+    yield made
+    made.stop()
+
+
+@pytest.mark.parametrize("name, settings, sentence", BAD)
+def test_the_api_answers_the_same_sentence(hub, name, settings, sentence):
+    status, answer = hub.api("PUT", f"api/projects/{quote(name, safe='')}", "admin", settings)
+    assert status == 400 and answer["error"] == sentence, answer
