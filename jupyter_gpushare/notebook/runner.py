@@ -21,8 +21,8 @@ directory off ``sys.path`` (``-P``), so a module planted there cannot shadow the
 library; the cell's own imports still find modules beside the notebook (the working
 directory is appended to ``sys.path``, after the standard library and site-packages).
 
-This module is both sides of that format and imports only the standard library, so a job
-starts fast.
+This module is both sides of that format and imports only the standard library (and
+``trainjob.py``, which does too), so a job starts fast.
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ import stat
 import sys
 import traceback
 import types
+
+from ..trainjob import RANK
 
 CELLS = os.path.join(".gpushare", "cells")
 CELL, WITH, SPEC, OUT, RESULT = "cell.py", "with.pkl", "spec.json", "out.pkl", "result.json"
@@ -283,7 +285,7 @@ def run(folder: str) -> int:
         return 1
     sys.stdout.flush()
     try:
-        if os.environ.get("RANK", "0") != "0":
+        if os.environ.get(RANK, "0") != "0":
             return 0  # a distributed cell's --out values come from rank 0 alone
         return send_back(fd, namespace, out)
     finally:
