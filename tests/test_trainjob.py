@@ -5,6 +5,8 @@ rules with the same sentences."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -140,6 +142,18 @@ def test_the_search_finds_what_it_looks_for():
               'schema = {"required": ["id", "pending"], "enum": ["failed"]}\n')
     assert list(_stray_states(source)) == [(2, "'pending'"), (6, "'failed'")]
     assert list(_stray_names(source)) == [(3, "'CUDA_VISIBLE_DEVICES'"), (3, "RANK=")]
+
+
+@pytest.mark.parametrize("module", ["jupyter_gpushare.trainjob", "jupyter_gpushare.client",
+                                    "jupyter_gpushare.notebook.runner"])
+def test_the_vocabulary_loads_alone(module):
+    """The CLI, a kernel and a job's process import it: nothing of the service comes along."""
+    code = (f"import sys, {module}; print(' '.join(sorted(m for m in sys.modules "
+            f"if m.split('.')[0] in ('jupyter_gpushare', 'tornado', 'sqlalchemy', 'traitlets'))))")
+    loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                check=True).stdout.split())
+    assert loaded == {"jupyter_gpushare", "jupyter_gpushare.trainjob", module} | (
+        {"jupyter_gpushare.notebook"} if "notebook" in module else set())
 
 
 def test_the_states():
