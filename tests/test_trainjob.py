@@ -30,9 +30,10 @@ BEING_SPLIT = {"policy/outcome.py"}
 # Not yet moved: files outside the change that made trainjob.py.
 NOT_YET = {"dashboard/page.py", "dashboard/tables.py", "dashboard/usage.py",
            "spawner/modes.py"}
-# Runs as standalone source in a job's pod (python3 -c), where the package may be absent;
-# test_the_launcher_sets_only_reserved_names keeps its names in the vocabulary.
-STANDALONE = {"backends/launcher.py"}
+# Standard library only, each a file that runs on its own: the launcher as a job pod's source
+# (python3 -c, the package may be absent there) and the cell runner (tests run it as a copy);
+# test_the_standalone_files_use_the_vocabularys_names keeps their names in the vocabulary.
+STANDALONE = {"backends/launcher.py", "notebook/runner.py"}
 NOT_A_JOB_STATE = "# not a job state"  # a line that says so: another system's word
 
 STATE_WORDS = set(trainjob.STATES) | {trainjob.PREEMPTED}
@@ -144,16 +145,14 @@ def test_the_search_finds_what_it_looks_for():
     assert list(_stray_names(source)) == [(3, "'CUDA_VISIBLE_DEVICES'"), (3, "RANK=")]
 
 
-@pytest.mark.parametrize("module", ["jupyter_gpushare.trainjob", "jupyter_gpushare.client",
-                                    "jupyter_gpushare.notebook.runner"])
+@pytest.mark.parametrize("module", ["jupyter_gpushare.trainjob", "jupyter_gpushare.client"])
 def test_the_vocabulary_loads_alone(module):
     """The CLI, a kernel and a job's process import it: nothing of the service comes along."""
     code = (f"import sys, {module}; print(' '.join(sorted(m for m in sys.modules "
             f"if m.split('.')[0] in ('jupyter_gpushare', 'tornado', 'sqlalchemy', 'traitlets'))))")
     loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                 check=True).stdout.split())
-    assert loaded == {"jupyter_gpushare", "jupyter_gpushare.trainjob", module} | (
-        {"jupyter_gpushare.notebook"} if "notebook" in module else set())
+    assert loaded == {"jupyter_gpushare", "jupyter_gpushare.trainjob", module}
 
 
 def test_the_states():
@@ -194,11 +193,17 @@ def test_every_rank_variable_is_reserved():
                     name.startswith(trainjob.RESERVED_PREFIXES), name
 
 
-def test_the_launcher_sets_only_reserved_names():
+def test_the_standalone_files_use_the_vocabularys_names():
     names = launcher.process_env({trainjob.RANK: "4"}, 1)
     assert names[trainjob.RANK] == "5"
     assert all(n in trainjob.RANK_VARIABLES or n.startswith(trainjob.RESERVED_PREFIXES)
                for n in names), names
+    for name in STANDALONE:
+        source = (PACKAGE / name).read_text(encoding="utf-8")
+        assert "from .." not in source and "import jupyter_gpushare" not in source, name
+        written = {n.value for n, _, _ in _strings(source)} | {
+            k.arg for k in ast.walk(ast.parse(source)) if isinstance(k, ast.keyword)}
+        assert written & RESERVED_NAMES <= set(trainjob.RANK_VARIABLES), name
 
 
 # -- the client and the service check a spec alike ---------------------------------------------
