@@ -18,16 +18,15 @@ import sys
 import time
 
 from .cli_base import CommandError, UsageError
-from .client import (ACTIVE_STATES, DEFAULT_RETRY_S, FINAL_STATES, InvalidInput, NoCredentials,
-                     PoolClient, PoolError, PoolUnreachable, add_job_options, argument_type,
-                     job_spec)
+from .client import (DEFAULT_RETRY_S, InvalidInput, NoCredentials, PoolClient, PoolError,
+                     PoolUnreachable, add_job_options, argument_type, job_spec)
 from .text import describe, format_jobs, format_pool, format_quota, format_usage
+from .trainjob import ACTIVE, CANCELLED, RUNNING, STATES, SUCCEEDED
 
 # The option that gives each job-spec field, for sentences about a bad value.
 _OPTION = {"gpus": "--gpus", "priority": "--priority", "name": "--name", "env": "--env",
            "project": "--project", "per_gpu": "--per-gpu", "rank": "--rank"}
 POLL_S = 5.0  # the most seconds between looks at a pending job while waiting for it
-STATES = ACTIVE_STATES + FINAL_STATES
 _NO_COMMAND = "give the command to run after --, e.g. gpushare submit --gpus 2 -- python train.py"
 
 
@@ -196,7 +195,7 @@ def cmd_submit(args, client) -> int:
         print(json.dumps(job, indent=2))
     else:
         print(describe(job), file=sys.stderr)
-    return 0 if job["state"] == "succeeded" else 1
+    return 0 if job["state"] == SUCCEEDED else 1
 
 
 @_pool_command
@@ -234,7 +233,7 @@ def cmd_logs(args, client) -> int:
 @_pool_command
 def cmd_cancel(args, client) -> int:
     job = client.cancel(args.job)
-    if job.get("state") == "cancelled":
+    if job.get("state") == CANCELLED:
         print(f"job {job['id']} cancelled")
     else:
         print(f"job {job['id']} is being cancelled (still {job.get('state')})")
@@ -281,14 +280,14 @@ def follow_job(client, job: dict, out, note, poll_s: float = 5.0, sleep=time.sle
     first = wait = min(0.2, poll_s)
     while True:
         state, attempt = job.get("state"), job.get("attempt")
-        if state not in ACTIVE_STATES:
+        if state not in ACTIVE:
             try:
                 _copy(client.logs(job_id, attempt=attempt, rank=rank), written, attempt, out)
             except PoolError as e:
                 if e.status not in (400, 404):  # the outcome matters more than missing output
                     raise
             return job
-        if not (state == "running"
+        if not (state == RUNNING
                 and _copy(client.logs(job_id, follow=True, attempt=attempt, rank=rank), written,
                           attempt, out)):
             sleep(wait)
@@ -298,7 +297,7 @@ def follow_job(client, job: dict, out, note, poll_s: float = 5.0, sleep=time.sle
             if job.get("attempt") != said[1] and job.get("requeued"):
                 note(f"job {job_id} {job['requeued']} (attempt {job.get('attempt')})")
             said, wait = (job.get("state"), job.get("attempt")), first
-            if job.get("state") in ACTIVE_STATES:
+            if job.get("state") in ACTIVE:
                 note(describe(job))
 
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import functools
 import gzip
 import http.client
 import json
 import os
-import re
 import socket
 import ssl
 import time
@@ -26,7 +26,7 @@ import urllib.request
 import uuid
 from typing import Callable, Iterator
 
-from . import __version__
+from . import __version__, trainjob
 
 URL_VARIABLE = "GPUSHARE_URL"
 TOKEN_VARIABLE = "JUPYTERHUB_API_TOKEN"
@@ -34,23 +34,17 @@ EXAMPLE_URL = "http://127.0.0.1:8000/services/gpushare/"
 RETRY_VARIABLE = "GPUSHARE_RETRY"  # seconds reads and submits keep trying (default 60)
 DEFAULT_RETRY_S = 60.0
 RETRY_PAUSE_MAX_S = 2.0  # longest pause between two tries while the service is away
-ACTIVE_STATES = ("pending", "running")
-FINAL_STATES = ("succeeded", "failed", "cancelled")
 
 
 class ClientError(Exception):
     """A failure with one sentence for the user."""
 
 
-class InvalidInput(ClientError, ValueError):
+class InvalidInput(ClientError, trainjob.BadField):
     """A job spec field (or the URL) the server would refuse; found before sending.
 
     ``field`` is the spec field and ``problem`` the sentence without it, so that a front end can
     name its own option: the CLI says ``--gpus: must be 1 or more, not 0``."""
-
-    def __init__(self, field: str, problem: str, *, message: str | None = None):
-        self.field, self.problem = field, problem
-        super().__init__(message or f"{field} {problem}")
 
 
 class NoCredentials(ClientError):
@@ -87,18 +81,21 @@ class PoolError(ClientError):
 
 
 # -- job specs ----------------------------------------------------------------------------------
-# The server's checks (pool/validate.py) with the server's sentences, so that a wrong value is
-# refused before a request; the server stays the authority.
+# The rules of trainjob.py, which pool/validate.py checks too, with the server's sentences: a
+# wrong value is refused before a request, and the server stays the authority. Front ends give
+# text, so numbers may come as "3" or 3.0 here.
 
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_RESERVED_ENV = ("GPUSHARE_", "JUPYTERHUB_", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
-                 "NVIDIA_VISIBLE_DEVICES")
-# The rendezvous variables every rank gets (backends/ranks.py RESERVED; a test keeps them equal).
-RANK_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK",
-            "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "GROUP_WORLD_SIZE",
-            "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID",
-            "JAX_LOCAL_DEVICE_IDS", "PET_NNODES", "PET_NODE_RANK", "PET_NPROC_PER_NODE",
-            "PET_MASTER_ADDR", "PET_MASTER_PORT")
+def _refused(check: Callable) -> Callable:
+    """``check`` raising InvalidInput, the client's error, where the rule says BadField."""
+    @functools.wraps(check)
+    def checked(*args, **kwargs):
+        try:
+            return check(*args, **kwargs)
+        except InvalidInput:
+            raise
+        except trainjob.BadField as e:
+            raise InvalidInput(e.field, e.problem, message=str(e)) from None
+    return checked
 
 
 def _whole(value) -> int | None:
@@ -128,33 +125,24 @@ def _shown(value) -> str:
     return repr(value)
 
 
+@_refused
 def check_gpus(value) -> int:
     """A train job's GPUs: a whole number, 1 or more (fractions are for build slices)."""
     number = _whole(value)
-    if number is None:
-        raise InvalidInput("gpus", f"must be a whole number of GPUs (1 or more), not "
-                           f"{_shown(value)}")
-    if number < 1:
-        raise InvalidInput("gpus", f"must be 1 or more, not {number}; a train job needs at least "
-                           f"one GPU")
-    return number
+    return trainjob.check_gpus(value if number is None else number, _shown(value))
 
 
+@_refused
 def check_priority(value) -> int:
     number = _whole(value)
-    if number is None:
-        raise InvalidInput("priority", f"must be a whole number, not {_shown(value)}")
-    if not -100 <= number <= 100:
-        raise InvalidInput("priority", f"must be between -100 and 100, not {number}")
-    return number
+    return trainjob.check_priority(value if number is None else number, _shown(value))
 
 
-def check_name(value) -> str:
-    if not isinstance(value, str) or len(value) > 100:
-        raise InvalidInput("name", "must be a string of at most 100 characters")
-    return value
+check_name = _refused(trainjob.check_name)
+check_workdir = _refused(trainjob.check_workdir)
 
 
+@_refused
 def parse_env(items) -> dict[str, str]:
     """``["K=V", ...]`` (or a mapping) to a dict; refuses entries without ``=``, bad names and
     the variables the pool sets itself."""
@@ -167,27 +155,9 @@ def parse_env(items) -> dict[str, str]:
             if not sep:
                 raise InvalidInput("env", f"entries must be NAME=VALUE, not {item!r}")
             pairs.append((name, value))
-    env = {}
     for name, value in pairs:
-        if not isinstance(name, str) or not _ENV_NAME.match(name):
-            raise InvalidInput("env", f"name {name!r} is not a valid variable name")
-        if name.startswith(_RESERVED_ENV):
-            raise InvalidInput("env", f"may not set {name}: the pool sets it for each attempt")
-        if name in RANK_ENV:
-            raise InvalidInput("env", f"may not set {name}: the pool sets it for each rank")
-        if not isinstance(value, str) or "\0" in value or len(value) > 32_768:
-            raise InvalidInput("env", f"{name} must be a string of at most 32 KiB without NUL")
-        env[name] = value
-    return env
-
-
-def check_workdir(value) -> str:
-    """Where the job runs: an absolute path (the pool's machine knows no other directory)."""
-    if not isinstance(value, str) or not value.startswith("/") or "\0" in value \
-            or len(value) > 4096:
-        raise InvalidInput("workdir", f"must be an absolute path like /home/you/project, not "
-                           f"{value!r}")
-    return value
+        trainjob.check_env_variable(name, value)
+    return dict(pairs)
 
 
 def argument_type(check):
@@ -229,24 +199,10 @@ def job_spec(command=None, *, source: str | None = None, gpus=1, project: str | 
     the submitter's ``PATH`` (front ends pass their own), so that ``python`` in the job is the
     ``python`` of the terminal or kernel that sent it; a ``PATH`` in ``env`` wins. ``per_gpu``
     runs one rank per GPU instead of one per node."""
-    if (command is None) == (source is None):
-        raise InvalidInput("command", "", message="give either command (a list of strings) or "
-                           "source (Python code), not both and not neither")
-    if source is not None:
-        if not isinstance(source, str) or not source.strip():
-            raise InvalidInput("source", "must be Python code as a non-empty string")
-        spec: dict = {"source": source}
-    else:
-        if isinstance(command, (str, bytes)) or not isinstance(command, (list, tuple)) \
-                or not command or not all(isinstance(word, str) for word in command):
-            raise InvalidInput("command", 'must be a non-empty list of strings, e.g. '
-                               '["python", "train.py"]')
-        if len(command) > 10_000 or not command[0]:
-            raise InvalidInput("command", "must start with the program to run and have at most "
-                               "10,000 arguments")
-        if any("\0" in word for word in command):
-            raise InvalidInput("command", "may not contain NUL characters")
-        spec = {"command": list(command)}
+    if isinstance(command, tuple):
+        command = list(command)
+    _refused(trainjob.check_program)(command, source)
+    spec: dict = {"source": source} if source is not None else {"command": list(command)}
     spec["gpus"] = check_gpus(gpus)
     if project is not None:
         spec["project"] = project

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import time
 
+from .trainjob import FAILED, PENDING, RUNNING
+
 GiB, MiB = 2**30, 2**20
 SHOW_IDLE_AFTER_S = 60  # shorter idle spells are not worth a flag
 
@@ -111,23 +113,62 @@ def gpus(value) -> str:
     return f"{value:g}" if isinstance(value, (int, float)) else str(value)
 
 
+def clock(seconds: float) -> str:
+    """``0:07``, ``12:30``, ``1:02:03``."""
+    seconds = max(0, int(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def gpu_count(value) -> str:
+    """``2 GPUs``, ``1 GPU``, ``0.5 GPUs``; ``? GPUs`` when not known."""
+    if isinstance(value, (int, float)):
+        return f"{value:g} GPU" + ("" if value == 1 else "s")
+    return "? GPUs"
+
+
 def describe(job: dict) -> str:
     """One line about a job: its state and the server's words on why, e.g. after submitting."""
     ident, state, reason = job.get("id"), job.get("state"), job.get("reason")
     amount = f"{gpus(job.get('gpus'))} GPU{'' if job.get('gpus') == 1 else 's'}"
-    if state == "pending":
+    if state == PENDING:
         where = f"{amount}, project {job.get('project')}"
         if job.get("queue_position") is not None:
             where += f", position {job['queue_position']}"
-        line = f"job {ident} pending ({where})"
-    elif state == "running":
+        line = f"job {ident} {PENDING} ({where})"
+    elif state == RUNNING:
         nodes = ", ".join(job.get("placement") or {}) or "the train pool"
-        line = f"job {ident} running ({amount} on {nodes}, attempt {job.get('attempt', 1)})"
-    elif state == "failed" and job.get("exit_code") is not None:
-        line = f"job {ident} failed (exit code {job['exit_code']})"
+        line = f"job {ident} {RUNNING} ({amount} on {nodes}, attempt {job.get('attempt', 1)})"
+    elif state == FAILED and job.get("exit_code") is not None:
+        line = f"job {ident} {FAILED} (exit code {job['exit_code']})"
     else:
         line = f"job {ident} {state}"
     return line + (f": {reason}" if reason else "")
+
+
+def status_line(job: dict, now: float | None = None) -> str:
+    """The line a notebook cell shows for its job and updates while it runs, with the times
+    that matter there: ``j-1 running on 2 GPUs · 0:12 elapsed``."""
+    now = time.time() if now is None else now
+    ident = job.get("id") + (f" ({job['name']})" if job.get("name") else "")
+    state, attempt, reason = job.get("state"), job.get("attempt") or 1, job.get("reason")
+    if state == PENDING:
+        where = "queued" if attempt == 1 else f"preempted, requeued (attempt {attempt})"
+        if job.get("queue_position") is not None:
+            where += f": position {job['queue_position']}"
+        return f"{ident} {where}" + (f" — {reason}" if reason else "")
+    started, finished = job.get("started"), job.get("finished")
+    if state == RUNNING:
+        line = f"{ident} {RUNNING} on {gpu_count(job.get('gpus'))} · " \
+               f"{clock(now - (started or now))} elapsed"
+        if attempt > 1:
+            line += f" · attempt {attempt}"
+        return line + (f" · {reason}" if reason else "")
+    took = f" after {clock(finished - started)}" if started and finished else ""
+    if state == FAILED and job.get("exit_code") is not None:
+        return f"{ident} {FAILED} (exit code {job['exit_code']}){took}"
+    return f"{ident} {state}{took}"
 
 
 def table(headers, rows, numeric=()) -> str:
@@ -169,10 +210,10 @@ def format_jobs(jobs: list[dict], now: float | None = None, width: int | None = 
     rows = []
     for job in jobs:
         state = job.get("state") or "-"
-        if state == "running" and job.get("preempting"):
+        if state == RUNNING and job.get("preempting"):
             state = "preempting"
         submitted = job.get("submitted")
-        usage = job.get("usage") if job.get("state") == "running" else None
+        usage = job.get("usage") if job.get("state") == RUNNING else None
         reason = " ".join((job.get("reason") or "").split())
         idle = idle_text((usage or {}).get("idle_for_s"))
         reason = "; ".join(r for r in (idle, reason) if r) or "-"

@@ -533,6 +533,13 @@ def test_slice_asks_the_server_extensions_path(service):
 
 
 def test_the_client_refuses_the_rank_variables_the_server_refuses():
-    from jupyter_gpushare.backends.ranks import RESERVED
-    from jupyter_gpushare.client import RANK_ENV
-    assert RANK_ENV == RESERVED
+    from jupyter_gpushare.client import parse_env
+    from jupyter_gpushare.pool.validate import Invalid, job_spec as server_spec
+    from jupyter_gpushare.trainjob import RANK_VARIABLES
+    for name in RANK_VARIABLES:
+        with pytest.raises(InvalidInput) as client:
+            parse_env([f"{name}=1"])
+        with pytest.raises(Invalid) as server:
+            server_spec({"command": ["x"], "env": {name: "1"}})
+        assert str(client.value) == str(server.value) == \
+            f"env may not set {name}: the pool sets it for each rank"

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from jupyter_gpushare import trainjob
 from jupyter_gpushare.backends import ranks
 from jupyter_gpushare.cli import build_parser as cli_parser
 from jupyter_gpushare.notebook import runner
@@ -282,7 +283,7 @@ def test_every_gpushare_command_parses(block, command, capsys):
 # -- environment variables -------------------------------------------------------------------
 
 def _rank_variables() -> set[str]:
-    names = set(ranks.RESERVED)
+    names = set(trainjob.RANK_VARIABLES)
     for per_gpu in (False, True):
         lay = ranks.layout({"a": 4000, "b": 4000}, per_gpu=per_gpu)
         for rank in lay.ranks:

@@ -19,7 +19,7 @@ from hubtest import Hub, free_port, need_proxy, system_users
 from kernels import Kernel
 
 from jupyter_gpushare.notebook import runner
-from jupyter_gpushare.notebook.job import describe
+from jupyter_gpushare.text import status_line
 from jupyter_gpushare.notebook.magics import TrainError, build_parser, parse
 
 TESTS = Path(__file__).resolve().parent
@@ -390,17 +390,17 @@ def test_a_job_that_cannot_run_the_notebooks_python_says_so_in_one_sentence(root
 def test_the_status_line():
     job = {"id": "j-1", "name": "", "gpus": 2, "attempt": 1, "state": "pending",
            "queue_position": 3, "reason": "waiting for 2 GPUs"}
-    assert describe(job) == "j-1 queued: position 3 — waiting for 2 GPUs"
-    assert describe({**job, "attempt": 2, "name": "big"}) == \
+    assert status_line(job) == "j-1 queued: position 3 — waiting for 2 GPUs"
+    assert status_line({**job, "attempt": 2, "name": "big"}) == \
         "j-1 (big) preempted, requeued (attempt 2): position 3 — waiting for 2 GPUs"
     running = {**job, "state": "running", "started": 100.0, "reason": ""}
-    assert describe(running, now=112.5) == "j-1 running on 2 GPUs · 0:12 elapsed"
-    assert describe({**running, "gpus": 1}, now=100 + 3725) == \
+    assert status_line(running, now=112.5) == "j-1 running on 2 GPUs · 0:12 elapsed"
+    assert status_line({**running, "gpus": 1}, now=100 + 3725) == \
         "j-1 running on 1 GPU · 1:02:05 elapsed"
     ended = {**running, "finished": 103.2}
-    assert describe({**ended, "state": "failed", "exit_code": 1}) == \
+    assert status_line({**ended, "state": "failed", "exit_code": 1}) == \
         "j-1 failed (exit code 1) after 0:03"
-    assert describe({**ended, "state": "succeeded"}) == "j-1 succeeded after 0:03"
+    assert status_line({**ended, "state": "succeeded"}) == "j-1 succeeded after 0:03"
 
 
 def test_the_runner_without_a_pool(tmp_path):

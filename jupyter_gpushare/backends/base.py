@@ -20,6 +20,8 @@ from traitlets.config import LoggingConfigurable
 from ..policy.model import Node
 from . import logfile
 
+LOST = "lost"  # an Exit's state when the attempt vanished without an exit status
+
 
 def private_dir(path: str) -> None:
     """Make ``path`` (and its parents) if missing, and readable by this account only: it
@@ -60,9 +62,9 @@ class Handle:
 
 @dataclass(frozen=True)
 class Exit:
-    """An attempt that has ended. ``state`` is ``succeeded`` (exit code 0), ``failed``
-    (any other exit, or killed after a stop) or ``lost`` (gone without a trace: the
-    service requeues it)."""
+    """An attempt that has ended. ``state`` is ``SUCCEEDED`` (exit code 0), ``FAILED``
+    (any other exit, or killed after a stop), the job's words in ``trainjob.py``, or ``LOST``
+    (gone without a trace: the service requeues it)."""
 
     job_id: str
     attempt: int

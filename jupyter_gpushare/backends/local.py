@@ -30,8 +30,9 @@ from traitlets import Bool, Float, Integer, List, Unicode, default, validate
 
 from .. import gpus as gpu_inventory
 from ..policy.model import GPU, Node, gpus_text
+from ..trainjob import CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES, FAILED, SUCCEEDED
 from . import ranks, shim
-from .base import Backend, BackendError, Exit, Handle, Launch, LocalAttempt, private_dir
+from .base import LOST, Backend, BackendError, Exit, Handle, Launch, LocalAttempt, private_dir
 
 SIMULATED_LABEL = "gpushare.io/simulated"
 ORPHAN_GRACE_S = 10.0
@@ -347,9 +348,8 @@ class LocalBackend(Backend):
         env.update(HOME=account.home, USER=account.name, LOGNAME=account.name,
                    SHELL=account.shell or "/bin/sh", PYTHONUNBUFFERED="1")  # logs follow the job
         env.update(launch.env)
-        env.update(CUDA_DEVICE_ORDER="PCI_BUS_ID",
-                   CUDA_VISIBLE_DEVICES=",".join(uuids),
-                   GPUSHARE_JOB_ID=launch.job_id, GPUSHARE_ATTEMPT=str(launch.attempt),
+        env.update({CUDA_DEVICE_ORDER: "PCI_BUS_ID", CUDA_VISIBLE_DEVICES: ",".join(uuids)})
+        env.update(GPUSHARE_JOB_ID=launch.job_id, GPUSHARE_ATTEMPT=str(launch.attempt),
                    GPUSHARE_CHECKPOINT_DIR=launch.checkpoint_dir)
         secret = os.environ.get("JUPYTERHUB_API_TOKEN")
         dropped = sorted(k for k, v in env.items()
@@ -400,10 +400,10 @@ class LocalBackend(Backend):
                 group.ended = _ended(running, group)
         alive = [g for g in running.groups if g.ended is None]
         if not alive:
-            bad = [g.ended for g in running.groups if g.ended.state != "succeeded"]
+            bad = [g.ended for g in running.groups if g.ended.state != SUCCEEDED]
             return running.failure or (bad[0] if bad else running.groups[0].ended)
         if running.failure is None and not running.stopping:
-            bad = [g.ended for g in running.groups if g.ended and g.ended.state != "succeeded"]
+            bad = [g.ended for g in running.groups if g.ended and g.ended.state != SUCCEEDED]
             if bad:
                 running.failure = bad[0]
                 self.log.info("Attempt %d of job %s: %s; stopping its other ranks",
@@ -432,11 +432,11 @@ class LocalBackend(Backend):
             try:
                 running = _from_handle(handle)
             except (KeyError, TypeError, ValueError):
-                exits.append(Exit(handle.job_id, handle.attempt, "lost",
+                exits.append(Exit(handle.job_id, handle.attempt, LOST,
                                   reason="its record does not say where it ran"))
                 continue
             if handle.data.get("partial"):  # some of its ranks were never started: it ends
-                running.failure = Exit(*key, "lost", reason="the service stopped while "
+                running.failure = Exit(*key, LOST, reason="the service stopped while "
                                                             "starting its ranks")
                 for group in running.groups:
                     self._stop_group(group.pgid, group.start, ORPHAN_GRACE_S, running.timers)
@@ -606,17 +606,17 @@ def _ended(running: _Attempt, group: _Group) -> Exit | None:
     named = f"rank {rank}: " if running.world_size > 1 else ""
     if code is None:
         if running.stopping or running.failure is not None:
-            return Exit(job, attempt, "failed",
+            return Exit(job, attempt, FAILED,
                         reason=f"{named}stopped; it ended without recording an exit status")
-        return Exit(job, attempt, "lost",
+        return Exit(job, attempt, LOST,
                     reason=f"{named}its processes are gone and no exit status was recorded")
     if code == 0:
-        return Exit(job, attempt, "succeeded", 0)
+        return Exit(job, attempt, SUCCEEDED, 0)
     if code > 0:
-        return Exit(job, attempt, "failed", code, f"{named}{said or f'exited with code {code}'}")
+        return Exit(job, attempt, FAILED, code, f"{named}{said or f'exited with code {code}'}")
     try:
         name = signal.Signals(-code).name
     except ValueError:
         name = f"signal {-code}"
     stopped = "stopped: " if running.stopping or running.failure is not None else ""
-    return Exit(job, attempt, "failed", 128 - code, f"{named}{stopped}killed by {name}")
+    return Exit(job, attempt, FAILED, 128 - code, f"{named}{stopped}killed by {name}")

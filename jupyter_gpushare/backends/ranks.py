@@ -10,7 +10,8 @@ A job placed on several nodes runs as a gang of ranks (``layout``):
 
 Nodes are numbered in the order of their names; rank 0 is on the first. Every rank gets the
 variables of ``torch.distributed``'s ``env://`` (``rank_env``) and of
-``jax.distributed.initialize``; no framework is needed, plain Python can read them too.
+``jax.distributed.initialize``; no framework is needed, plain Python can read them too. Their
+names are ``trainjob.RANK_VARIABLES``: a job's own ``env`` may not set them.
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from ..policy.model import GPU
+from ..trainjob import (GROUP_RANK, GROUP_WORLD_SIZE, JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES,
+                        JAX_PROCESS_ID, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
+                        NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT, PET_NNODES, PET_NODE_RANK,
+                        PET_NPROC_PER_NODE, RANK, WORLD_SIZE)
 from .launcher import process_env
 
 DEFAULT_PORT = 29500  # torch.distributed's own default
@@ -71,13 +76,13 @@ def rank_env(lay: Layout, rank: Rank, master_addr: str, master_port: int) -> dic
     ``launcher.process_env`` (a pod gets its node's first rank's and the launcher the rest)."""
     first = lay.on_node(rank.node_rank)[0]
     env = {
-        "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
-        "WORLD_SIZE": str(lay.world_size), "RANK": str(first.rank),
-        "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": str(rank.local_world_size),
-        "NODE_RANK": str(rank.node_rank), "GROUP_RANK": str(rank.node_rank),
-        "GROUP_WORLD_SIZE": str(len(lay.nodes)),
-        "JAX_COORDINATOR_ADDRESS": f"{_host(master_addr)}:{master_port}",
-        "JAX_NUM_PROCESSES": str(lay.world_size), "JAX_PROCESS_ID": str(first.rank),
+        MASTER_ADDR: master_addr, MASTER_PORT: str(master_port),
+        WORLD_SIZE: str(lay.world_size), RANK: str(first.rank),
+        LOCAL_RANK: "0", LOCAL_WORLD_SIZE: str(rank.local_world_size),
+        NODE_RANK: str(rank.node_rank), GROUP_RANK: str(rank.node_rank),
+        GROUP_WORLD_SIZE: str(len(lay.nodes)),
+        JAX_COORDINATOR_ADDRESS: f"{_host(master_addr)}:{master_port}",
+        JAX_NUM_PROCESSES: str(lay.world_size), JAX_PROCESS_ID: str(first.rank),
         "GPUSHARE_RANK": str(first.rank), "GPUSHARE_NUM_NODES": str(len(lay.nodes)),
         "GPUSHARE_NODE_GPUS": str(rank.node_gpus),
     }
@@ -86,18 +91,10 @@ def rank_env(lay: Layout, rank: Rank, master_addr: str, master_port: int) -> dic
     else:
         # torchrun reads its options from PET_<OPTION>: plain `torchrun train.py` joins the gang
         # with one worker per GPU; options given on its command line win.
-        env.update(PET_NNODES=str(len(lay.nodes)), PET_NODE_RANK=str(rank.node_rank),
-                   PET_NPROC_PER_NODE=str(max(rank.node_gpus, 1)),
-                   PET_MASTER_ADDR=master_addr, PET_MASTER_PORT=str(master_port))
+        env.update({PET_NNODES: str(len(lay.nodes)), PET_NODE_RANK: str(rank.node_rank),
+                    PET_NPROC_PER_NODE: str(max(rank.node_gpus, 1)),
+                    PET_MASTER_ADDR: master_addr, PET_MASTER_PORT: str(master_port)})
     return env
-
-
-RESERVED = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK",
-            "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "GROUP_WORLD_SIZE",
-            "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID",
-            "JAX_LOCAL_DEVICE_IDS", "PET_NNODES", "PET_NODE_RANK", "PET_NPROC_PER_NODE",
-            "PET_MASTER_ADDR", "PET_MASTER_PORT")
-"""Variables the backends set for each rank: a job's own ``env`` may not set them."""
 
 
 def log_name(attempt: int, rank: int) -> str:

@@ -19,8 +19,9 @@ import threading
 import time
 from typing import Callable, Iterator
 
-from ..client import (ACTIVE_STATES, FINAL_STATES, ClientError, InvalidInput, PoolClient,
-                      PoolUnreachable, job_spec)
+from ..client import ClientError, InvalidInput, PoolClient, PoolUnreachable, job_spec
+from ..text import gpu_count
+from ..trainjob import ACTIVE, CANCELLED, FINAL, PENDING, SUCCEEDED
 from . import runner
 
 RETRY_MAX_S = 5.0  # longest pause between tries while the pool service cannot be reached
@@ -125,7 +126,7 @@ class Job:
 
     def __repr__(self):
         info = self._info
-        return (f"<Job {self.id} {info.get('state')}: {_gpus(info.get('gpus'))}, project "
+        return (f"<Job {self.id} {info.get('state')}: {gpu_count(info.get('gpus'))}, project "
                 f"{info.get('project')}>")
 
     @property
@@ -137,7 +138,7 @@ class Job:
         """The job as the pool describes it now (its JSON: state, attempt, queue_position,
         reason, exit_code, ...)."""
         self._info = self.client.job(self.id)
-        if self._info["state"] in FINAL_STATES:
+        if self._info["state"] in FINAL:
             self._finished()
         return self._info
 
@@ -145,7 +146,7 @@ class Job:
         """Cancel the job: a pending job ends at once, a running one gets SIGTERM (then
         SIGKILL after the pool's grace period)."""
         self._info = self.client.cancel(self.id)
-        if self._info["state"] in FINAL_STATES:
+        if self._info["state"] in FINAL:
             self._finished()
         return self._info
 
@@ -165,7 +166,7 @@ class Job:
             if on_update is not None and key != seen:
                 on_update(info)
             seen = key
-            if info["state"] in FINAL_STATES:
+            if info["state"] in FINAL:
                 return info
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
@@ -191,11 +192,11 @@ class Job:
         a value could not be sent back."""
         if self._result is not None:
             return dict(self._result)
-        info = self._info if self._info["state"] in FINAL_STATES else self.info()
-        if info["state"] in ACTIVE_STATES:
+        info = self._info if self._info["state"] in FINAL else self.info()
+        if info["state"] in ACTIVE:
             raise JobError(f"job {self.id} is still {info['state']}; wait for it first "
                            f"(job.wait())")
-        if info["state"] != "succeeded":
+        if info["state"] != SUCCEEDED:
             raise JobError(self.failure())
         if not self._out:
             return {}
@@ -213,9 +214,9 @@ class Job:
         """One sentence on why the job did not succeed, or None if it did (or has not ended)."""
         info = self._info
         state, code = info.get("state"), info.get("exit_code")
-        if state in ACTIVE_STATES or state == "succeeded":
+        if state in ACTIVE or state == SUCCEEDED:
             return None
-        if state == "cancelled":
+        if state == CANCELLED:
             return f"job {self.id} was cancelled" + (f" ({info['reason']})"
                                                      if info.get("reason") else "")
         if code is None:
@@ -279,7 +280,7 @@ class Job:
         info, pause = self._retrying(self.info), 0.2
         while True:
             attempt, broke = info["attempt"], False
-            if all_ranks and info["state"] == "pending":
+            if all_ranks and info["state"] == PENDING:
                 time.sleep(pause)  # its ranks are known once it is placed
                 pause = min(pause * 1.5, 2.0)
                 info = self._retrying(self.info)
@@ -294,13 +295,13 @@ class Job:
                 time.sleep(pause)
                 pause = min(pause * 2, RETRY_MAX_S)
             info = self._retrying(self.info)
-            if not broke and (info["attempt"] != attempt or info["state"] in FINAL_STATES):
+            if not broke and (info["attempt"] != attempt or info["state"] in FINAL):
                 for key in sorted(k for k in lines if k[0] == attempt):
                     if text := lines[key].end():  # the attempt is over: its last lines
                         yield text
             if broke or info["attempt"] != attempt:
                 continue  # the same attempt again, or the next one after a requeue
-            if info["state"] in FINAL_STATES:
+            if info["state"] in FINAL:
                 return
             time.sleep(0.2)  # closed early while it still runs: open it again
 
@@ -371,7 +372,7 @@ class Job:
             if self._info.get("exit_code") == runner.EXIT_OUTPUT and \
                     os.path.exists(os.path.join(self._folder, runner.RESULT)):
                 self._problems = runner.unpack(self._folder)[1]
-            if not (self._info["state"] == "succeeded" and self._out):
+            if not (self._info["state"] == SUCCEEDED and self._out):
                 _remove(self._folder)
 
     def _own_words(self) -> list[str]:
@@ -384,42 +385,6 @@ class Job:
         lines = [line[len("gpushare: "):] for line in text.splitlines()
                  if line.startswith("gpushare: ")]
         return lines[-1:]
-
-
-def describe(info: dict, now: float | None = None) -> str:
-    """One line on a job for people: ``j-1 running on 2 GPUs · 0:12 elapsed``."""
-    now = time.time() if now is None else now
-    ident = info.get("id") + (f" ({info['name']})" if info.get("name") else "")
-    state, attempt, reason = info.get("state"), info.get("attempt") or 1, info.get("reason")
-    if state == "pending":
-        where = "queued" if attempt == 1 else f"preempted, requeued (attempt {attempt})"
-        if info.get("queue_position") is not None:
-            where += f": position {info['queue_position']}"
-        return f"{ident} {where}" + (f" — {reason}" if reason else "")
-    started, finished = info.get("started"), info.get("finished")
-    if state == "running":
-        line = f"{ident} running on {_gpus(info.get('gpus'))} · {_clock(now - (started or now))} " \
-               f"elapsed"
-        if attempt > 1:
-            line += f" · attempt {attempt}"
-        return line + (f" · {reason}" if reason else "")
-    took = f" after {_clock(finished - started)}" if started and finished else ""
-    if state == "failed" and info.get("exit_code") is not None:
-        return f"{ident} failed (exit code {info['exit_code']}){took}"
-    return f"{ident} {state}{took}"
-
-
-def _clock(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    hours, rest = divmod(seconds, 3600)
-    return (f"{hours}:" if hours else "") + (f"{rest // 60:02d}" if hours else
-                                             f"{rest // 60}") + f":{rest % 60:02d}"
-
-
-def _gpus(value) -> str:
-    if isinstance(value, (int, float)):
-        return f"{value:g} GPU" + ("" if value == 1 else "s")
-    return "? GPUs"
 
 
 def _names(names, field: str) -> tuple[str, ...]:

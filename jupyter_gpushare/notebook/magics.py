@@ -18,7 +18,9 @@ from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.display import display
 
 from ..client import ClientError, InvalidInput, NoCredentials, add_job_options
-from .job import Job, JobError, describe, notebook_client, submit
+from ..text import status_line
+from ..trainjob import CANCELLED, SUCCEEDED
+from .job import Job, JobError, notebook_client, submit
 
 USAGE = ("%%train [--gpus N] [--project P] [--name NAME] [--priority P] [--env K=V ...] "
          "[--per-gpu] [--all-ranks] [--with VAR,...] [--out VAR,...] [--no-wait]")
@@ -190,7 +192,7 @@ class GPUShareMagics(Magics):
                 return None
             if len(words) == 2 and words[0] == "cancel":
                 job = client.cancel(words[1])
-                print(f"job {job['id']} cancelled" if job.get("state") == "cancelled" else
+                print(f"job {job['id']} cancelled" if job.get("state") == CANCELLED else
                       f"job {job['id']} is being cancelled (it got SIGTERM)")
                 return None
         except ClientError as e:
@@ -240,11 +242,11 @@ class GPUShareMagics(Magics):
 
     def _follow(self, job: Job, load_out: bool, all_ranks: bool = False) -> None:
         """One live status line and the job's output as it is printed, until it ends."""
-        shown = [describe(job._info)]
+        shown = [status_line(job._info)]
         status = display({"text/plain": shown[0]}, raw=True, display_id=True)
 
         def on_update(info, problem=None):
-            text = describe(info) + (f" · {problem}" if problem else "")
+            text = status_line(info) + (f" · {problem}" if problem else "")
             if text != shown[0] and status is not None:
                 shown[0] = text
                 status.update({"text/plain": text}, raw=True)
@@ -264,7 +266,7 @@ class GPUShareMagics(Magics):
             raise TrainError(said) from None
         except ClientError as e:
             raise TrainError(one_sentence(e)) from None
-        if info["state"] != "succeeded":
+        if info["state"] != SUCCEEDED:
             raise TrainError(f"{job.failure()}; its output is above")
         if load_out:
             try:

@@ -24,13 +24,13 @@ import ipywidgets as widgets
 
 from ..charts import minute_values, sparkline
 from ..client import ClientError, PoolClient
-from ..text import duration, idle_text, memory_cell, sm_cell
+from ..text import clock, duration, idle_text, memory_cell, sm_cell
+from ..trainjob import ACTIVE, CANCELLED, FAILED, PENDING, RUNNING, SUCCEEDED
 from .watchdog import BuildSlice
 
 LOG_TAIL = 64 * 1024  # characters of a job's log shown in the panel
-ACTIVE = ("pending", "running")
-_STATE_COLOURS = {"pending": "#b26a00", "running": "#1565c0", "succeeded": "#2e7d32",
-                  "failed": "#c62828", "cancelled": "#616161"}
+_STATE_COLOURS = {PENDING: "#b26a00", RUNNING: "#1565c0", SUCCEEDED: "#2e7d32",
+                  FAILED: "#c62828", CANCELLED: "#616161"}
 COLUMNS = (("name", "Job", "9.5em"), ("state", "State", "5.5em"), ("gpus", "GPUs", "3.5em"),
            ("position", "Queue", "4em"), ("elapsed", "Elapsed", "4.5em"),
            ("attempt", "Attempt", "5em"), ("use", "GPU use", "13em"), ("reason", "Reason", None))
@@ -48,14 +48,6 @@ def _cell(width: str | None) -> widgets.Layout:
 
 # -- what to show: pure functions of the pool's answers ----------------------------------------
 
-def clock(seconds: float) -> str:
-    """``0:07``, ``12:30``, ``1:02:03``."""
-    seconds = max(0, int(seconds))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
-
-
 def gpus_text(value) -> str:
     return f"{value:g}" if isinstance(value, (int, float)) else "?"
 
@@ -63,10 +55,10 @@ def gpus_text(value) -> str:
 def elapsed(job: dict, now: float) -> str:
     """Waiting time while pending, run time while running, how long it ran once ended."""
     state, started, finished = job.get("state"), job.get("started"), job.get("finished")
-    if state == "pending":
+    if state == PENDING:
         submitted = job.get("submitted")
         return clock(now - submitted) if submitted is not None else "–"
-    if state == "running":
+    if state == RUNNING:
         return clock(now - started) if started is not None else "–"
     return clock(finished - started) if started is not None and finished is not None else "–"
 
@@ -87,7 +79,7 @@ def job_rows(jobs: list[dict], now: float) -> list[dict]:
     rows = []
     for job in jobs:
         position = job.get("queue_position")
-        running = job.get("state") == "running"
+        running = job.get("state") == RUNNING
         rows.append({"id": job["id"], "name": job.get("name") or job["id"],
                      "state": job.get("state", "?"), "gpus": gpus_text(job.get("gpus")),
                      "position": "" if position is None else str(position),

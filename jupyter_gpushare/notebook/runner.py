@@ -22,7 +22,7 @@ library; the cell's own imports still find modules beside the notebook (the work
 directory is appended to ``sys.path``, after the standard library and site-packages).
 
 This module is both sides of that format and imports only the standard library, so a job
-starts fast.
+starts fast (and a test can run it as a file of its own).
 """
 
 from __future__ import annotations
@@ -283,7 +283,7 @@ def run(folder: str) -> int:
         return 1
     sys.stdout.flush()
     try:
-        if os.environ.get("RANK", "0") != "0":
+        if os.environ.get("RANK", "0") != "0":  # trainjob.RANK; this file stands alone
             return 0  # a distributed cell's --out values come from rank 0 alone
         return send_back(fd, namespace, out)
     finally:

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
 
+from .. import trainjob
+
 GPU = 1000
 """Milli-GPU units in one whole GPU."""
 
@@ -32,16 +34,18 @@ def _frozen(mapping: Mapping | None) -> Mapping:
 
 
 class JobState(str, enum.Enum):
-    PENDING = "pending"
-    RUNNING = "running"
-    PREEMPTED = "preempted"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
+    """A job's state as the policy sees it, in the words of ``trainjob.py``."""
+
+    PENDING = trainjob.PENDING
+    RUNNING = trainjob.RUNNING
+    PREEMPTED = trainjob.PREEMPTED
+    SUCCEEDED = trainjob.SUCCEEDED
+    FAILED = trainjob.FAILED
+    CANCELLED = trainjob.CANCELLED
 
     @property
     def finished(self) -> bool:
-        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+        return self.value in trainjob.FINAL
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ import bisect
 from types import SimpleNamespace
 from typing import Iterable
 
-ACTIVE = ("pending", "running")
+from ..trainjob import ACTIVE
 
 
 def _order(job) -> tuple:

@@ -5,6 +5,7 @@ Served at ``api/openapi.json``; a test checks it against the service's handlers.
 from __future__ import annotations
 
 from .. import __version__
+from ..trainjob import MAX_NAME, PRIORITY, REQUEST_ID_PATTERN, STATES
 
 _ERROR = {"description": "JSON {\"error\": sentence}",
           "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
@@ -36,7 +37,7 @@ def _text(description: str) -> dict:
 
 
 JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
-REQUEST_ID = {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,64}$",
+REQUEST_ID = {"type": "string", "pattern": f"^{REQUEST_ID_PATTERN}$",
               "description": "a key of the client's choosing, e.g. a UUID: a submit retried "
                              "with the same key returns the job the first try made (200) "
                              "instead of making a second one"}
@@ -89,8 +90,9 @@ SPEC = {
                     "gpus": {"type": "integer", "minimum": 1, "default": 1},
                     "command": {"type": "array", "items": {"type": "string"}, "minItems": 1},
                     "source": {"type": "string", "description": "Python code, instead of command"},
-                    "name": {"type": "string", "maxLength": 100},
-                    "priority": {"type": "integer", "minimum": -100, "maximum": 100, "default": 0,
+                    "name": {"type": "string", "maxLength": MAX_NAME},
+                    "priority": {"type": "integer", "minimum": PRIORITY[0],
+                                 "maximum": PRIORITY[1], "default": 0,
                                  "description": "orders the job within its project only; "
                                                 "within the project's job_priority_min and "
                                                 "job_priority_max"},
@@ -111,8 +113,7 @@ SPEC = {
                     "id": {"type": "string"}, "name": {"type": "string"},
                     "user": {"type": "string"}, "project": {"type": "string"},
                     "gpus": {"type": "number"}, "priority": {"type": "integer"},
-                    "state": {"type": "string", "enum": ["pending", "running", "succeeded",
-                                                         "failed", "cancelled"]},
+                    "state": {"type": "string", "enum": list(STATES)},
                     "attempt": {"type": "integer"},
                     "queue_position": {"type": "integer", "nullable": True},
                     "reason": {"type": "string", "description": "why it waits, in words"},
@@ -165,10 +166,12 @@ SPEC = {
                               "nullable": True},
                     "priority": {"type": "integer", "minimum": -1000, "maximum": 1000},
                     "groups": {"type": "array", "items": {"type": "string"}},
-                    "job_priority_min": {"type": "integer", "minimum": -100, "maximum": 100,
+                    "job_priority_min": {"type": "integer", "minimum": PRIORITY[0],
+                                         "maximum": PRIORITY[1],
                                          "description": "lowest priority members may give "
                                                         "their jobs (default -100)"},
-                    "job_priority_max": {"type": "integer", "minimum": -100, "maximum": 100,
+                    "job_priority_max": {"type": "integer", "minimum": PRIORITY[0],
+                                         "maximum": PRIORITY[1],
                                          "description": "highest (default 0)"},
                 }},
             "SliceRequest": {"type": "object", "additionalProperties": False,
@@ -301,8 +304,7 @@ SPEC = {
                         {"name": "project", "in": "query", "schema": {"type": "string"}},
                         {"name": "all", "in": "query", "schema": {"type": "string"}},
                         {"name": "state", "in": "query", "schema": {
-                            "type": "string", "enum": ["pending", "running", "succeeded",
-                                                       "failed", "cancelled"]}},
+                            "type": "string", "enum": list(STATES)}},
                         {"name": "limit", "in": "query", "description": "newest first; "
                          "default 100, at most 1000",
                          "schema": {"type": "integer", "minimum": 1, "maximum": 1000}},

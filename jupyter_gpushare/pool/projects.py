@@ -12,13 +12,14 @@ import re
 import time
 from dataclasses import asdict, dataclass, field, replace
 
+from .. import trainjob
 from ..policy.model import GPU
 from .models import ProjectRow
 from .validate import Invalid, _gpus_amount, _int, _unknown
 
 FIELDS = {"quota", "over_quota_weight", "limit", "priority", "groups", "job_priority_min",
           "job_priority_max"}
-JOB_PRIORITY = (-100, 100)  # what a project's job priority range may span
+JOB_PRIORITY = trainjob.PRIORITY  # what a project's job priority range may span
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}\Z")
 
 

@@ -24,11 +24,11 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import sessionmaker
 
+from ..trainjob import ACTIVE, PENDING, RUNNING
 from .book import JobBook
 from .models import AttemptRow, EventRow, JobRow, ProjectRow, SliceRow
 
 MIGRATIONS = Path(__file__).with_name("migrations")
-ACTIVE = ("pending", "running")
 
 
 class StoreError(Exception):
@@ -206,7 +206,7 @@ class Store:
     def add_job(self, now: float, **fields) -> JobRow:
         with self.session() as s:
             job_id = _new_id(s)
-            row = JobRow(id=job_id, state="pending", attempt=1, submitted=now,
+            row = JobRow(id=job_id, state=PENDING, attempt=1, submitted=now,
                          pending_since=now, **fields)
             s.add(row)
             s.flush()  # the job row first: its event refers to it
@@ -262,7 +262,7 @@ class Store:
 
     def pending_counts(self) -> dict[str, int]:
         """Pending jobs per project, counted in the database (no row limit)."""
-        q = select(JobRow.project, func.count()).where(JobRow.state == "pending") \
+        q = select(JobRow.project, func.count()).where(JobRow.state == PENDING) \
             .group_by(JobRow.project)
         with self.session() as s:
             return dict(s.execute(q).all())
@@ -293,7 +293,7 @@ class Store:
         (and requeued) on the next start of the service."""
         with self.session() as s:
             row = s.get(JobRow, job_id)
-            row.state, row.placement, row.started = "running", placement, now
+            row.state, row.placement, row.started = RUNNING, placement, now
             row.handle, row.preempting = {}, False
             s.add(AttemptRow(job_id=job_id, attempt=row.attempt, started=now,
                              placement=placement))
@@ -309,7 +309,7 @@ class Store:
             rows = _by_id(s, [job_id for job_id, _ in starts])
             for job_id, placement in starts:
                 row = rows[job_id]
-                row.state, row.placement, row.started = "running", placement, now
+                row.state, row.placement, row.started = RUNNING, placement, now
                 row.handle, row.preempting = {}, False
                 s.add(AttemptRow(job_id=job_id, attempt=row.attempt, started=now,
                                  placement=placement))
@@ -352,7 +352,7 @@ class Store:
         with self._writing() as s:
             row = s.get(JobRow, job_id)
             self._end_attempt(s, row, now, outcome, exit_code)
-            row.state, row.attempt, row.pending_since = "pending", row.attempt + 1, now
+            row.state, row.attempt, row.pending_since = PENDING, row.attempt + 1, now
             row.placement, row.handle, row.preempting, row.started = {}, {}, False, None
             row.message = detail  # why there is a next attempt, until the job ends
             s.add(EventRow(job_id=job_id, t=now, kind="requeue", attempt=row.attempt,
@@ -363,7 +363,7 @@ class Store:
                message: str = "") -> JobRow:
         with self._writing() as s:
             row = s.get(JobRow, job_id)
-            if row.state == "running":
+            if row.state == RUNNING:
                 self._end_attempt(s, row, now, state, exit_code)
             row.state, row.finished, row.exit_code, row.message = state, now, exit_code, message
             row.preempting = False

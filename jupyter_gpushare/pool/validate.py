@@ -2,22 +2,12 @@
 
 from __future__ import annotations
 
-import re
 
-from ..backends.ranks import RESERVED as RANK_ENV
+from .. import trainjob
 from ..policy.model import GPU
 
-JOB_FIELDS = {"project", "gpus", "command", "source", "name", "priority", "env", "workdir",
-              "request_id", "per_gpu"}
-PROJECT_FIELDS = {"quota", "over_quota_weight", "limit", "priority", "groups",
-                  "job_priority_min", "job_priority_max"}
-JOB_PRIORITY = (-100, 100)  # what a project's job priority range may span
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")  # \Z: "$" would let a final newline in
-_RESERVED_ENV = ("GPUSHARE_", "JUPYTERHUB_", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
-                 "NVIDIA_VISIBLE_DEVICES")
-_PROJECT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}\Z")
+JOB_FIELDS = trainjob.FIELDS
 MAX_GPUS = 1_000_000
-_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}\Z")
 
 
 class Invalid(ValueError):
@@ -67,48 +57,23 @@ def job_spec(body, max_size: int = MAX_JOB_SIZE) -> dict:
     if not isinstance(body, dict):
         raise Invalid("the body must be a JSON object with at least gpus and command or source")
     _unknown(body, JOB_FIELDS)
-    gpus = body.get("gpus", 1)
-    if isinstance(gpus, bool) or not isinstance(gpus, int):
-        raise Invalid(f"gpus must be a whole number of GPUs (1 or more), not {gpus!r}")
-    if gpus < 1:
-        raise Invalid(f"gpus must be 1 or more, not {gpus}; a train job needs at least one GPU")
     command, source = body.get("command"), body.get("source")
-    if (command is None) == (source is None):
-        raise Invalid("give either command (a list of strings) or source (Python code), "
-                      "not both and not neither")
-    if command is not None:
-        if not isinstance(command, list) or not command or \
-                not all(isinstance(a, str) for a in command):
-            raise Invalid("command must be a non-empty list of strings, e.g. "
-                          "[\"python\", \"train.py\"]")
-        if len(command) > 10_000 or not command[0]:
-            raise Invalid("command must start with the program to run and have at most "
-                          "10,000 arguments")
-        if any("\0" in a for a in command):
-            raise Invalid("command may not contain NUL characters")
-    if source is not None and (not isinstance(source, str) or not source.strip()):
-        raise Invalid("source must be Python code as a non-empty string")
-    name = body.get("name", "")
-    if not isinstance(name, str) or len(name) > 100:
-        raise Invalid("name must be a string of at most 100 characters")
-    priority = _int(body.get("priority", 0), "priority", *JOB_PRIORITY)
-    env = body.get("env", {})
-    if not isinstance(env, dict):
-        raise Invalid("env must be an object of NAME: value strings")
-    for key, value in env.items():
-        if not _ENV_NAME.match(key):
-            raise Invalid(f"env name {key!r} is not a valid variable name")
-        if key.startswith(_RESERVED_ENV):
-            raise Invalid(f"env may not set {key}: the pool sets it for each attempt")
-        if key in RANK_ENV:
-            raise Invalid(f"env may not set {key}: the pool sets it for each rank")
-        if not isinstance(value, str) or "\0" in value or len(value) > 32_768:
-            raise Invalid(f"env {key} must be a string of at most 32 KiB without NUL")
+    name, priority, env = body.get("name", ""), body.get("priority", 0), body.get("env", {})
     workdir = body.get("workdir")
-    if workdir is not None and (not isinstance(workdir, str) or not workdir.startswith("/")
-                                or "\0" in workdir or len(workdir) > 4096):
-        raise Invalid(f"workdir must be an absolute path like /home/you/project, not "
-                      f"{workdir!r}; leave it out to run in your home directory")
+    try:
+        gpus = trainjob.check_gpus(body.get("gpus", 1))
+        trainjob.check_program(command, source)
+        trainjob.check_name(name)
+        trainjob.check_priority(priority)
+        if not isinstance(env, dict):
+            raise Invalid("env must be an object of NAME: value strings")
+        for key, value in env.items():
+            trainjob.check_env_variable(key, value)
+        if workdir is not None:
+            trainjob.check_workdir(workdir)
+    except trainjob.BadField as e:
+        hint = "; leave it out to run in your home directory" if e.field == "workdir" else ""
+        raise Invalid(f"{e}{hint}") from None
     per_gpu = body.get("per_gpu", False)
     if not isinstance(per_gpu, bool):
         raise Invalid(f"per_gpu must be true (one rank per GPU) or false (one rank per node, "
@@ -129,47 +94,7 @@ def job_spec(body, max_size: int = MAX_JOB_SIZE) -> dict:
 def request_id(value) -> str:
     """A client-chosen key that makes a retried submit return the job the first try made
     (the ``Idempotency-Key`` header or the ``request_id`` field), e.g. a UUID."""
-    if not isinstance(value, str) or not _REQUEST_ID.match(value):
-        raise Invalid(f"request_id (or the Idempotency-Key header) must be 1 to 64 letters, "
-                      f"digits, '.', '_', ':' or '-', such as a UUID, not {value!r}")
-    return value
-
-
-def project_update(body, current: dict | None) -> dict:
-    """Checked project fields (milli-GPUs) for ``PUT api/projects/{name}``."""
-    if not isinstance(body, dict) or not body:
-        raise Invalid("the body must be a JSON object with one or more of "
-                      + ", ".join(sorted(PROJECT_FIELDS)))
-    _unknown(body, PROJECT_FIELDS)
-    out = {}
-    if "quota" in body:
-        out["quota"] = _gpus_amount(body["quota"], "quota")
-    if "limit" in body:
-        out["limit"] = None if body["limit"] is None else _gpus_amount(body["limit"], "limit")
-    if "over_quota_weight" in body:
-        out["over_quota_weight"] = _int(body["over_quota_weight"], "over_quota_weight", 0, 1000)
-    if "priority" in body:
-        out["priority"] = _int(body["priority"], "priority", -1000, 1000)
-    if "groups" in body:
-        groups = body["groups"]
-        if not isinstance(groups, list) or not all(isinstance(g, str) and g for g in groups):
-            raise Invalid("groups must be a list of JupyterHub group names")
-        out["groups"] = sorted(set(groups))
-    for end in ("job_priority_min", "job_priority_max"):
-        if end in body:
-            out[end] = _int(body[end], end, *JOB_PRIORITY)
-    merged = {**(current or {"quota": 0, "limit": None, "job_priority_min": -100,
-                             "job_priority_max": 0}), **out}
-    if merged["job_priority_min"] > merged["job_priority_max"]:
-        raise Invalid(f"job_priority_min ({merged['job_priority_min']}) may not be above "
-                      f"job_priority_max ({merged['job_priority_max']})")
-    if merged.get("limit") is not None and merged["limit"] < merged.get("quota", 0):
-        raise Invalid(f"limit ({merged['limit'] / GPU:g} GPUs) may not be below the quota "
-                      f"({merged['quota'] / GPU:g} GPUs); raise the limit or lower the quota")
-    return out
-
-
-def project_name(name: str) -> str:
-    if not _PROJECT_NAME.match(name):
-        raise Invalid(f"project name {name!r} must be 1-100 letters, digits, '.', '_' or '-'")
-    return name
+    try:
+        return trainjob.check_request_id(value)
+    except trainjob.BadField as e:
+        raise Invalid(str(e)) from None

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from ..base import Exit, Handle
+from ..base import LOST, Exit, Handle
 from . import objects as k8s
 from .gang import Gang, layout_of
 
@@ -42,9 +42,9 @@ def plan(handles: list[Handle], pods: Mapping[str, dict], recorded: Callable[[tu
         elif not ranks or h.data.get("namespace", namespace) != namespace:
             # e.g. the service died while starting it: any pods it made are deleted below
             named.discard(key)
-            out.exits.append(Exit(*key, "lost", reason="its record does not name its pods"))
+            out.exits.append(Exit(*key, LOST, reason="its record does not name its pods"))
         elif not any(p.name in pods for p in ranks):
-            out.exits.append(Exit(*key, "lost", reason="its pods are gone"))
+            out.exits.append(Exit(*key, LOST, reason="its pods are gone"))
         else:
             placement = {str(n): int(m) for n, m in dict(h.data.get("placement") or {}).items()}
             rendezvous = h.data.get("rendezvous")
@@ -55,7 +55,7 @@ def plan(handles: list[Handle], pods: Mapping[str, dict], recorded: Callable[[tu
         key = (labels.get(k8s.JOB), _int(labels.get(k8s.ATTEMPT)))
         if key in named or key in known or name in doomed:
             continue
-        if k8s.pod_state(pod).phase in ("succeeded", "failed"):
+        if k8s.pod_state(pod).phase in k8s.ENDED:
             if key[0] and key[1] is not None:
                 out.clean.append((key, name, _int(labels.get(k8s.RANK))))
             else:

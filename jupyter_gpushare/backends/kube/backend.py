@@ -30,6 +30,7 @@ import math
 import time
 
 from ...policy.model import GPU, Node, gpus_text
+from ...trainjob import FAILED, PENDING
 from .. import logfile
 from ..base import BackendError, Exit, Handle, Launch, private_dir
 from . import adoption
@@ -124,7 +125,7 @@ class KubernetesBackend(KubernetesOptions):
         if started is not None and (kind == "DELETED" or k8s.has_log(pod)):
             started.set()
         state = k8s.pod_state(pod)
-        if state.phase in ("succeeded", "failed"):
+        if state.phase in k8s.ENDED:
             self._ended[name] = state
 
     def nodes(self) -> list[Node]:
@@ -266,7 +267,7 @@ class KubernetesBackend(KubernetesOptions):
             await self.ops.create_all(manifests)
         except BackendError as e:
             if not gang.stopping and gang.failure is None:
-                gang.failure = Exit(gang.job_id, gang.attempt, "failed",
+                gang.failure = Exit(gang.job_id, gang.attempt, FAILED,
                                     reason=f"its other ranks could not be started: {e}")
                 self._halt(gang, 0)
             return
@@ -293,7 +294,7 @@ class KubernetesBackend(KubernetesOptions):
                 continue
             if self._node_gone(pod, node):  # no kubelet is left to wait for, nor a log
                 self.ops.doom(name, 0)
-            elif k8s.pod_state(pod).phase in ("succeeded", "failed"):
+            elif k8s.pod_state(pod).phase in k8s.ENDED:
                 gang.keepers.setdefault(i, self.ops.spawn(self._keep_and_delete(gang, i)))
             else:
                 self.ops.doom(name, grace)
@@ -324,7 +325,7 @@ class KubernetesBackend(KubernetesOptions):
             return False if gang.stopping or gang.failure is not None else None
         pod = self.pods.objects.get(name)
         if pod is not None:
-            return True if k8s.pod_state(pod).phase in ("succeeded", "failed") else None
+            return True if k8s.pod_state(pod).phase in k8s.ENDED else None
         if name in self._ended:
             return True
         if gang.key in self._running and name not in self._seen:
@@ -386,23 +387,23 @@ class KubernetesBackend(KubernetesOptions):
     def _pod_state(self, gang: Gang, name: str, node: str) -> k8s.PodState:
         if name in gang.waiting:  # never created: nothing to wait for once the gang stops
             if gang.stopping or gang.failure is not None:
-                return k8s.PodState("gone", reason=f"its pod {name} was never created")
-            return k8s.PodState("pending")
+                return k8s.PodState(k8s.GONE, reason=f"its pod {name} was never created")
+            return k8s.PodState(PENDING)
         pod = self.pods.objects.get(name)
         if pod is None:
             if name in self._ended:
                 return self._ended[name]
             if name not in self._seen and gang.created_at > self.pods.listed_at:
-                return k8s.PodState("pending")  # created; the watch has not shown it yet
-            return k8s.PodState("gone", reason=f"its pod {name} was deleted outside the "
+                return k8s.PodState(PENDING)  # created; the watch has not shown it yet
+            return k8s.PodState(k8s.GONE, reason=f"its pod {name} was deleted outside the "
                                                "pool service")
         state = k8s.pod_state(pod)
-        if state.phase in ("succeeded", "failed"):
+        if state.phase in k8s.ENDED:
             return state
         if self._node_gone(pod, node):  # bound to it, or pinned to it and still waiting
-            return k8s.PodState("gone", reason=f"its node {node} left the train pool")
+            return k8s.PodState(k8s.GONE, reason=f"its node {node} left the train pool")
         if pod["metadata"].get("deletionTimestamp") and name not in self.ops.doomed:
-            return k8s.PodState("gone", reason=f"its pod {name} is being deleted outside the "
+            return k8s.PodState(k8s.GONE, reason=f"its pod {name} is being deleted outside the "
                                                "pool service")
         return state
 
@@ -426,7 +427,7 @@ class KubernetesBackend(KubernetesOptions):
                 pod = self.pods.objects.get(name)
                 if pod is not None and name not in self.ops.doomed:
                     # No kubelet is left to wait for: on a gone node, or after the end.
-                    ended = k8s.pod_state(pod).phase in ("succeeded", "failed")
+                    ended = k8s.pod_state(pod).phase in k8s.ENDED
                     self.ops.doom(name, 0 if ended or self._node_gone(pod) else None)
             if gang.rendezvous:
                 await self.ops.delete_rendezvous(gang.rendezvous)

@@ -9,8 +9,9 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from ..base import Exit
-from .objects import RANKS, PodState
+from ...trainjob import FAILED, SUCCEEDED
+from ..base import LOST, Exit
+from .objects import ENDED, GONE, RANKS, PodState
 
 
 @dataclass(frozen=True)
@@ -92,26 +93,26 @@ def judge(gang: Gang, states: Sequence[PodState]) -> Exit | None:
     """The attempt's end from its pods' states (in ``gang.pods`` order), or None while one
     may still run. The first pod found failed or gone becomes ``gang.failure``; the caller
     stops the others, and the failure is the attempt's end once they are gone."""
-    settled = all(s.phase in ("gone", "succeeded", "failed") for s in states)
+    settled = all(s.phase in (GONE, *ENDED) for s in states)
     if gang.stopping:
         if not settled:
             return None
-        if all(s.phase == "succeeded" for s in states):  # finished by itself within the grace
-            return Exit(gang.job_id, gang.attempt, "succeeded", 0)
+        if all(s.phase == SUCCEEDED for s in states):  # finished by itself within the grace
+            return Exit(gang.job_id, gang.attempt, SUCCEEDED, 0)
         code = next((s.exit_code for s in states if s.exit_code), None)
-        return Exit(gang.job_id, gang.attempt, "failed", code, "stopped")
+        return Exit(gang.job_id, gang.attempt, FAILED, code, "stopped")
     if gang.failure is None:
         for pod, s in zip(gang.pods, states):
-            if s.phase in ("failed", "gone"):
+            if s.phase in (FAILED, GONE):
                 reason = _named(gang, pod, s.reason)
-                gang.failure = Exit(gang.job_id, gang.attempt, "failed", s.exit_code, reason) \
-                    if s.phase == "failed" else Exit(gang.job_id, gang.attempt, "lost",
+                gang.failure = Exit(gang.job_id, gang.attempt, FAILED, s.exit_code, reason) \
+                    if s.phase == FAILED else Exit(gang.job_id, gang.attempt, LOST,
                                                      reason=reason)
                 break
     if gang.failure is not None:
         return gang.failure if settled else None
-    if all(s.phase == "succeeded" for s in states):
-        return Exit(gang.job_id, gang.attempt, "succeeded", 0)
+    if all(s.phase == SUCCEEDED for s in states):
+        return Exit(gang.job_id, gang.attempt, SUCCEEDED, 0)
     return None
 
 

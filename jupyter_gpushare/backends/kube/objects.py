@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from ...policy.model import GPU, Node
+from ...trainjob import (CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES, FAILED, MASTER_ADDR,
+                         NVIDIA_VISIBLE_DEVICES, PENDING, RUNNING, SUCCEEDED)
 from .. import launcher, ranks
 from ..base import Launch
 
@@ -35,8 +37,8 @@ SA_TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
 # What a job must not inherit from a notebook pod: the hub's and the server's credentials,
 # and the build slice's GPU settings (a job gets whole GPUs from the device plugin).
 SECRET_ENV = ("JUPYTERHUB_*", "JPY_*", "*TOKEN*", "*SECRET*", "*PASSWORD*", "*_KEY")
-SLICE_ENV = ("GPUSHARE_SLICE_*", "NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES",
-             "CUDA_DEVICE_ORDER", "TF_FORCE_GPU_ALLOW_GROWTH", "XLA_*", "CUPY_GPU_MEMORY_LIMIT",
+SLICE_ENV = ("GPUSHARE_SLICE_*", NVIDIA_VISIBLE_DEVICES, CUDA_VISIBLE_DEVICES,
+             CUDA_DEVICE_ORDER, "TF_FORCE_GPU_ALLOW_GROWTH", "XLA_*", "CUPY_GPU_MEMORY_LIMIT",
              "PYTORCH_CUDA_ALLOC_CONF", "PYTHONSTARTUP", "MEM_*", "CPU_*")
 
 # KubeSpawner's home volume claims: labelled as storage, annotated with the exact user name
@@ -266,17 +268,17 @@ def _env(launch: Launch, template: PodTemplate, lay: ranks.Layout, first: ranks.
          rendezvous: Rendezvous) -> list[dict]:
     # The rank's variables refer to MASTER_ADDR by Kubernetes' $(VAR), so that rank 0 may
     # take its own pod IP from the downward API before anyone knows it.
-    rank = ranks.rank_env(lay, first, "$(MASTER_ADDR)", rendezvous.port)
-    del rank["MASTER_ADDR"]
+    rank = ranks.rank_env(lay, first, f"$({MASTER_ADDR})", rendezvous.port)
+    del rank[MASTER_ADDR]
     ours = {**{k: v for k, v in launch.env.items() if not _matches(k.upper(), ("*TOKEN*",))},
             "PYTHONUNBUFFERED": "1",  # the log follows the job
             "GPUSHARE_JOB_ID": launch.job_id, "GPUSHARE_ATTEMPT": str(launch.attempt),
             "GPUSHARE_CHECKPOINT_DIR": launch.checkpoint_dir}
-    master = ({"name": "MASTER_ADDR", "value": rendezvous.address} if rendezvous.address else
-              {"name": "MASTER_ADDR", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
+    master = ({"name": MASTER_ADDR, "value": rendezvous.address} if rendezvous.address else
+              {"name": MASTER_ADDR, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
     inherited = [dict(e) for e in template.env
                  if e.get("name") not in ours and e.get("name") not in rank
-                 and e.get("name") != "MASTER_ADDR"]
+                 and e.get("name") != MASTER_ADDR]
     return (inherited + [{"name": k, "value": v} for k, v in ours.items()] + [master]
             + [{"name": k, "value": v} for k, v in rank.items()])
 
@@ -358,10 +360,14 @@ def _quantity_int(value) -> int:
         return 0
 
 
+GONE = "gone"  # a pod's phase when it was never made, was deleted, or its node left
+ENDED = (SUCCEEDED, FAILED)  # phases a pod never leaves
+
+
 @dataclass(frozen=True)
 class PodState:
-    """A job pod as the backend reads it: ``phase`` is pending, running, succeeded or
-    failed."""
+    """A job pod as the backend reads it: ``phase`` is Kubernetes' in the job's words
+    (``PENDING``, ``RUNNING``, ``SUCCEEDED`` or ``FAILED``), or ``GONE``."""
 
     phase: str
     exit_code: int | None = None
@@ -372,7 +378,7 @@ def pod_state(pod: Mapping) -> PodState:
     status = pod.get("status") or {}
     phase = status.get("phase", "Pending")
     if phase == "Succeeded":
-        return PodState("succeeded", 0)
+        return PodState(SUCCEEDED, 0)
     if phase == "Failed":
         term = _terminated(status)
         code = term.get("exitCode") if term else None
@@ -381,11 +387,11 @@ def pod_state(pod: Mapping) -> PodState:
         if code is not None:
             text = f"exited with code {code}" + (f" ({why})" if why not in ("", "Error") else "")
         else:
-            text = "failed" + (f": {message or why}" if message or why else "")
-        return PodState("failed", code, text)
+            text = FAILED + (f": {message or why}" if message or why else "")
+        return PodState(FAILED, code, text)
     if phase == "Running":
-        return PodState("running")
-    return PodState("pending")
+        return PodState(RUNNING)
+    return PodState(PENDING)
 
 
 def has_log(pod: Mapping) -> bool:
@@ -394,7 +400,8 @@ def has_log(pod: Mapping) -> bool:
     status = pod.get("status") or {}
     if status.get("phase") not in (None, "Pending"):
         return True
-    return any({"running", "terminated"} & set(cs.get("state") or {})
+    started = {"running", "terminated"}  # not a job state: a container's, in Kubernetes' words
+    return any(started & set(cs.get("state") or {})
                or "terminated" in (cs.get("lastState") or {})
                for cs in status.get("containerStatuses") or [])
 
