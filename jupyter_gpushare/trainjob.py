@@ -166,3 +166,19 @@ def check_request_id(value) -> str:
         raise BadField("request_id", f"(or the Idempotency-Key header) must be 1 to 64 "
                        f"letters, digits, '.', '_', ':' or '-', such as a UUID, not {value!r}")
     return value
+
+
+NO_PROJECT = ("you are in no project of the train pool; ask an admin to add you to a project's "
+              "JupyterHub group")
+
+
+def default_project(mine: list[str]) -> str:
+    """The project of a job that names none: the user's only one. Otherwise ``BadField``,
+    whose problem says the user is in none (``NO_PROJECT``) or lists theirs; a front end adds
+    how to name one in its own words (``--project NAME``, or the field)."""
+    if len(mine) == 1:
+        return mine[0]
+    if not mine:
+        raise BadField("project", NO_PROJECT, message=NO_PROJECT)
+    several = f"you are in several projects ({', '.join(sorted(mine))})"
+    raise BadField("project", several, message=several)

@@ -22,14 +22,6 @@ PACKAGE = Path(trainjob.__file__).parent
 
 # Being moved: the lead restructures the service's wiring in these files and replaces their
 # literals with trainjob's names after this lands. Empty this list then.
-BEING_MOVED = {f"pool/{name}.py" for name in (
-    "app", "api", "api_usage", "dashboard", "usage_service", "culler", "metrics", "directory",
-    "sweep", "loop")}
-# Being split by another change (policy/cycle.py and its steps); policy/model.py is done.
-BEING_SPLIT = {"policy/outcome.py"}
-# Not yet moved: files outside the change that made trainjob.py.
-NOT_YET = {"dashboard/page.py", "dashboard/tables.py", "dashboard/usage.py",
-           "spawner/modes.py"}
 # Standard library only, each a file that runs on its own: the launcher as a job pod's source
 # (python3 -c, the package may be absent there) and the cell runner (tests run it as a copy);
 # test_the_standalone_files_use_the_vocabularys_names keeps their names in the vocabulary.
@@ -121,14 +113,14 @@ def _stray_names(source: str):
 
 def test_job_states_are_written_once():
     stray = [f"{name}:{line}: {what}" for name, source in
-             _files(BEING_MOVED | BEING_SPLIT | NOT_YET) for line, what in _stray_states(source)]
+             _files(set()) for line, what in _stray_states(source)]
     assert not stray, "job states written outside trainjob.py (import them from there):\n" + \
         "\n".join(stray)
 
 
 def test_reserved_names_are_written_once():
     stray = [f"{name}:{line}: {what}" for name, source in
-             _files(BEING_MOVED | BEING_SPLIT | NOT_YET | STANDALONE)
+             _files(STANDALONE)
              for line, what in _stray_names(source)]
     assert not stray, "reserved names written outside trainjob.py (import them from there):\n" \
         + "\n".join(stray)

@@ -16,6 +16,7 @@ import json
 from html import escape
 
 from ..text import percent
+from ..trainjob import PENDING, RUNNING
 from . import poolmap, tables, usage
 from .markup import clock, day_clock
 from .window import WINDOWS, Window
@@ -102,8 +103,8 @@ def summary(pool: dict, jobs: list[dict]) -> str:
     train = [g for g in pool.get("gpus") or () if g.get("pool") == "train"]
     measured = [g["utilization"] for g in train if g.get("utilization") is not None]
     build = pool.get("build") or {}
-    running = sum(1 for j in jobs if j.get("state") == "running")
-    waiting = sum(1 for j in jobs if j.get("state") == "pending")
+    running = sum(1 for j in jobs if j.get("state") == RUNNING)
+    waiting = sum(1 for j in jobs if j.get("state") == PENDING)
     simulated = " (simulated)" if pool.get("simulated") else ""
     now = percent(sum(measured) / len(measured)) if measured else "–"
     return ('<div class="summary">'

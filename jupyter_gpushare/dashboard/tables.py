@@ -5,6 +5,7 @@ from __future__ import annotations
 from html import escape
 
 from ..text import duration
+from ..trainjob import PENDING
 from .markup import clock, day_clock, fraction, table
 
 EVENTS = {"warn": "warned", "cull": "stopped", "spare": "no longer warned"}
@@ -13,7 +14,7 @@ EVENTS = {"warn": "warned", "cull": "stopped", "spare": "no longer warned"}
 def queue_table(jobs: list[dict], now: float, most: int = 200) -> str:
     """Waiting jobs in queue order, each with the scheduler's reason in words (the first
     ``most`` of them)."""
-    waiting = sorted((j for j in jobs if j.get("state") == "pending"),
+    waiting = sorted((j for j in jobs if j.get("state") == PENDING),
                      key=lambda j: (j.get("queue_position") is None,
                                     j.get("queue_position") or 0, j.get("submitted") or 0,
                                     j.get("id", "")))

@@ -8,8 +8,8 @@ from html import escape
 from typing import Sequence
 
 from ..charts import Frame, Series, colour, line_chart, stacked_chart
-from ..text import duration
-from ..text import idle_text, percent, size
+from ..text import duration, idle_text, percent, size
+from ..trainjob import RUNNING
 from .markup import clock, fraction, table
 from .window import Window
 
@@ -116,7 +116,7 @@ def idle_jobs_table(rows: list[dict], jobs: dict[str, dict]) -> str:
             continue
         job = jobs.get(r.get("job") or "") or {}
         usage = job.get("usage") or {}
-        if job.get("state") == "running":
+        if job.get("state") == RUNNING:
             now = escape(_now(usage))
         else:
             now = escape(job.get("state") or "ended")

@@ -19,7 +19,7 @@ from IPython.display import display
 
 from ..client import ClientError, InvalidInput, NoCredentials, add_job_options
 from ..text import status_line
-from ..trainjob import CANCELLED, SUCCEEDED
+from ..trainjob import CANCELLED, SUCCEEDED, BadField, default_project
 from .job import Job, JobError, notebook_client, submit
 
 USAGE = ("%%train [--gpus N] [--project P] [--name NAME] [--priority P] [--env K=V ...] "
@@ -232,13 +232,11 @@ class GPUShareMagics(Magics):
         if args.project:
             return args.project
         names = [p["name"] for p in client.quota().get("projects", [])]
-        if len(names) == 1:
-            return names[0]
-        if not names:
-            raise TrainError("you are in no project of the train pool; ask an admin to add you "
-                             "to a project's JupyterHub group")
-        raise TrainError(f"you are in several projects ({', '.join(names)}); choose one with "
-                         f"--project NAME")
+        try:
+            return default_project(names)
+        except BadField as e:
+            raise TrainError(f"{e}; choose one with --project NAME" if names else str(e)) \
+                from None
 
     def _follow(self, job: Job, load_out: bool, all_ranks: bool = False) -> None:
         """One live status line and the job's output as it is printed, until it ends."""

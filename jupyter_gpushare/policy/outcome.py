@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import signal
 
-SUCCEEDED, FAILED, PREEMPTED = "succeeded", "failed", "preempted"
+from ..trainjob import FAILED, PREEMPTED, SUCCEEDED
 
 STOP_EXIT_CODES = frozenset({128 + signal.SIGTERM, 128 + signal.SIGKILL})
 """Exit statuses that mean "stopped because it was told to": 143 and 137."""

@@ -21,6 +21,7 @@ from ..backends.ranks import world_size
 from ..policy import SliceRefused
 from ..policy.model import GPU
 from ..policy.quotas import overbooking
+from ..trainjob import ACTIVE, PENDING, STATES, BadField, default_project
 from . import api_usage, metrics
 from .api_usage import pool_gpus
 from .handlers import ID, Rendered, ServiceHandler
@@ -30,8 +31,6 @@ from .openapi import SPEC
 from .projects import ProjectSpec, changes, project_name
 from .validate import Invalid, job_spec, request_id
 from .views import job_json, job_says, project_json, slice_json
-
-STATES = ("pending", "running", "succeeded", "failed", "cancelled")
 
 
 class PoolHandler(ServiceHandler):
@@ -176,14 +175,13 @@ class JobsHandler(PoolHandler):
     def _project(self, name, gpus: int, priority: int = 0) -> ProjectRow:
         mine = self.my_projects()
         if name is None:
-            if len(mine) == 1:
-                project = mine[0]
-            elif not mine:
-                raise Invalid("you are in no project; ask an admin to add you to the "
-                              "JupyterHub group of one", 403)
-            else:
-                raise Invalid("you are in several projects (" + ", ".join(p.name for p in mine)
-                              + "); say which with project")
+            try:
+                chosen = default_project([p.name for p in mine])
+            except BadField as e:
+                if not mine:
+                    raise Invalid(str(e), 403) from None
+                raise Invalid(f"{e}; say which with project") from None
+            project = next(p for p in mine if p.name == chosen)
         else:
             if not isinstance(name, str):
                 raise Invalid("project must be a project name")
@@ -213,7 +211,7 @@ class JobHandler(PoolHandler):
 
     async def delete(self, job_id):
         row = self.own_job(job_id)
-        if row.state not in ("pending", "running"):
+        if row.state not in ACTIVE:
             self.fail(409, f"job {job_id} has already ended ({row.state})")
         row = await self.scheduler.cancel(row)
         self.reply(self.job_json(row, True))
@@ -288,7 +286,7 @@ class LogsHandler(PoolHandler):
             if not follow:
                 return
             row = self.store.job(job_id)
-            if not (row.state in ("pending", "running") and row.attempt == attempt
+            if not (row.state in ACTIVE and row.attempt == attempt
                     or row.attempt < attempt):
                 # It ended: what it printed last may have come after the read above.
                 start, chunk = await backend.read_log_from(row.id, attempt, offset, rank=rank)
@@ -307,7 +305,7 @@ class LogsHandler(PoolHandler):
         if rank == 0:
             return 0
         if attempt == row.attempt:
-            placement = row.placement if row.state != "pending" else None
+            placement = row.placement if row.state != PENDING else None
         else:
             placement = next((a.placement for a in self.store.attempts(row.id)
                               if a.attempt == attempt), None)

@@ -14,6 +14,7 @@ import time
 from datetime import datetime
 
 from ..policy.model import GPU
+from ..trainjob import RUNNING
 from ..usage.attribution import Holding, attribute
 from ..usage.report import BY, SORTS
 from ..usage.rollup import DAY
@@ -303,7 +304,7 @@ class SamplesHandler(ServiceHandler):
         """The agent's claims, believed only where the pool agrees: a job attempt running on
         that node, a slice on that node."""
         store = self.store
-        jobs = {r.id: r for r in store.active() if r.state == "running" and node in
+        jobs = {r.id: r for r in store.active() if r.state == RUNNING and node in
                 (r.placement or {})}
         slices = {s.id: s for s in store.slices() if s.node == node}
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 
+from ..trainjob import PENDING
 from .loop import Scheduler
 from .models import JobRow, ProjectRow
 from .store import Store
@@ -38,7 +39,7 @@ class JobIntake:
     async def submit(self, user: str, project: ProjectRow, spec: dict) -> tuple[JobRow, bool]:
         """Store a checked job spec; ``(job, created)``. ``Invalid`` (429) beyond the cap."""
         cap = self.max_pending
-        if self.store.state_counts(user).get("pending", 0) + self.submitting[user] >= cap:
+        if self.store.state_counts(user).get(PENDING, 0) + self.submitting[user] >= cap:
             raise Invalid(f"you have {cap} jobs waiting, the most one user may; wait for some "
                           f"to start, or cancel some", 429)
         self.submitting[user] += 1

@@ -10,9 +10,10 @@ import logging
 import time
 from dataclasses import dataclass, field, replace
 
-from ..backends.base import Backend, BackendError, Exit, Handle
+from ..backends.base import LOST, Backend, BackendError, Exit, Handle
 from ..policy import TRAIN, JobState, Node, PolicyConfig, Project, Snapshot, TrainJob, cycle
 from ..policy.outcome import FAILED, PREEMPTED, SUCCEEDED, after_stop
+from ..trainjob import CANCELLED, PENDING, RUNNING
 from .models import JobRow
 from .store import Store
 
@@ -105,7 +106,7 @@ class Scheduler:
     async def _reconcile(self) -> None:
         handles = []
         for row in self.store.active():
-            if row.state != "running":
+            if row.state != RUNNING:
                 continue
             # A start whose handle was never stored (the service died while starting it):
             # the backend looks for it by job and attempt, else it is lost and requeued.
@@ -113,7 +114,7 @@ class Scheduler:
         exits = await self.backend.adopt(handles)
         self._apply_exits(exits, time.time())
         for row in self.store.active():  # stops asked for before the restart, asked again
-            if row.state == "running" and (row.preempting or row.cancel_requested):
+            if row.state == RUNNING and (row.preempting or row.cancel_requested):
                 await self.backend.stop(row.id, row.attempt, self.grace_s)
         self.log.info("adopted %d running job(s), %d had ended", len(handles) - len(exits),
                       len(exits))
@@ -170,7 +171,7 @@ class Scheduler:
         try:
             handle = await self.backend.start(self.launch_for(row))
         except BackendError as e:
-            self.store.finish(row.id, time.time(), "failed", message=str(e))
+            self.store.finish(row.id, time.time(), FAILED, message=str(e))
             return None
         return dict(handle.data)
 
@@ -178,8 +179,8 @@ class Scheduler:
         async with self._lock:
             now = time.time()
             row = self.store.job(row.id)
-            if row.state == "pending":
-                return self.store.finish(row.id, now, "cancelled", message="cancelled by its user")
+            if row.state == PENDING:
+                return self.store.finish(row.id, now, CANCELLED, message="cancelled by its user")
             row = self.store.mark(row.id, now, cancel=True)
             await self.backend.stop(row.id, row.attempt, self.grace_s)
             return row
@@ -191,16 +192,16 @@ class Scheduler:
 
     def _apply_exit(self, ex: Exit, now: float) -> None:
         row = self.store.job(ex.job_id)
-        if row is None or row.state != "running" or row.attempt != ex.attempt:
+        if row is None or row.state != RUNNING or row.attempt != ex.attempt:
             return  # an attempt already accounted for
         if row.cancel_requested:
-            self.store.finish(row.id, now, "cancelled", ex.exit_code, "cancelled by its user")
+            self.store.finish(row.id, now, CANCELLED, ex.exit_code, "cancelled by its user")
         elif row.preempting:
             # Ended during its grace period: by our stop (requeued), or by itself
             # (finished by its exit code, never run again): policy/outcome.py.
-            outcome = PREEMPTED if ex.state == "lost" else after_stop(ex.exit_code)
+            outcome = PREEMPTED if ex.state == LOST else after_stop(ex.exit_code)
             if outcome == PREEMPTED:
-                self.store.requeue(row.id, now, "preempted",
+                self.store.requeue(row.id, now, PREEMPTED,
                                    "preempted; requeued to resume from its checkpoint",
                                    ex.exit_code)
             elif outcome == SUCCEEDED:
@@ -210,13 +211,13 @@ class Scheduler:
                 self.store.finish(row.id, now, FAILED, ex.exit_code,
                                   f"exited with code {ex.exit_code} while being preempted "
                                   f"(a stopped job exits 143 to be resumed)")
-        elif ex.state == "lost":
-            self.store.requeue(row.id, now, "lost", ex.reason or "its process vanished")
+        elif ex.state == LOST:
+            self.store.requeue(row.id, now, LOST, ex.reason or "its process vanished")
         else:
             self.store.finish(row.id, now, ex.state, ex.exit_code, ex.reason)
 
     def _train_job(self, row: JobRow, idle: bool = False) -> TrainJob:
-        running = row.state == "running"
+        running = row.state == RUNNING
         return TrainJob(row.id, row.project, row.gpus, user=row.user, priority=row.priority,
                         submit_time=row.submitted,
                         state=JobState.RUNNING if running else JobState.PENDING,

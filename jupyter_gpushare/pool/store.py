@@ -91,10 +91,9 @@ class Store:
         self.engine = make_engine(url)
         upgrade(self.engine)
         self.session = sessionmaker(self.engine, expire_on_commit=False)
-        self.version = 0  # bumped by every write: what was read before may be stale
         self._local = threading.local()  # .batch: the session ``batch()`` shares, while it runs
         self.book = self._open_book(book_size, book_bytes)
-        # Writes may run in worker threads (``in_thread``). The book and the version are
+        # Writes may run in worker threads (``in_thread``). The book is
         # the event loop's alone: a worker's commit reaches them through the loop, before
         # the worker's caller resumes.
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -129,7 +128,6 @@ class Store:
         return await asyncio.to_thread(method, *args, **kwargs)
 
     def _committed(self, copies: list) -> None:
-        self.version += 1
         if copies:
             self.book.committed(copies)
 
@@ -289,22 +287,13 @@ class Store:
                                   .order_by(AttemptRow.attempt)))
 
     def start(self, job_id: str, placement: dict, now: float) -> JobRow:
-        """Record a start before the backend is asked, so a crash in between is found
-        (and requeued) on the next start of the service."""
-        with self.session() as s:
-            row = s.get(JobRow, job_id)
-            row.state, row.placement, row.started = RUNNING, placement, now
-            row.handle, row.preempting = {}, False
-            s.add(AttemptRow(job_id=job_id, attempt=row.attempt, started=now,
-                             placement=placement))
-            s.add(EventRow(job_id=job_id, t=now, kind="start", attempt=row.attempt,
-                           detail=_placement_text(placement)))
-            s.commit()
-            return row
+        """``start_many`` for one job."""
+        return self.start_many([(job_id, placement)], now)[0]
 
     def start_many(self, starts: list[tuple[str, dict]], now: float) -> list[JobRow]:
-        """``start`` for each ``(job_id, placement)`` of one cycle, in one transaction (one
-        commit instead of one per job: a cycle may start hundreds)."""
+        """Record the starts of one cycle, each ``(job_id, placement)``, before the backend
+        is asked, so that a crash in between is found (and requeued) on the next start of the
+        service; in one transaction (a cycle may start hundreds)."""
         with self.session() as s:
             rows = _by_id(s, [job_id for job_id, _ in starts])
             for job_id, placement in starts:

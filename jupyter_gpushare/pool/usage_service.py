@@ -18,6 +18,7 @@ from traitlets.config import LoggingConfigurable
 from ..backends.local import SIMULATED_LABEL
 from ..gpus import SIMULATED_NAME
 from ..policy.model import GPU
+from ..trainjob import RUNNING
 from ..usage.attribution import Holding, Owner
 from ..usage.cull import CullSettings
 from ..usage.meter import LocalContext, UsageMeter, UsageSettings
@@ -177,7 +178,7 @@ class GPUUsage(LoggingConfigurable):
         groups: dict = {}
         pools = {g.uuid: "train" for found in self.backend.local_gpus().values()
                  for g in found}
-        rows = {r.id: r for r in self.store.active() if r.state == "running"}
+        rows = {r.id: r for r in self.store.active() if r.state == RUNNING}
         for a in self.backend.local_attempts():
             row = rows.get(a.job_id)
             if row is None or row.attempt != a.attempt:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from .. import trainjob
 from ..policy.model import GPU
 

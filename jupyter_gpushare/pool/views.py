@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 from ..backends.ranks import world_size
 from ..policy.model import GPU
+from ..trainjob import ACTIVE, PENDING, RUNNING
 from .loop import Explanation
 from .models import JobRow, ProjectRow, SliceRow
 
@@ -25,10 +26,10 @@ class JobSays(NamedTuple):
 
 
 def job_says(row: JobRow, explained: Explanation, meter) -> JobSays:
-    return JobSays(explained.positions.get(row.id) if row.state == "pending" else None,
+    return JobSays(explained.positions.get(row.id) if row.state == PENDING else None,
                    why_text(row, explained),
                    meter.holder_now("job", f"{row.id}/{row.attempt}")
-                   if row.state == "running" else None)
+                   if row.state == RUNNING else None)
 
 
 def job_json(row: JobRow, says: JobSays, full: bool) -> dict:
@@ -49,7 +50,7 @@ def job_json(row: JobRow, says: JobSays, full: bool) -> dict:
         # Why this is not the first attempt ("preempted; requeued to resume ..."), for
         # front ends that follow a job across attempts.
         "requeued": (row.message or None) if row.attempt > 1 and row.state in
-        ("pending", "running") else None,
+        ACTIVE else None,
     }
     if full:
         out["command"] = row.command
@@ -60,9 +61,9 @@ def job_json(row: JobRow, says: JobSays, full: bool) -> dict:
 
 
 def why_text(row: JobRow, explained: Explanation) -> str:
-    if row.state == "pending":
+    if row.state == PENDING:
         return explained.reasons.get(row.id, "waiting for the next scheduling cycle")
-    if row.state == "running":
+    if row.state == RUNNING:
         if row.cancel_requested:
             return "stopping: cancelled by its user"
         if row.preempting:

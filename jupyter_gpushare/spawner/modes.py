@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
 from ..policy.model import GPU
+from ..trainjob import CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES
 from .kernel import TORCH_FRACTION_VARIABLE
 
 TIMESLICE, MIG, HAMI, EXCLUSIVE, PINNED, CPU = "timeslice", "mig", "hami", "exclusive", \
@@ -97,7 +98,7 @@ def cpu_only() -> Fragment:
     """No GPU. CUDA images bake in ``NVIDIA_VISIBLE_DEVICES=all``, which makes the container
     runtime mount every GPU of the node: ``void`` mounts none. An empty
     ``CUDA_VISIBLE_DEVICES`` hides any GPU outside a container too."""
-    return Fragment(env={"NVIDIA_VISIBLE_DEVICES": "void", "CUDA_VISIBLE_DEVICES": "",
+    return Fragment(env={NVIDIA_VISIBLE_DEVICES: "void", CUDA_VISIBLE_DEVICES: "",
                          **slice_env(CPU, 0)})
 
 
@@ -157,7 +158,7 @@ def pinned(milli: int, uuids: Iterable[str]) -> Fragment:
         raise ValueError(f"a pinned slice of {fraction_text(milli)} GPU needs "
                          f"{max(1, milli // GPU)} GPU UUID(s), not {len(uuids)}")
     names = ",".join(uuids)
-    return Fragment(env={"CUDA_VISIBLE_DEVICES": names, "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+    return Fragment(env={CUDA_VISIBLE_DEVICES: names, CUDA_DEVICE_ORDER: "PCI_BUS_ID",
                          **slice_env(PINNED, milli, names), **framework_caps(milli)})
 
 
