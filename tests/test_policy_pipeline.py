@@ -45,7 +45,7 @@ def test_the_memo_keeps_failures_apart(way, excluded, nodes):
 
 
 def test_ways_and_reclaim_rules_never_share_a_memo_key():
-    assert not {str(w) for w in Way} & {str(r) for r in Reclaim}
+    assert not {w.value for w in Way} & {r.value for r in Reclaim}
 
 
 # -- order.py -------------------------------------------------------------------------------

@@ -68,12 +68,11 @@ class Admission:
             reason = self.never_fits(job)
             if reason is not None:
                 self.never.append(Wait(job.id, None, reason))
-            elif self._start(job, frozenset(), Way.WITHIN_QUOTA):
-                pass
-            elif self.config.preemption and self._reclaim(job, Reclaim.GUARANTEE, frozenset()):
-                pass
-            else:
-                self.waits.append((job, self.explainer.why_no_room(job, frozenset())))
+                continue
+            if self._start(job, frozenset(), Way.WITHIN_QUOTA) or (
+                    self.config.preemption and self._reclaim(job, Reclaim.GUARANTEE, frozenset())):
+                continue
+            self.waits.append((job, self.explainer.why_no_room(job, frozenset())))
 
     # -- borrowers -------------------------------------------------------------------------
     def borrowers(self, turn: Borrowers) -> None:

@@ -12,12 +12,12 @@ import enum
 NEVER = 1 << 62  # larger than any gang: nothing failed yet
 
 
-class Way(enum.StrEnum):
+class Way(str, enum.Enum):
     """How a gang tried free GPUs.
 
-    The three ask the same question of the free GPUs; each keeps its own failures because
-    where a borrower's failures are looked up decides which borrowers the cycle visits, and
-    so the order in which waits are explained.
+    The three ask the same question of the free GPUs, yet keep their failures apart as the
+    cycle always has: a borrower passed over on a failure is not visited, and which are
+    visited decides the order in which waits are explained.
     """
 
     WITHIN_QUOTA = "free-within-quota"  # step 4 for a job that keeps its project within quota

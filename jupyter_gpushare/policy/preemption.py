@@ -41,7 +41,7 @@ class Floor:
     prefer: Callable[[str], int]
 
 
-class Reclaim(enum.StrEnum):
+class Reclaim(str, enum.Enum):
     """Which rule takes GPUs back, for whom and from whom (its value is ``Preempt.kind``)."""
 
     GUARANTEE = "guarantee"  # for a job within its project's quota: from over-quota projects
