@@ -1,4 +1,8 @@
-"""Victims: which running jobs give GPUs back so that a claimant fits.
+"""Step 4's reclaim: which running jobs give GPUs back so that a claimant fits.
+
+``Reclaimer`` serves one cycle's claimants: it gathers the jobs a rule may take
+(``VictimPool``), chooses the fewest (``choose_victims``), holds the free GPUs the claimant
+will use and books the victims' GPUs as releasing. Which jobs may go:
 
 Contract point 6 (docs/explanation/scheduling.md#contract-6): only over-quota projects lose jobs;
 prefer victims that leave their project at or above its quota; then idle jobs (``idle``:
@@ -9,12 +13,18 @@ greedily until the claimant fits, then put back every victim that was not needed
 
 from __future__ import annotations
 
+import enum
 import heapq
 from dataclasses import dataclass
 from itertools import combinations, islice
 from typing import Callable, Mapping
 
-from .model import Project, TrainJob
+from . import reasons as R
+from .cache import Cluster
+from .decisions import Preempt
+from .fits import FitMemo
+from .ledger import Ledger
+from .model import PolicyConfig, Project, TrainJob, gpus_text
 from .placement import FreeMap, nodes_needed
 
 
@@ -29,6 +39,180 @@ class Floor:
     above: Callable[[str], int]
     keep: Callable[[str], int]
     prefer: Callable[[str], int]
+
+
+class Reclaim(str, enum.Enum):
+    """Which rule takes GPUs back, for whom and from whom (its value is ``Preempt.kind``)."""
+
+    GUARANTEE = "guarantee"  # for a job within its project's quota: from over-quota projects
+    FAIR = "fair"  # for a borrower within its deserved share: from projects above theirs
+    PRIORITY = "priority"  # for a job of higher priority: from its own project
+
+    def floor(self, projects: Mapping[str, Project], deserved: Mapping[str, int]) -> Floor:
+        quota = lambda name: projects[name].quota  # noqa: E731
+        share = lambda name: deserved.get(name, 0)  # noqa: E731
+        if self is Reclaim.GUARANTEE:  # only over-quota projects give back; prefer keeping them at quota
+            return Floor(above=quota, keep=lambda name: 0, prefer=quota)
+        if self is Reclaim.FAIR:  # only above-share projects give back, and never fall below it
+            return Floor(above=share, keep=share, prefer=share)
+        return Floor(above=lambda name: -1, keep=lambda name: 0, prefer=quota)
+
+    def why(self, project: Project, job: TrainJob) -> str:
+        """What the victim's owner reads."""
+        if self is Reclaim.GUARANTEE:
+            return (f"preempted to give project {project.name} back GPUs within its quota of "
+                    f"{gpus_text(project.quota)} (job {job.id}); it is requeued")
+        if self is Reclaim.FAIR:
+            return (f"preempted so that project {project.name} gets its fair share of idle GPUs "
+                    f"(job {job.id}); it is requeued")
+        return f"preempted for higher-priority job {job.id} of the same project; it is requeued"
+
+
+class Reclaimer:
+    """Reclaim for the claimants of one cycle.
+
+    Keeps the cluster (free and releasing GPUs), the ledger and its victim pools in step
+    with every claim, and holds what the cycle decides: ``preemptions``, ``held`` (free GPUs
+    kept for a claimant whose victims are still leaving) and ``too_young`` (over-quota jobs
+    its pools left out for their minimum runtime, counted as each pool is gathered).
+    """
+
+    def __init__(self, now: float, config: PolicyConfig, cluster: Cluster,
+                 projects: Mapping[str, Project], deserved: Mapping[str, int], ledger: Ledger,
+                 memo: FitMemo):
+        self.now, self.config, self.c = now, config, cluster
+        self.projects, self.deserved, self.ledger, self.memo = projects, deserved, ledger, memo
+        self.preemptions: list[Preempt] = []
+        self.held: dict[str, int] = {}
+        self.victims: set[str] = set()
+        self.too_young = 0
+        self._pools: dict[Reclaim, VictimPool] = {}  # GUARANTEE and FAIR, gathered at first need
+
+    def claim(self, job: TrainJob, rule: Reclaim, exclude: frozenset) -> R.Reason | None:
+        """Preempt the fewest victims that let ``job`` fit (or claim GPUs already being
+        released) and say why it waits for them; None if this rule cannot serve it."""
+        k = nodes_needed(job.gpus, self.c.node_size)
+        # A priority pool is the claimant's own (its lower-priority jobs): a failure says
+        # nothing of the next claimant's.
+        remember = rule is not Reclaim.PRIORITY
+        if remember and self.memo.fails(rule, bool(exclude), k, job.gpus):
+            return None
+        pool = self._pool(rule, job)
+        found = choose_victims(job.gpus, self.c.room, self.c.releasing, pool, exclude)
+        if found is None:
+            if remember:
+                self.memo.failed(rule, bool(exclude), k, job.gpus)
+            return None
+        victims, placement = found
+        if victims:  # a claim on GPUs already being released changes no pool
+            self._commit(pool, victims)
+        if rule is Reclaim.PRIORITY and not self._keeps_its_turn(job, victims):
+            return None  # (its victims stay out of every pool for the rest of the cycle)
+        taken = self._hold(placement)
+        if victims:
+            self._preempt(job, rule, victims, taken)
+        free = self.c.free.free
+        self.moved({*placement, *(n for v in victims for n in v.placement if n in free)})
+        self.ledger.claimed[job.project] += job.gpus
+        if not victims:
+            return R.Releasing(job.gpus, k)
+        by_project: dict[str, int] = {}
+        for v in victims:
+            by_project[v.project] = by_project.get(v.project, 0) + v.gpus
+        return R.Reclaiming(job.gpus, k, tuple(sorted(by_project.items())))
+
+    def moved(self, names) -> None:
+        """Free or releasing GPUs changed on ``names``: keep the indexes in step."""
+        self.c.moved(names)
+        for pool in self._pools.values():
+            pool.moved(names)
+
+    def _pool(self, rule: Reclaim, job: TrainJob) -> VictimPool:
+        """The jobs ``rule`` may take: old enough, and (guarantee, fair) from other projects,
+        which the floors ensure, or (priority) of lower priority in the job's own project.
+        Victims are judged on ``ledger.kept``, what ran before this cycle."""
+        old_enough = self.now - self.config.min_runtime_s
+        if rule is Reclaim.PRIORITY:
+            return VictimPool([j for j in self.c.running if j.project == job.project
+                               and j.priority < job.priority and j.id not in self.victims
+                               and (j.start_time or 0.0) <= old_enough],
+                              self.ledger.kept, self.projects, self.deserved,
+                              rule.floor(self.projects, self.deserved), self.c.room)
+        pool = self._pools.get(rule)
+        if pool is None:
+            pool = self._pools[rule] = self._gather(rule, old_enough)
+        return pool
+
+    def _gather(self, rule: Reclaim, old_enough: float) -> VictimPool:
+        """The pool of a rule that takes from other projects, once a cycle; it counts the
+        over-quota jobs it leaves out for their minimum runtime in ``too_young``, which
+        makes a waiting job's reason the minimum runtime."""
+        jobs = []
+        usage = self.ledger.usage
+        for j in self.c.running:
+            if j.id in self.victims:
+                continue
+            if (j.start_time or 0.0) <= old_enough:
+                jobs.append(j)
+            elif usage[j.project] > self.projects[j.project].quota:
+                self.too_young += 1
+        return VictimPool(jobs, self.ledger.kept, self.projects, self.deserved,
+                          rule.floor(self.projects, self.deserved), self.c.room)
+
+    def _commit(self, pool: VictimPool, victims: list[TrainJob]) -> None:
+        """The victims are gone from the searching pool and from every pool gathered."""
+        for other in {id(pool): pool, **{id(p): p for p in self._pools.values()}}.values():
+            other.commit(victims)
+
+    def _keeps_its_turn(self, job: TrainJob, victims: list[TrainJob]) -> bool:
+        """Whether the claimant, not a requeued victim, is served first once GPUs free up.
+
+        Below quota a requeued victim keeps its project within quota and goes before this
+        borrower, which would preempt it again: allowed only if the claimant then fits the quota.
+        With fair-share reclaim the same holds for the project's deserved share: below it, the
+        victim would reclaim, or another project below its share would take the GPUs first.
+        """
+        p = self.projects[job.project]
+        left = self.ledger.usage[p.name] - sum(v.gpus for v in victims)
+        after = left + self.ledger.claimed[p.name] + job.gpus
+        floors = [p.quota]
+        if self.config.reclaim_fair_share:
+            floors.append(self.deserved.get(p.name, 0))
+        return all(left >= floor or after <= floor for floor in floors)
+
+    def _hold(self, placement: Mapping[str, int]) -> dict[str, int]:
+        """Hold the free GPUs of ``placement``, then claim releasing ones; return what each
+        node still needs from the victims."""
+        free, releasing = self.c.free, self.c.releasing
+        taken: dict[str, int] = {}
+        for name, need in placement.items():
+            hold = min(free.free[name], need)
+            if hold:
+                free.take({name: hold})
+                self.held[name] = self.held.get(name, 0) + hold
+            rel = min(releasing.get(name, 0), need - hold)
+            if rel:
+                releasing[name] -= rel
+            taken[name] = need - hold - rel
+        return taken
+
+    def _preempt(self, job: TrainJob, rule: Reclaim, victims: list[TrainJob],
+                 taken: dict[str, int]) -> None:
+        """Book the victims: their GPUs leave their projects and, but for what the claimant
+        takes, are releasing for others."""
+        free, releasing = self.c.free.free, self.c.releasing
+        usage, kept = self.ledger.usage, self.ledger.kept
+        why = rule.why(self.projects[job.project], job)
+        for victim in victims:
+            self.victims.add(victim.id)
+            usage[victim.project] -= victim.gpus
+            kept[victim.project] -= victim.gpus
+            for name, amount in victim.placement.items():
+                if name in free:
+                    use = min(amount, taken.get(name, 0))
+                    taken[name] = taken.get(name, 0) - use
+                    releasing[name] = releasing.get(name, 0) + amount - use
+            self.preemptions.append(Preempt(victim.id, victim.project, job.id, why, rule.value))
 
 
 class VictimPool:

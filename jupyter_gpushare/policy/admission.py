@@ -1,0 +1,198 @@
+"""Step 4, admit: each job in the order of step 3 starts on free GPUs (placement.py), or
+else reclaims them (preemption.py), or else waits. Once no GPU is left to give, the rest of
+the borrowers' queue is not visited.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+from . import reasons as R
+from .cache import Cluster
+from .decisions import Start, Wait
+from .explain import Explainer
+from .fits import FitMemo, Way
+from .ledger import Ledger
+from .model import GPU, PolicyConfig, Project, TrainJob
+from .order import Borrowers, Order
+from .placement import nodes_needed
+from .preemption import Reclaim, Reclaimer
+from .reservation import Reservation
+
+
+def never_fits(job: TrainJob, project: Project, capacity: int,
+               node_sizes: tuple[int, ...] = ()) -> R.Reason | None:
+    """Why ``job`` can never run as asked: larger than the pool, than the fewest nodes it
+    must use (``node_sizes``, largest first), or than its project's limit."""
+    if job.gpus > capacity:
+        return R.TooLarge(job.gpus, capacity)
+    if node_sizes:
+        k = nodes_needed(job.gpus, node_sizes[0])
+        if job.gpus > sum(node_sizes[:k]):
+            return R.TooLarge(job.gpus, sum(node_sizes[:k]), nodes=k)
+    if project.limit is not None and job.gpus > project.limit:
+        return R.TooLarge(job.gpus, project.limit, project=project.name)
+    return None
+
+
+class Admission:
+    """Admits one cycle's jobs and keeps what it decided: ``starts``, ``waits`` (each with
+    its reason, or None where the reason is worked out only when read), ``never`` (jobs that
+    can never run as asked) and ``done`` (started or claiming this cycle)."""
+
+    def __init__(self, config: PolicyConfig, cluster: Cluster, node_sizes: tuple[int, ...],
+                 projects: Mapping[str, Project], deserved: Mapping[str, int], ledger: Ledger,
+                 order: Order, memo: FitMemo, reclaimer: Reclaimer, reservation: Reservation,
+                 explainer: Explainer):
+        self.config, self.c, self.node_sizes = config, cluster, node_sizes
+        self.projects, self.deserved, self.ledger = projects, deserved, ledger
+        self.order, self.memo, self.reclaimer = order, memo, reclaimer
+        self.reservation, self.explainer = reservation, explainer
+        self.starts: list[Start] = []
+        self.waits: list[tuple[TrainJob, R.Reason | None]] = []
+        self.never: list[Wait] = []
+        self.done: set[str] = set()
+
+    def never_fits(self, job: TrainJob) -> R.Reason | None:
+        return never_fits(job, self.projects[job.project], self.c.capacity, self.node_sizes)
+
+    def waits_for_nodes(self, job: TrainJob) -> bool:
+        """Whether nodes, not its size or its project's limit, are what ``job`` waits for."""
+        p = self.projects[job.project]
+        limit = p.limit if p.limit is not None else self.c.capacity
+        return self.never_fits(job) is None and self.ledger.committed(p.name) + job.gpus <= limit
+
+    # -- within quota ----------------------------------------------------------------------
+    def within_quota(self, jobs: Iterable[TrainJob]) -> None:
+        for job in jobs:
+            reason = self.never_fits(job)
+            if reason is not None:
+                self.never.append(Wait(job.id, None, reason))
+                continue
+            if self._start(job, frozenset(), Way.WITHIN_QUOTA) or (
+                    self.config.preemption and self._reclaim(job, Reclaim.GUARANTEE, frozenset())):
+                continue
+            self.waits.append((job, self.explainer.why_no_room(job, frozenset())))
+
+    # -- borrowers -------------------------------------------------------------------------
+    def borrowers(self, turn: Borrowers) -> None:
+        """Admit borrowers in fair-share order until no GPU is left to give; the projects
+        not visited are parked in ``turn``."""
+        queues, smallest, seen = self.order.queues, self.order.smallest, self.order.seen
+        for name, i in turn:
+            queue = queues[name]
+            limit = self.projects[name].limit
+            if limit is not None and self.ledger.committed(name) + smallest[name] > limit:
+                turn.park()  # at its limit: no job of the project can start
+                continue
+            if self._exhausted() and not self._may_reclaim(name):
+                turn.park()
+                continue
+            i = self._next_hopeful(queue, i)
+            if i is None:
+                continue
+            job = queue[i]
+            reason = self.never_fits(job)
+            if reason is not None:
+                self.never.append(Wait(job.id, None, reason))
+                seen.add(job.id)
+            else:
+                self._admit_borrower(job)
+            turn.go_on(name, i + 1)
+
+    def _next_hopeful(self, queue, i: int) -> int | None:
+        """The first job from ``i`` on that might still get GPUs; the ones passed over wait.
+        Their project's key does not change meanwhile, so the order is the heap's."""
+        seen, memo, node_size = self.order.seen, self.memo, self.c.node_size
+        kept_out, committed = self.reservation.kept_out, self.ledger.committed
+        for j in range(i, len(queue)):
+            job = queue[j]
+            if job.id in seen:
+                continue
+            excluded = bool(kept_out(job))
+            k = nodes_needed(job.gpus, node_size)
+            limit = self.projects[job.project].limit
+            if limit is not None and committed(job.project) + job.gpus > limit:
+                pass  # waits for its own project, whatever is free
+            elif not memo.fails(Way.BORROWING, excluded, k, job.gpus) or self._may_take(job, k):
+                return j
+            self.waits.append((job, None))
+        return None
+
+    def _may_take(self, job: TrainJob, k: int) -> bool:
+        """Whether reclaim could still serve ``job`` when no free GPUs fit it."""
+        cfg = self.config
+        if not cfg.preemption:
+            return False
+        if cfg.preempt_within_project:
+            return True
+        if not cfg.reclaim_fair_share or \
+                self.ledger.committed(job.project) + job.gpus > self.deserved.get(job.project, 0):
+            return False
+        excluded = bool(self.reservation.kept_out(job))
+        return not self.memo.fails(Reclaim.FAIR, excluded, k, job.gpus)
+
+    def _exhausted(self) -> bool:
+        """No borrower but the reservation holder can start on a free GPU any more."""
+        free, reservation = self.c.free, self.reservation
+        if free.total(reservation.nodes) > 0:
+            return False
+        return not reservation.holder_outranked() or free.total() == 0
+
+    def _may_reclaim(self, project: str) -> bool:
+        """Whether a job of ``project`` may still get GPUs once no free GPU is left: by the
+        holder's reservation, or by reclaiming."""
+        cfg, reservation = self.config, self.reservation
+        if project == reservation.holder_project and reservation.holder not in self.done:
+            return True  # the holder may start on its reserved nodes
+        if not cfg.preemption:
+            return False
+        if cfg.preempt_within_project:
+            return True
+        if not cfg.reclaim_fair_share or \
+                self.ledger.committed(project) >= self.deserved.get(project, 0):
+            return False
+        smallest_failed = min(self.memo.smallest(Reclaim.FAIR, x, 1) for x in (False, True))
+        return smallest_failed > GPU  # once one GPU cannot be reclaimed, nothing can
+
+    def _admit_borrower(self, job: TrainJob) -> None:
+        p = self.projects[job.project]
+        if p.limit is not None and self.ledger.committed(p.name) + job.gpus > p.limit:
+            self.waits.append((job, None))
+            return
+        exclude = self.reservation.kept_out(job)
+        if self._start(job, exclude, Way.BORROWING):
+            return
+        cfg = self.config
+        if cfg.preemption and cfg.reclaim_fair_share and \
+                self.ledger.committed(p.name) + job.gpus <= self.deserved.get(p.name, 0):
+            if self._reclaim(job, Reclaim.FAIR, exclude):
+                return
+        if cfg.preemption and cfg.preempt_within_project and \
+                self._reclaim(job, Reclaim.PRIORITY, exclude):
+            return
+        self.waits.append((job, None))  # the reason is worked out when someone reads it
+
+    # -- either ----------------------------------------------------------------------------
+    def _start(self, job: TrainJob, exclude: frozenset, way: Way) -> bool:
+        k, excluded = nodes_needed(job.gpus, self.c.node_size), bool(exclude)
+        if self.memo.fails(way, excluded, k, job.gpus):
+            return False  # a gang this large already failed; free GPUs only shrink in a cycle
+        placement = self.c.free.fit(job.gpus, exclude)
+        if placement is None:
+            self.memo.failed(way, excluded, k, job.gpus)
+            return False
+        self.c.free.take(placement)
+        self.reclaimer.moved(placement)
+        self.ledger.usage[job.project] += job.gpus
+        self.starts.append(Start(job.id, placement))
+        self.done.add(job.id)
+        return True
+
+    def _reclaim(self, job: TrainJob, rule: Reclaim, exclude: frozenset) -> bool:
+        reason = self.reclaimer.claim(job, rule, exclude)
+        if reason is None:
+            return False
+        self.done.add(job.id)
+        self.waits.append((job, reason))
+        return True

@@ -1,0 +1,56 @@
+"""What a cycle decides: starts, preemptions and waits, and the result that carries them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Callable, Mapping
+
+from . import reasons as R
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    job: str
+    placement: Mapping[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Preempt:
+    job: str
+    project: str
+    for_job: str
+    why: str
+    kind: str = "guarantee"  # guarantee | fair | priority: which rule took the GPUs back
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    job: str
+    position: int | None  # None: the job can never run as asked
+    reason: R.Reason
+    reserved: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CycleResult:
+    """The decisions of one cycle.
+
+    ``starts``, ``preemptions``, ``reservation`` and ``unschedulable`` are what a caller acts
+    on; ``waits`` (every pending job with its queue position and reason) is worked out the
+    first time it is read, so a caller that does not show reasons does not pay for them.
+    """
+
+    starts: tuple[Start, ...]
+    preemptions: tuple[Preempt, ...]
+    deserved: Mapping[str, int]
+    usage: Mapping[str, int]
+    held: Mapping[str, int]
+    """Free GPUs kept idle this cycle for a job whose reclaimed GPUs are on their way."""
+    reservation: Wait | None
+    unschedulable: tuple[Wait, ...]
+    _explain: Callable[[], tuple[Wait, ...]] = field(repr=False, compare=False)
+
+    @cached_property
+    def waits(self) -> tuple[Wait, ...]:
+        return self._explain()
