@@ -7,8 +7,8 @@ The pipeline:
               and submit time (a job's priority orders its own project's queue only); then
               borrowers: those that stay within their project's deserved share first, then
               by priority, the project furthest below its deserved share first   (order.py)
-  4. admit    place on free GPUs (placement.py); else reclaim (preemption.py); else wait
-              (admission.py). Once no GPU is left to give, the rest of the queue is not
+  4. admit    place on free GPUs (placement.py); else reclaim (preemption.py, the victims
+              from victims.py); else wait (admission.py). Once no GPU is left to give, the rest of the queue is not
               visited. What each project holds meanwhile: ledger.py; gangs that already
               failed to fit: fits.py
   5. reserve  keep nodes for the job that has waited longest, so no stream of small jobs
