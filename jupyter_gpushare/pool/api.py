@@ -88,7 +88,7 @@ class JobsHandler(PoolHandler):
         # Lists are kept rendered, with their ETag, while unchanged (joblists.py); a client
         # that sends the ETag back gets 304.
         key = (*list_key(self.who, self.request.query_arguments), self._jobs_version())
-        answer = self.settings["job_lists"].answer(key, self._rows)
+        answer = self.job_lists.answer(key, self._rows)
         self.set_header("Cache-Control", "private, no-cache")  # keep it, but ask each time
         answer.send(self)
 
@@ -233,7 +233,7 @@ class LogsHandler(PoolHandler):
 
     def _unfollow(self):
         if self._following is not None:
-            self.settings["follows"].stop(self._following)
+            self.follows.stop(self._following)
             self._following = None
 
     async def get(self, job_id):
@@ -251,7 +251,7 @@ class LogsHandler(PoolHandler):
         rank = self._rank(row, attempt)
         follow = self.get_argument("follow", "0") not in ("0", "", "false")
         if follow:
-            follows = self.settings["follows"]
+            follows = self.follows
             if not follows.start(self.who.name):
                 self.fail(429, f"you follow {follows.cap} logs already, the most one user may; "
                                f"close one (or read without follow)")

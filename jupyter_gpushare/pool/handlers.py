@@ -22,47 +22,34 @@ MAX_DEPTH = 32  # nesting of a JSON body: specs are two levels deep
 ID = re.compile(r"^[A-Za-z0-9._-]{1,64}\Z")  # job and slice ids (j-…, s-…)
 
 
+class _Part:
+    """A part of the service, given to the handlers in the application's settings under the
+    attribute's own name."""
+
+    def __set_name__(self, owner, name):
+        self.name = name
+
+    def __get__(self, handler, owner=None):
+        return self if handler is None else handler.settings[self.name]
+
+
 class ServiceHandler(HubAuthenticated, web.RequestHandler):
     """Every handler: JSON errors, the hub's identity for the token, the pool's view of the
     user, bodies of at most ``max_body_size`` bytes."""
 
     who: Who
 
-    # -- the service's parts ---------------------------------------------------------------
-    @property
-    def store(self):
-        return self.settings["store"]
-
-    @property
-    def scheduler(self):
-        return self.settings["scheduler"]
-
-    @property
-    def backend(self):
-        return self.settings["backend"]
-
-    @property
-    def build(self):
-        """The build pool (``build.py``)."""
-        return self.settings["build"]
-
-    @property
-    def intake(self):
-        """Submits (``intake.py``)."""
-        return self.settings["intake"]
-
-    @property
-    def usage(self):
-        """GPU use: the meter, the culler and their options (``usage_service.py``)."""
-        return self.settings["usage"]
-
-    @property
-    def directory(self):
-        return self.settings["directory"]
-
-    @property
-    def tokens(self):
-        return self.settings["tokens"]
+    # -- the service's parts, each by name from the settings (app.make_app) --------------
+    store = _Part()  # store.py
+    scheduler = _Part()  # loop.py
+    backend = _Part()  # backends/
+    build = _Part()  # the build pool: build.py
+    intake = _Part()  # submits: intake.py
+    usage = _Part()  # GPU use, the culler and their options: usage_service.py
+    directory = _Part()  # what a user may do: directory.py
+    tokens = _Part()  # whose a token is: directory.py
+    follows = _Part()  # followed logs: follows.py
+    job_lists = _Part()  # rendered job lists: joblists.py
 
     def set_default_headers(self):
         self.set_header("Content-Type", "application/json")
