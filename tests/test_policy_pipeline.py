@@ -1,23 +1,17 @@
 """The cycle's steps one at a time: the fit memo, the two orders of step 3, the reclaim
-rules, and the collector held off in every step's module."""
+rules (the collector held off in every step's module: test_policy_scenarios)."""
 
 from __future__ import annotations
 
-import gc
-import sys
-from pathlib import Path
-
 import pytest
-from builders import GPU, cluster, pending, project, running
+from builders import GPU, cluster, pending, project
 
-from jupyter_gpushare.policy import Preempt, Project, cycle
+from jupyter_gpushare.policy import Preempt, Project
 from jupyter_gpushare.policy.fits import NEVER, FitMemo, Way
 from jupyter_gpushare.policy.ledger import Ledger
 from jupyter_gpushare.policy.order import Order
 from jupyter_gpushare.policy.preemption import Reclaim
 from jupyter_gpushare.policy.queues import Queues
-
-POLICY = str(Path(cycle.__code__.co_filename).parent)
 
 
 # -- fits.py --------------------------------------------------------------------------------
@@ -115,32 +109,3 @@ def test_reclaim_rules_set_their_floors():
 
 
 # -- every step ------------------------------------------------------------------------------
-
-def test_no_collection_starts_in_any_step_of_a_cycle():
-    """As test_policy_scenarios checks for cycle.py, for every module of the package: the
-    steps live in their own modules now."""
-    snap = (cluster(nodes=4)
-            .projects(project("a").quota(16), project("b"))
-            .jobs(*(running(f"r{i}", "b", 1, 0, f"n{i % 4}") for i in range(32)),
-                  *(pending(f"j{i}", "a", submitted=i) for i in range(200)))
-            .at(100))
-    collections = []
-
-    def callback(phase, info):
-        frame = sys._getframe(1)
-        while frame is not None:
-            if phase == "start" and frame.f_code.co_filename.startswith(POLICY) \
-                    and frame.f_code.co_name not in ("cycle", "_collector_held_off"):
-                collections.append(frame.f_code.co_name)
-                return
-            frame = frame.f_back
-
-    threshold = gc.get_threshold()
-    gc.callbacks.append(callback)
-    gc.set_threshold(1)
-    try:
-        result = cycle(snap)  # (waits are explained once read, with the collector back)
-    finally:
-        gc.set_threshold(*threshold)
-        gc.callbacks.remove(callback)
-    assert len(result.preemptions) == 16 and collections == []
