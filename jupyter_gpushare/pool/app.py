@@ -196,18 +196,6 @@ class PoolService(Application):
     def _service_prefix(self):
         return os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpushare/")
 
-    @default("log_level")
-    def _log_level(self):
-        return logging.INFO  # as JupyterHub's own: what the service did is worth a line
-
-    @default("state_dir")
-    def _state_dir(self):
-        return str(Path("gpushare-state").resolve())
-
-    @default("db_url")
-    def _db_url(self):
-        return f"sqlite:///{Path(self.state_dir) / 'gpushare.sqlite'}"
-
     @validate("projects")
     def _check_projects(self, proposal):
         try:

@@ -17,7 +17,7 @@ from typing import Iterable, Mapping, Sequence
 
 from sqlalchemy import and_, func, insert, literal, select
 
-from ..usage.rollup import DAY, HOUR, MINUTE, RowKey, Totals, spans
+from ..usage.rollup import DAY, HOUR, MINUTE, RowKey, Totals
 from .models import UsageRow
 
 _SUMS = ("capacity", "allocated", "measured", "utilized", "idle", "seconds")
