@@ -409,6 +409,75 @@ def test_waiting_reasons_say_what_kubernetes_says():
     assert newest["message"] == "new"
 
 
+class ListThenWatch:
+    """A list call as the reflector makes it, answering from memory: the list, then one watch
+    whose lines are ``events``, then watches that stay open with nothing to say."""
+
+    def __init__(self, items, events):
+        self.answers = [{"metadata": {"resourceVersion": "1"}, "items": items},
+                        [{"type": kind, "object": obj} for kind, obj in events]]
+
+    async def __call__(self, **query):
+        if not self.answers:
+            await asyncio.Event().wait()
+        return _Answer(self.answers.pop(0))
+
+
+class _Answer:
+    status = 200
+
+    def __init__(self, body):
+        lines = body if isinstance(body, list) else [body]
+        self.content = _Lines([json.dumps(line).encode() + b"\n" for line in lines])
+        self.body = json.dumps(body).encode()
+
+    async def read(self):
+        return self.body
+
+    def release(self):
+        pass
+
+
+class _Lines:
+    def __init__(self, lines):
+        self.lines = lines
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if not self.lines:
+            raise StopAsyncIteration
+        return self.lines.pop(0)
+
+
+def event(name, pod, rv):
+    return {"metadata": {"name": name, "resourceVersion": rv},
+            "involvedObject": {"kind": "Pod", "name": pod}}
+
+
+@pytest.mark.asyncio
+async def test_a_reflector_finds_objects_by_their_index_as_they_come_and_go():
+    from jupyter_gpushare.backends.kube.reflector import Reflector
+    listed = [event("e1", "pod-a", "1"), event("e2", "pod-b", "1"), event("e3", "pod-b", "1")]
+    watched = [("ADDED", event("e4", "pod-a", "2")),
+               ("MODIFIED", event("e2", "pod-c", "3")),  # its key changes: it moves
+               ("DELETED", event("e3", "pod-b", "4")),
+               ("DELETED", event("e9", "pod-d", "5")),   # never seen: nothing to forget
+               ("BOOKMARK", {"metadata": {"resourceVersion": "6"}})]
+    reflector = Reflector("events", ListThenWatch(listed, watched),
+                          index=lambda e: e["involvedObject"]["name"]).start()
+    try:
+        await until(lambda: reflector.resource_version == "6", what="the watch read")
+        names = {key: sorted(e["metadata"]["name"] for e in reflector.by(key))
+                 for key in ("pod-a", "pod-b", "pod-c", "pod-d")}
+        assert names == {"pod-a": ["e1", "e4"], "pod-b": [], "pod-c": ["e2"], "pod-d": []}
+        assert sorted(reflector.objects) == ["e1", "e2", "e4"]
+        assert set(reflector._index) == {"pod-a", "pod-c"}  # no empty keys are kept
+    finally:
+        await reflector.stop()
+
+
 def test_the_train_pool_from_node_objects():
     def node(name, gpus, ready=True, cordoned=False):
         return {"metadata": {"name": name, "labels": {"nvidia.com/gpu.product": "H100",
