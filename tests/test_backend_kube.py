@@ -1008,6 +1008,37 @@ async def test_dropped_and_expired_watches(kube, account, make_backend, proxy, t
 
 @kube
 @pytest.mark.asyncio
+async def test_a_job_asks_the_api_server_for_its_pod_its_log_once_and_the_deletion(
+        kube, account, make_backend, proxy, tmp_path):
+    """Every request a one-pod job costs, counted at a proxy: its pod created, its log followed
+    once (also when the log's answer comes after the pod has ended, and when it is empty), the
+    pod deleted. The watches show the rest."""
+    kube.add_node("bk-count", gpus=4, labels=TRAIN)
+    backend = make_backend(kubeconfig=str(proxy.kubeconfig(account.token, tmp_path / "kc")))
+    jobs = {"j-said": "print('said')", "j-silent": "pass", "j-late": "print('late')"}
+    try:
+        await backend.adopt([])
+        asked_before = len(proxy.asked)
+        proxy.delay(3, path_contains="/gpushare-j-late-1-0/log")  # answered 3 s late
+        for job, script in jobs.items():
+            await backend.start(launch(job, script, {"bk-count": GPU}))
+        assert [e.state for e in await ended(backend, 3)] == ["succeeded"] * 3
+        for job, said in (("j-said", "said\n"), ("j-silent", ""), ("j-late", "late\n")):
+            assert (await backend.read_log(job, 1)).decode() == said
+        await until(lambda: not any(pods_of(account, job) for job in jobs),
+                    what="the pods deleted")
+        asked = sorted((method, path.split("?")[0].rsplit("/pods", 1)[-1])
+                       for method, path in proxy.asked[asked_before:]
+                       if "watch=true" not in path.lower())
+        assert asked == sorted([("POST", "")] * 3 + [
+            (method, f"/gpushare-{job}-1-0{tail}")
+            for job in jobs for method, tail in (("GET", "/log"), ("DELETE", ""))])
+    finally:
+        await stop_all(backend)
+
+
+@kube
+@pytest.mark.asyncio
 async def test_api_errors_are_retried_and_refusals_said_in_one_sentence(kube, account,
                                                                        make_backend, proxy,
                                                                        tmp_path):

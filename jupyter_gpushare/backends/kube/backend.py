@@ -44,7 +44,12 @@ from .reflector import Reflector
 
 NOTEBOOK_USER = "hub.jupyter.org/username"  # KubeSpawner's annotation: the exact name
 NOTEBOOK_SERVER = "hub.jupyter.org/servername"
-ARCHIVE_WAIT_S = 2.0
+ARCHIVE_WAIT_S = 5.0
+"""How long an ended pod's follower may take to bring the log's end before it is read again
+whole. The end comes once the kubelet sees the container's; a silent container's stream is
+answered only then, and on a busy node or API server that takes seconds: reading every such
+log a second time costs the API server and the kubelet more than the wait (a user's read of
+the log waits for it, at most ``read_log_from``'s 10 s)."""
 
 
 class KubernetesBackend(KubernetesOptions):
