@@ -13,7 +13,9 @@ backend's own latency: pod created, bound by the real scheduler, started and rep
 kubelet, seen by a watch; a local job's process spawned), counted from the scheduling cycle
 that decided the start, so the starts of one cycle queue behind each other; jobs started per
 second; on Kubernetes where that time went (decision -> pod seen created -> bound -> Running,
-from a watch in a process of its own) and the CPU time each process used.
+from a watch in a process of its own), the CPU time each process used, and the API requests a
+job: of all clients (the API server's metrics) and the pool service's own by kind, counted as it
+sends them (those not answered 200/201 by their answer, or "cancelled").
 
     .venv/bin/python benchmarks/kube_submit.py [--jobs 500] [--seconds 2]      # 8 nodes x 8
     .venv/bin/python benchmarks/kube_submit.py --nodes 64 --jobs 2000 --seconds 1 --gpus 1
@@ -34,6 +36,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from kube.cluster import ControlPlane, ensure_binaries  # noqa: E402
@@ -161,6 +164,58 @@ def api_requests(api: KubeREST) -> dict[tuple[str, str], float]:
         key = (labels.get("verb", ""), resource if labels.get("code") != "429" else "429")
         counts[key] = counts.get(key, 0) + float(line.rsplit(" ", 1)[1])
     return counts
+
+
+class CountedKubernetesBackend(KubernetesBackend):
+    """The backend as it is, counting the requests it sends (``counts``: (verb, resource) ->
+    how many) once it is connected, as its two clients send them."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.counts: dict[tuple[str, str], int] = {}
+
+    async def _ready(self) -> None:
+        await super()._ready()
+        for api_client in {id(c): c for c in (self.api.client, self.api.stream_client)
+                           if c is not None}.values():
+            rest = api_client.rest_client
+            if getattr(rest, "counted", False):
+                continue
+            rest.counted = True
+            rest.request = self._counting(rest.request)
+
+    def _counting(self, request):
+        async def counted(method, url, query_params=None, **kwargs):
+            verb, resource = request_kind(method, url, query_params)
+            answer = "cancelled"
+            try:
+                response = await request(method, url, query_params=query_params, **kwargs)
+                answer = response.status
+                return response
+            except Exception as e:
+                answer = getattr(e, "status", None) or type(e).__name__
+                raise
+            finally:
+                key = (verb, resource + ("" if answer in (200, 201) else f" ({answer})"))
+                self.counts[key] = self.counts.get(key, 0) + 1
+        return counted
+
+
+def request_kind(method: str, url: str, query) -> tuple[str, str]:
+    """(verb, resource[/subresource]) of a request, as the API server's metrics name them."""
+    path = urlsplit(url).path.strip("/").split("/")
+    parts = path[2:] if path[0] == "api" else path[3:]  # api/v1/..., apis/group/version/...
+    if parts[0] == "namespaces" and len(parts) > 2:
+        parts = parts[2:]
+    resource, named = parts[0], len(parts) > 1
+    sub = parts[2] if len(parts) > 2 else ""
+    asked = {k: str(v).lower() for k, v in (query or [])}
+    watching = asked.get("watch") == "true"
+    verb = {"GET": "watch" if watching else ("get" if named else "list"),
+            "POST": "create", "DELETE": "delete" if named else "deletecollection",
+            "PUT": "update", "PATCH": "patch"}.get(method.upper(), method.lower())
+    following = " (follow)" if asked.get("follow") == "true" else ""
+    return verb, resource + (f"/{sub}" if sub else "") + following
 
 
 # -- CPU time of each process ---------------------------------------------------------------
@@ -348,7 +403,7 @@ def main():
             before = {name: cpu_seconds(pid) for name, pid in pids.items()}
             asked0 = api_requests(cp.api)
             busy0 = machine_busy()
-            backend = KubernetesBackend(
+            backend = CountedKubernetesBackend(
                 kubeconfig=str(cp.kubeconfig), namespace=namespace,
                 state_dir=f"{tmp}/kube-state", grace_period=5, extra_annotations={
                     "sim.gpushare.jupyter.org/run-locally": "false",
@@ -402,6 +457,10 @@ def main():
     asked = {k: v for k, v in asked.items() if v >= args.jobs / 10 or k[1] == "429"}
     print(f"  API requests per job (all clients; {sum(asked.values()) / args.jobs:.1f} in all):")
     for (verb, resource), n in sorted(asked.items(), key=lambda kv: -kv[1]):
+        print(f"    {verb:<8} {resource:<22} {n / args.jobs:5.2f}")
+    ours = backend.counts
+    print(f"  of them the pool service's ({sum(ours.values()) / args.jobs:.2f} in all):")
+    for (verb, resource), n in sorted(ours.items(), key=lambda kv: -kv[1]):
         print(f"    {verb:<8} {resource:<22} {n / args.jobs:5.2f}")
 
 

@@ -8,6 +8,8 @@ paused, or cuts the open streams (a dropped watch).
         proxy.fail(500, times=3, method="POST")  # the next 3 POSTs get a 500
         proxy.drop_streams()                     # every open watch breaks now
         proxy.expire_watches(1)                  # the next watch: 410, list again
+        proxy.delay(3, path_contains="/log")     # log requests go on 3 s late
+        proxy.asked                              # (method, path) of every request so far
 
 The API server answers a watch from a resourceVersion it no longer keeps with a 200 whose
 one line is an ERROR event carrying a 410 Status; ``expire_watches`` answers exactly so (the
@@ -19,6 +21,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -45,6 +48,18 @@ class _Rule:
                 and (self.body_contains is None or self.body_contains in body))
 
 
+@dataclass
+class _Delay:
+    seconds: float
+    times: int
+    method: str | None
+    path_contains: str | None
+
+    def matches(self, method: str, path: str) -> bool:
+        return ((self.method is None or method == self.method)
+                and (self.path_contains is None or self.path_contains in path))
+
+
 class FaultProxy:
     def __init__(self, upstream: str):
         self.upstream = upstream.rstrip("/")
@@ -52,6 +67,8 @@ class FaultProxy:
         self.rules: list[_Rule] = []
         self.paused = False
         self.expiring = 0        # watches still to be answered with 410 Gone
+        self.delays: list[_Delay] = []
+        self.asked: list[tuple[str, str]] = []  # (method, path?query) as they came
         self.injected = 0        # error answers given instead of forwarding
         self.forwarded = 0
         self.lock = threading.Lock()
@@ -93,6 +110,12 @@ class FaultProxy:
             self.rules.append(_Rule(status, times, method, path_contains,
                                     body_contains.encode() if body_contains else None))
 
+    def delay(self, seconds: float, times: int = 1_000_000, *, method: str | None = None,
+              path_contains: str | None = None) -> None:
+        """Forward the next ``times`` matching requests ``seconds`` late (a slow answer)."""
+        with self.lock:
+            self.delays.append(_Delay(seconds, times, method, path_contains))
+
     def expire_watches(self, times: int = 1) -> None:
         with self.lock:
             self.expiring += times
@@ -118,8 +141,17 @@ class FaultProxy:
                     pass
         return len(streams)
 
+    def _late(self, method: str, path: str) -> float:
+        with self.lock:
+            for rule in self.delays:
+                if rule.times > 0 and rule.matches(method, path):
+                    rule.times -= 1
+                    return rule.seconds
+        return 0.0
+
     def _fault(self, method: str, path: str, body: bytes) -> int | None:
         with self.lock:
+            self.asked.append((method, path))
             if self.paused:
                 self.injected += 1
                 return 503
@@ -176,6 +208,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(payload)
             return
         headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
+        late = proxy._late(self.command, self.path)
+        if late:
+            time.sleep(late)
         try:
             upstream = proxy.http.request(
                 self.command, proxy.upstream + self.path, body=body or None, headers=headers,

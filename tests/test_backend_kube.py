@@ -409,6 +409,75 @@ def test_waiting_reasons_say_what_kubernetes_says():
     assert newest["message"] == "new"
 
 
+class ListThenWatch:
+    """A list call as the reflector makes it, answering from memory: the list, then one watch
+    whose lines are ``events``, then watches that stay open with nothing to say."""
+
+    def __init__(self, items, events):
+        self.answers = [{"metadata": {"resourceVersion": "1"}, "items": items},
+                        [{"type": kind, "object": obj} for kind, obj in events]]
+
+    async def __call__(self, **query):
+        if not self.answers:
+            await asyncio.Event().wait()
+        return _Answer(self.answers.pop(0))
+
+
+class _Answer:
+    status = 200
+
+    def __init__(self, body):
+        lines = body if isinstance(body, list) else [body]
+        self.content = _Lines([json.dumps(line).encode() + b"\n" for line in lines])
+        self.body = json.dumps(body).encode()
+
+    async def read(self):
+        return self.body
+
+    def release(self):
+        pass
+
+
+class _Lines:
+    def __init__(self, lines):
+        self.lines = lines
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if not self.lines:
+            raise StopAsyncIteration
+        return self.lines.pop(0)
+
+
+def event(name, pod, rv):
+    return {"metadata": {"name": name, "resourceVersion": rv},
+            "involvedObject": {"kind": "Pod", "name": pod}}
+
+
+@pytest.mark.asyncio
+async def test_a_reflector_finds_objects_by_their_index_as_they_come_and_go():
+    from jupyter_gpushare.backends.kube.reflector import Reflector
+    listed = [event("e1", "pod-a", "1"), event("e2", "pod-b", "1"), event("e3", "pod-b", "1")]
+    watched = [("ADDED", event("e4", "pod-a", "2")),
+               ("MODIFIED", event("e2", "pod-c", "3")),  # its key changes: it moves
+               ("DELETED", event("e3", "pod-b", "4")),
+               ("DELETED", event("e9", "pod-d", "5")),   # never seen: nothing to forget
+               ("BOOKMARK", {"metadata": {"resourceVersion": "6"}})]
+    reflector = Reflector("events", ListThenWatch(listed, watched),
+                          index=lambda e: e["involvedObject"]["name"]).start()
+    try:
+        await until(lambda: reflector.resource_version == "6", what="the watch read")
+        names = {key: sorted(e["metadata"]["name"] for e in reflector.by(key))
+                 for key in ("pod-a", "pod-b", "pod-c", "pod-d")}
+        assert names == {"pod-a": ["e1", "e4"], "pod-b": [], "pod-c": ["e2"], "pod-d": []}
+        assert sorted(reflector.objects) == ["e1", "e2", "e4"]
+        assert set(reflector._index) == {"pod-a", "pod-c"}  # no empty keys are kept
+    finally:
+        await reflector.stop()
+
+
 def test_the_train_pool_from_node_objects():
     def node(name, gpus, ready=True, cordoned=False):
         return {"metadata": {"name": name, "labels": {"nvidia.com/gpu.product": "H100",
@@ -933,6 +1002,37 @@ async def test_dropped_and_expired_watches(kube, account, make_backend, proxy, t
         go.touch()  # and events flow on the new watch
         (exit,) = await ended(backend)
         assert (exit.job_id, exit.state) == ("j-watched", "succeeded")
+    finally:
+        await stop_all(backend)
+
+
+@kube
+@pytest.mark.asyncio
+async def test_a_job_asks_the_api_server_for_its_pod_its_log_once_and_the_deletion(
+        kube, account, make_backend, proxy, tmp_path):
+    """Every request a one-pod job costs, counted at a proxy: its pod created, its log followed
+    once (also when the log's answer comes after the pod has ended, and when it is empty), the
+    pod deleted. The watches show the rest."""
+    kube.add_node("bk-count", gpus=4, labels=TRAIN)
+    backend = make_backend(kubeconfig=str(proxy.kubeconfig(account.token, tmp_path / "kc")))
+    jobs = {"j-said": "print('said')", "j-silent": "pass", "j-late": "print('late')"}
+    try:
+        await backend.adopt([])
+        asked_before = len(proxy.asked)
+        proxy.delay(3, path_contains="/gpushare-j-late-1-0/log")  # answered 3 s late
+        for job, script in jobs.items():
+            await backend.start(launch(job, script, {"bk-count": GPU}))
+        assert [e.state for e in await ended(backend, 3)] == ["succeeded"] * 3
+        for job, said in (("j-said", "said\n"), ("j-silent", ""), ("j-late", "late\n")):
+            assert (await backend.read_log(job, 1)).decode() == said
+        await until(lambda: not any(pods_of(account, job) for job in jobs),
+                    what="the pods deleted")
+        asked = sorted((method, path.split("?")[0].rsplit("/pods", 1)[-1])
+                       for method, path in proxy.asked[asked_before:]
+                       if "watch=true" not in path.lower())
+        assert asked == sorted([("POST", "")] * 3 + [
+            (method, f"/gpushare-{job}-1-0{tail}")
+            for job in jobs for method, tail in (("GET", "/log"), ("DELETE", ""))])
     finally:
         await stop_all(backend)
 

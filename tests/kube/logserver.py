@@ -21,6 +21,10 @@ def _tail(data: bytes, lines: int) -> bytes:
     return b"".join(parts[-lines:])
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 1024  # as a Go server's (somaxconn), not socketserver's 5
+
+
 class LogServer:
     """``find(namespace, pod, container, previous)`` returns ``(path, is_running)`` or None."""
 
@@ -35,11 +39,16 @@ class LogServer:
             def do_GET(self):
                 server.handle(self)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = _Server(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.load_cert_chain(str(cert), str(key))
-        self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True)
+        # The handshake in each connection's own thread, not in the one that accepts: with
+        # hundreds of followed logs a second, accepting behind handshakes overflowed the
+        # queue of waiting connections, and the API server's were dropped and retried a
+        # second later (a real kubelet, in Go, handshakes in each connection's goroutine).
+        self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True,
+                                            do_handshake_on_connect=False)
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="kubelet-logs",
                                        daemon=True)

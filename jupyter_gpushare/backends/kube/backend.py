@@ -44,7 +44,12 @@ from .reflector import Reflector
 
 NOTEBOOK_USER = "hub.jupyter.org/username"  # KubeSpawner's annotation: the exact name
 NOTEBOOK_SERVER = "hub.jupyter.org/servername"
-ARCHIVE_WAIT_S = 2.0
+ARCHIVE_WAIT_S = 5.0
+"""How long an ended pod's follower may take to bring the log's end before it is read again
+whole. The end comes once the kubelet sees the container's; a silent container's stream is
+answered only then, and on a busy node or API server that takes seconds: reading every such
+log a second time costs the API server and the kubelet more than the wait (a user's read of
+the log waits for it, at most ``read_log_from``'s 10 s)."""
 
 
 class KubernetesBackend(KubernetesOptions):
@@ -94,7 +99,7 @@ class KubernetesBackend(KubernetesOptions):
                     core.list_node, label_selector=self._node_selector())).start()
                 self.events = watch(f"pod events in {ns}", functools.partial(
                     core.list_namespaced_event, ns,
-                    field_selector="involvedObject.kind=Pod")).start()
+                    field_selector="involvedObject.kind=Pod"), index=_involved).start()
                 self.notebooks = watch(f"notebook pods in {ns}", functools.partial(
                     core.list_namespaced_pod, ns, label_selector=self.notebook_selector)).start()
         for reflector in (self.pods, self.node_cache):
@@ -460,11 +465,6 @@ class KubernetesBackend(KubernetesOptions):
     def reasons(self) -> dict[str, str]:
         if self.pods is None:
             return {}
-        events: dict[str, list] = {}
-        for e in self.events.objects.values():
-            name = (e.get("involvedObject") or {}).get("name", "")
-            if name.startswith(k8s.POD_PREFIX):
-                events.setdefault(name, []).append(e)
         out = {}
         for gang in self._running.values():
             if gang.stopping or gang.failure is not None:
@@ -477,7 +477,7 @@ class KubernetesBackend(KubernetesOptions):
                     why = "creating its pods"
                 else:
                     why = k8s.waiting_reason(pod, k8s.newest_event(
-                        e for e in events.get(name, ()) if _about(e, pod)))
+                        e for e in self.events.by(name) if _about(e, pod)))
                 if why:
                     out[gang.job_id] = f"starting on Kubernetes: {why}"
                     break
@@ -505,6 +505,12 @@ class KubernetesBackend(KubernetesOptions):
         if self.api is not None:
             await self.api.close()
             self.api = None
+
+
+def _involved(event: dict) -> str:
+    """The name of the pod an event is about (events are looked up by it)."""
+    return (event.get("involvedObject") or {}).get("name", "")
+
 
 def _about(event: dict, pod: dict) -> bool:
     """The event is about this very pod, and still says something once it is bound."""

@@ -31,9 +31,12 @@ class PodOps:
 
     # -- creating -------------------------------------------------------------------------
 
-    async def create_all(self, pods: list[dict]) -> list[dict]:
-        """Create the pods together; when one is refused, delete the others and say why."""
-        results = await asyncio.gather(*(self._create(p) for p in pods), return_exceptions=True)
+    async def create_all(self, pods: list[dict], answers: bool = False) -> list[dict | None]:
+        """Create the pods together; when one is refused, delete the others and say why.
+        With ``answers``, the pods as created (their uids); else None for each (a pod's JSON
+        is decoded only where it is read)."""
+        results = await asyncio.gather(*(self._create(p, answers) for p in pods),
+                                       return_exceptions=True)
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
             created = [p["metadata"]["name"] for p, r in zip(pods, results)
@@ -48,7 +51,7 @@ class PodOps:
                           first: dict, rest: list[dict]) -> None:
         """Rank 0's pod, then the rendezvous Service and NetworkPolicy it owns, then the
         other ranks: all of them, or nothing left."""
-        created = (await self.create_all([first]))[0]
+        created = (await self.create_all([first], answers=True))[0]
         name = k8s.rendezvous_name(launch.job_id, launch.attempt)
         objects = [
             (f"create service {name}", self.api.core.create_namespaced_service,
@@ -72,11 +75,13 @@ class PodOps:
                                  self.delete_rendezvous(name))
             raise
 
-    async def _create(self, pod: dict) -> dict:
+    async def _create(self, pod: dict, answer: bool) -> dict | None:
         name = pod["metadata"]["name"]
+        send = self.api.json if answer else self.api.raw
         try:
-            return await self.api.json(f"create pod {name}",
-                                       self.api.core.create_namespaced_pod, self.namespace, pod)
+            created = await send(f"create pod {name}", self.api.core.create_namespaced_pod,
+                                 self.namespace, pod)
+            return created if answer else None
         except KubeError as e:
             if e.status != 409:
                 raise
@@ -87,11 +92,11 @@ class PodOps:
             mine = pod["metadata"]["labels"]
             if (labels.get(k8s.JOB), labels.get(k8s.ATTEMPT)) != (mine[k8s.JOB], mine[k8s.ATTEMPT]):
                 raise
-            return existing
+            return existing if answer else None
 
     async def _create_object(self, what: str, call, body: dict) -> None:
         try:
-            await self.api.json(what, call, self.namespace, body)
+            await self.api.raw(what, call, self.namespace, body)
         except KubeError as e:
             if e.status != 409:  # ours already: an answer lost on the way, then the retry
                 raise
@@ -118,9 +123,9 @@ class PodOps:
 
     async def delete(self, name: str, grace: int | None) -> None:
         kwargs = {} if grace is None else {"grace_period_seconds": grace}
-        try:
-            await self.api.json(f"delete pod {name}", self.api.core.delete_namespaced_pod,
-                                name, self.namespace, **kwargs)
+        try:  # the answer (the pod, deleting) is not read: the watch shows it
+            await self.api.raw(f"delete pod {name}", self.api.core.delete_namespaced_pod,
+                               name, self.namespace, **kwargs)
         except KubeError as e:
             if e.status == 404:
                 self.doomed.pop(name, None)
@@ -133,8 +138,8 @@ class PodOps:
                            ("network policy",
                             self.api.networking.delete_namespaced_network_policy)):
             try:
-                await self.api.json(f"delete {what} {name}", call, name, self.namespace,
-                                    retry_s=5)
+                await self.api.raw(f"delete {what} {name}", call, name, self.namespace,
+                                   retry_s=5)
             except KubeError as e:
                 if e.status != 404:
                     self.log.warning("Could not delete %s %s (%s); it goes with pod %s-0",

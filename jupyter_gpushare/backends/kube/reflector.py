@@ -29,17 +29,21 @@ class Reflector:
     ``_preload_content=False``. ``objects`` maps names to the latest objects; ``listed_at``
     is when the newest complete list was asked for (``time.monotonic``): an object created
     before it and missing from ``objects`` is gone. ``on_event(type, obj)`` sees every
-    watch event."""
+    watch event. With ``index(obj) -> key`` (as client-go's indexers), ``by(key)`` gives the
+    objects of one key without a look at the others."""
 
     def __init__(self, what: str, list_call: Callable[..., Awaitable], *,
                  log: logging.Logger | None = None, timeout_s: int = 300,
-                 backoff_s: tuple[float, float] = (0.2, 5.0), on_event=None):
+                 backoff_s: tuple[float, float] = (0.2, 5.0), on_event=None,
+                 index: Callable[[dict], str] | None = None):
         self.what = what
         self._list_call = list_call
         self.log = log or logging.getLogger("gpushare.kube")
         self.timeout_s = timeout_s
         self.backoff_s = backoff_s
         self.on_event = on_event
+        self._key = index
+        self._index: dict[str, dict[str, dict]] = {}  # key -> name -> object
         self.objects: dict[str, dict] = {}
         self.resource_version = ""
         self.listed_at = float("-inf")
@@ -49,6 +53,23 @@ class Reflector:
         self.failures = 0  # consecutive failed requests (0 while healthy)
         self.last_error: Exception | None = None
         self._task: asyncio.Task | None = None
+
+    def by(self, key: str):
+        """The objects whose ``index`` is ``key``."""
+        return (self._index.get(key) or {}).values()
+
+    def _indexed(self, name: str, old: dict | None, new: dict | None) -> None:
+        if self._key is None:
+            return
+        if old is not None:
+            key = self._key(old)
+            bucket = self._index.get(key)
+            if bucket is not None:
+                bucket.pop(name, None)
+                if not bucket:
+                    del self._index[key]
+        if new is not None:
+            self._index.setdefault(self._key(new), {})[name] = new
 
     def start(self) -> "Reflector":
         if self._task is None:
@@ -126,6 +147,9 @@ class Reflector:
         finally:
             response.release()
         self.objects = {o["metadata"]["name"]: o for o in body.get("items") or []}
+        self._index = {}
+        for name, o in self.objects.items():
+            self._indexed(name, None, o)
         self.resource_version = body["metadata"]["resourceVersion"]
         self.listed_at = asked
         if self.synced.is_set():
@@ -154,8 +178,9 @@ class Reflector:
             raise KubeError(obj.get("code", 500), obj.get("reason", ""), obj.get("message", ""))
         meta = obj.get("metadata") or {}
         if kind == "DELETED":
-            self.objects.pop(meta.get("name"), None)
+            self._indexed(meta.get("name"), self.objects.pop(meta.get("name"), None), None)
         elif kind in ("ADDED", "MODIFIED"):
+            self._indexed(meta["name"], self.objects.get(meta["name"]), obj)
             self.objects[meta["name"]] = obj
         if meta.get("resourceVersion"):
             self.resource_version = meta["resourceVersion"]
