@@ -367,6 +367,41 @@ async def test_restart_finds_an_attempt_whose_handle_was_never_stored(make_backe
     assert (exit.job_id, exit.state, exit.exit_code) == ("unsaved", "failed", 5)
 
 
+class _Killed(Exception):
+    """The service is killed (SIGKILL) here."""
+
+
+class KilledBeforeHandingOverTheJob(SimulatedBackend):
+    """A service killed after it recorded the shim, before it gave the shim its job: the
+    service's end of the pipe closes, as a dead process's does."""
+
+    shims: list = []
+
+    @classmethod
+    def _hand_over(cls, proc, spec):
+        proc.stdin.close()
+        cls.shims.append(proc)
+        raise _Killed
+
+
+@pytest.mark.asyncio
+async def test_a_service_killed_before_handing_over_the_job_leaves_nothing_running(
+        make_backend, launch, scratch):
+    # Found at the restart by its record, it ran nothing: lost (the service requeues it),
+    # never an attempt that runs unrecorded while its next attempt runs too.
+    with pytest.raises(_Killed):
+        await make_backend(KilledBeforeHandingOverTheJob).start(
+            launch("cut", "echo ran > $GPUSHARE_CHECKPOINT_DIR/ran"))
+    [shim] = KilledBeforeHandingOverTheJob.shims
+    assert shim.wait(10) == 0
+    after = make_backend()
+    exits = await after.adopt([Handle("cut", 1, {})]) or await ended(after)
+    assert [(e.job_id, e.state) for e in exits] == [("cut", "lost")]
+    assert not (scratch / "ckpt" / "cut").exists()  # the shim never even made its folder
+    log = (await after.read_log("cut", 1)).decode()
+    assert "stopped before it handed this attempt its job; nothing ran" in log
+
+
 @pytest.mark.asyncio
 async def test_restart_stops_a_job_no_handle_names(make_backend, launch):
     before = make_backend()

@@ -326,21 +326,29 @@ class LocalBackend(Backend):
         finally:
             os.close(log)
         try:
-            proc.stdin.write(json.dumps(spec).encode())
-            proc.stdin.close()
             stat = shim.proc_stat(proc.pid)
             group = _Group(lay.nodes[node_rank][0], proc.pid, stat and stat[2], exit_path,
                            tuple(r.rank for r in mine), proc)
+            # The record first, then the job: a service that dies in between leaves a shim
+            # that runs nothing (its job never came whole) and a record of it, so the attempt
+            # is found and requeued, never left running unwatched.
             _write_json(pid_path, {"job_id": launch.job_id, "attempt": launch.attempt,
                                    "node_rank": node_rank, "node": group.node,
                                    "ranks": list(group.ranks), "world": lay.world_size,
                                    "pgid": group.pgid,
                                    "start": group.start, "devices": {group.node: uuids}})
+            self._hand_over(proc, spec)
         except OSError as exc:
             _signal_group(proc.pid, None, signal.SIGKILL)
             proc.wait()
             raise BackendError(f"The job could not be started ({exc.strerror or exc}).") from None
         return group
+
+    @staticmethod
+    def _hand_over(proc: subprocess.Popen, spec: dict) -> None:
+        """Give the shim its job, whole: the description and a final newline."""
+        proc.stdin.write(json.dumps(spec).encode() + b"\n")
+        proc.stdin.close()
 
     def _job_env(self, launch: Launch, account: _Account, uuids: list[str]) -> dict:
         env = {k: os.environ[k] for k in self.env_keep if k in os.environ}

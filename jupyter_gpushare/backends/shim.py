@@ -2,7 +2,7 @@
 
     python -I shim.py EXITFILE -- ARGV...
     stdin: {"user", "uid", "gid", "cwd", "checkpoint_dir", "env", "log_limit",
-            "ranks": [{"rank", "env", "log"}, ...], "grace_s"}
+            "ranks": [{"rank", "env", "log"}, ...], "grace_s"} and a newline
 
 One shim runs the ranks of one node of a gang: one, or one per GPU. Each rank is ARGV with
 ``env`` and the rank's own variables, its output relayed into its own ``log``. When one rank
@@ -20,6 +20,11 @@ Why it looks like this:
   and a clean environment, reads the job's identity, directory and environment from stdin,
   and imports nothing but the standard library (and ``logfile.py`` and ``launcher.py``
   beside it).
+- The service writes its record of the shim before it hands the shim its job, so that a
+  service that dies in between leaves no job running unrecorded: a shim whose job description
+  does not come whole (no final newline: the service died while writing it, or before) runs
+  nothing and records no exit, and the service, finding its record and no exit, requeues the
+  attempt (backends/local.py, docs/explanation/reliability.md).
 - Each rank's output comes to the shim through a pipe and goes to its log through
   ``logfile.CappedLog``, so a job printing without end keeps only ``log_limit`` bytes.
 - The stop signal goes to the whole process group. The shim catches it (does nothing) so
@@ -145,8 +150,13 @@ def main(args):
     exit_path, argv = args[0], args[2:]
     for sig in STOP_SIGNALS:
         signal.signal(sig, lambda signum, frame: None)
+    raw = sys.stdin.read()
+    if not raw.endswith("\n"):
+        print("gpushare: the pool service stopped before it handed this attempt its job; "
+              "nothing ran, and the service requeues it", file=sys.stderr, flush=True)
+        return
     try:
-        spec = json.load(sys.stdin)
+        spec = json.loads(raw)
     except ValueError as exc:
         print(f"gpushare: the job description is unreadable: {exc}", file=sys.stderr, flush=True)
         _write_exit(exit_path, 126)
