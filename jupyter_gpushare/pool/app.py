@@ -130,16 +130,20 @@ class PoolService(Application):
     job_book_megabytes = Integer(64, min=1, help="Megabytes the jobs kept in memory for lists "
                                  "may take (their commands and environments, mostly); the "
                                  "oldest ended jobs are forgotten first.").tag(config=True)
-    token_cache_ttl = Float(60.0, help="Seconds the hub's answer for a token (whose it is) is "
-                            "kept; a revoked token works for at most this long.").tag(config=True)
-    token_cache_size = Integer(10_000, help="Tokens whose owner is kept at most (the least "
-                               "recently used are forgotten first).").tag(config=True)
-    unknown_token_rate = Float(5.0, help="Tokens the hub does not know that the service asks "
-                               "about per second, after a burst of unknown_token_burst; beyond "
-                               "that, unknown tokens are refused (429) without asking the hub, "
-                               "while known ones keep working.").tag(config=True)
-    unknown_token_burst = Integer(50, help="Unknown tokens asked about at once before "
-                                  "unknown_token_rate applies.").tag(config=True)
+    token_cache_ttl = Float(60.0, min=1.0, help="Seconds the hub's answer for a token (whose "
+                            "it is) is used before it is checked again; for as long again it "
+                            "is used while that check runs in the background, so a revoked "
+                            "token works for at most twice this long. A token the hub did "
+                            "not know is refused for this long without asking again."
+                            ).tag(config=True)
+    token_cache_size = Integer(10_000, min=1, help="Tokens whose owner is kept at most (the "
+                               "least recently used are forgotten first), and as many that "
+                               "the hub did not know.").tag(config=True)
+    unknown_token_waiting = Integer(256, min=1, help="Requests with tokens the hub has not "
+                                    "confirmed yet (new or unknown ones) that may wait for its "
+                                    "answer at once; beyond that they are refused (429). Tokens "
+                                    "the hub confirmed before never wait behind these and are "
+                                    "never refused for their number.").tag(config=True)
     rights_ttl = Float(30.0, help="Seconds a user's admin flag and groups, asked from the hub, "
                        "are used before they are asked again (in the background).").tag(config=True)
     rights_max_stale = Float(300.0, help="Seconds a user's rights are used at most while the hub "
@@ -226,7 +230,7 @@ class PoolService(Application):
         self.hub = HubAPI(self.hub_api_url, self.hub_api_token)
         self.directory = HubDirectory(self.hub, self.rights_ttl, self.rights_max_stale)
         self.tokens = HubTokens(self.hub, self.token_cache_ttl, self.token_cache_size,
-                                self.unknown_token_rate, self.unknown_token_burst)
+                                self.unknown_token_waiting)
 
     def init_store(self):
         private_dir(self.state_dir)  # the store holds every job's command and env

@@ -3,9 +3,10 @@ from the request.
 
 Two questions, both asked of the hub's REST API (``hub.py``) without blocking the event loop:
 - ``HubTokens.identify(token)``: whom the hub says a token belongs to (``GET /user`` with
-  that token). Answers are kept a short while in a bounded cache; tokens the hub does not
-  know are not kept, and once too many of them came in a short time, further unknown tokens
-  are refused at once (``TooManyFailures``) instead of each costing a question to the hub.
+  that token). Answers are kept a short while in bounded caches. Tokens the hub confirmed
+  and new tokens reach the hub in separate lanes, so a flood of random tokens cannot keep a
+  valid one from being checked; only new tokens are ever refused for their number
+  (``TooManyFailures``), when more wait for the hub than it answers.
 - ``HubDirectory.who(model)``: a user's admin flag and groups (``GET /users/{name}`` with the
   service's own token, whose role grants ``read:users``). The name is quoted into the URL
   and the answer must name the same user. Answers are kept ``ttl_s``, refreshed in the
@@ -31,7 +32,7 @@ log = logging.getLogger("gpushare.pool")
 
 
 class TooManyFailures(Exception):
-    """Too many unknown tokens lately; one sentence for the user (HTTP 429)."""
+    """Too many new tokens wait for the hub's answer; one sentence for the user (HTTP 429)."""
 
 
 @dataclass(frozen=True)
@@ -46,75 +47,96 @@ class Who:
         return self.kind == "user" and self.name == name
 
 
-class _Bucket:
-    """A token bucket: ``burst`` at most, ``rate`` more per second."""
-
-    def __init__(self, rate: float, burst: int, clock=time.monotonic):
-        self.rate, self.burst, self.clock = rate, burst, clock
-        self.level, self.at = float(burst), clock()
-
-    def _fill(self) -> None:
-        now = self.clock()
-        self.level = min(self.burst, self.level + (now - self.at) * self.rate)
-        self.at = now
-
-    def empty(self) -> bool:
-        self._fill()
-        return self.level < 1
-
-    def take(self) -> None:
-        self._fill()
-        self.level = max(0.0, self.level - 1)
-
-
 class HubTokens:
-    """Token → the hub's model of its owner (user or service, with the token's scopes)."""
+    """Token → the hub's model of its owner (user or service, with the token's scopes).
+
+    Tokens take one of two lanes to the hub, so that strangers cannot spend what valid
+    tokens need:
+    - *confirmed*: a token the hub said is valid. Its answer is used for ``ttl_s``; after
+      that it is used for up to ``ttl_s`` more while one re-check runs in the background,
+      and beyond that the request waits for the re-check. Confirmed tokens never wait
+      behind unknown ones and are never refused for their number.
+    - *new*: any other token. At most ``concurrent`` are asked about at once and at most
+      ``waiting`` wait for an answer; beyond that they are refused (``TooManyFailures``),
+      which happens only when they come faster than the hub answers. A token the hub did
+      not know is answered "no" for ``ttl_s`` without asking again.
+    """
 
     def __init__(self, hub: HubAPI, ttl_s: float = 60.0, size: int = 10_000,
-                 failures_per_s: float = 5.0, failure_burst: int = 50, concurrent: int = 8):
+                 waiting: int = 256, concurrent: int = 8, clock=time.monotonic):
         self.hub = hub
-        self.ttl_s, self.size = ttl_s, size
-        self._cache: OrderedDict[str, tuple[float, dict]] = OrderedDict()
+        self.ttl_s, self.size, self.waiting, self.clock = ttl_s, size, waiting, clock
+        self._confirmed: OrderedDict[str, tuple[float, dict]] = OrderedDict()
+        self._refused: OrderedDict[str, float] = OrderedDict()
         self._asking: dict[str, asyncio.Future] = {}
-        self._failures = _Bucket(failures_per_s, failure_burst)
         self._concurrent = concurrent
-        self._slots: asyncio.Semaphore | None = None
+        self._lanes: dict[bool, asyncio.Semaphore] = {}
+        self._new_waiting = 0
 
     def __len__(self):
-        return len(self._cache)
+        return len(self._confirmed)
 
     async def identify(self, token: str) -> dict | None:
         key = hashlib.sha256(token.encode("utf-8", "replace")).hexdigest()
-        hit = self._cache.get(key)
-        if hit is not None and time.monotonic() - hit[0] < self.ttl_s:
-            self._cache.move_to_end(key)
-            return hit[1]
+        now = self.clock()
+        hit = self._confirmed.get(key)
+        if hit is not None:
+            self._confirmed.move_to_end(key)
+            age = now - hit[0]
+            if age < self.ttl_s:
+                return hit[1]
+            if age < 2 * self.ttl_s:
+                if key not in self._asking:  # one re-check; meanwhile, what the hub said
+                    self._ask(key, token, confirmed=True).add_done_callback(_quiet)
+                return hit[1]
+            return await asyncio.shield(self._ask(key, token, confirmed=True))
+        refused = self._refused.get(key)
+        if refused is not None and now - refused < self.ttl_s:
+            return None
+        if key not in self._asking and self._new_waiting >= self.waiting:
+            raise TooManyFailures("too many requests with new tokens are waiting for "
+                                  "JupyterHub's answer; try again in a few seconds")
+        return await asyncio.shield(self._ask(key, token, confirmed=False))
+
+    def _ask(self, key: str, token: str, confirmed: bool) -> asyncio.Future:
+        """One question to the hub per token at a time; concurrent askers share it."""
         pending = self._asking.get(key)
         if pending is None:
-            if self._failures.empty():
-                raise TooManyFailures("too many requests with tokens JupyterHub does not know "
-                                      "came in lately; try again in a few seconds")
-            pending = self._asking[key] = asyncio.ensure_future(self._ask(key, token))
+            pending = self._asking[key] = asyncio.ensure_future(
+                self._lookup(key, token, confirmed))
             pending.add_done_callback(lambda _: self._asking.pop(key, None))
-        return await asyncio.shield(pending)
+        return pending
 
-    async def _ask(self, key: str, token: str) -> dict | None:
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(self._concurrent)
-        async with self._slots:  # a flood of new tokens waits here, not at the hub
-            try:
-                model = await self.hub.get("user", token)
-            except (HubNotFound, HubRefused):
-                model = None  # a token the hub does not know, or one without its scopes
+    async def _lookup(self, key: str, token: str, confirmed: bool) -> dict | None:
+        lane = self._lanes.get(confirmed)
+        if lane is None:
+            lane = self._lanes[confirmed] = asyncio.Semaphore(self._concurrent)
+        if not confirmed:
+            self._new_waiting += 1
+        try:
+            async with lane:
+                try:
+                    model = await self.hub.get("user", token)
+                except (HubNotFound, HubRefused):
+                    model = None  # a token the hub does not know, or one without its scopes
+        finally:
+            if not confirmed:
+                self._new_waiting -= 1
         if model is None or not model.get("name"):
-            self._failures.take()
-            self._cache.pop(key, None)
+            self._confirmed.pop(key, None)
+            _remember(self._refused, key, self.clock(), self.size)
             return None
-        self._cache[key] = (time.monotonic(), model)
-        self._cache.move_to_end(key)
-        while len(self._cache) > self.size:
-            self._cache.popitem(last=False)
+        self._refused.pop(key, None)
+        _remember(self._confirmed, key, (self.clock(), model), self.size)
         return model
+
+
+def _remember(cache: OrderedDict, key: str, value, size: int) -> None:
+    """Keep ``value`` as the newest entry of a cache of at most ``size`` entries."""
+    cache[key] = value
+    cache.move_to_end(key)
+    while len(cache) > size:
+        cache.popitem(last=False)
 
 
 class HubDirectory:
