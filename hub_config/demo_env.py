@@ -13,8 +13,13 @@ the checkout is unchanged:
     ENV/bin/pip install WHEEL[demo]
     ENV/.gpushare-demo.json        (what was installed: a digest of the checkout's files)
 
-Nothing here trusts a folder another account could write: every existing parent of ENV must
-belong to root and be closed to others (or sticky, like /tmp).
+Nothing here trusts a folder another account could write, since root runs ENV/bin/python:
+every folder on the way to ENV must belong to root (or the account running the demo) and be
+closed to other accounts. Only a folder above ENV's own parent may be sticky and open to all,
+like /tmp: the sticky bit keeps others from moving or replacing the folder of root's beneath
+it. ENV's parent may not, since the environment is removed and made again in it. Missing
+folders are made (the environment itself without ``exist_ok``: one someone else made first
+is not ours) and the whole way is checked again before anything in ENV runs.
 """
 
 from __future__ import annotations
@@ -62,21 +67,30 @@ def python_usable_by_others(python: str) -> bool:
     return found.returncode == 0 and usable_by_others(Path(found.stdout.strip()) / "lib")
 
 
-def _check_safe(folder: Path) -> None:
-    """Refuse a folder that another account could change: the hub runs pip there as root."""
-    for part in [*reversed(folder.parents), folder]:
+def _check_safe(env: Path, *inside: str) -> None:
+    """Refuse a place for the environment (or ``inside`` it) that another account could
+    change: the hub runs pip there as root."""
+    path = env.joinpath(*inside)
+    for part in [*reversed(path.parents), path]:
         try:
             st = part.lstat()
         except FileNotFoundError:
-            continue
+            continue  # made by ensure(), then checked again
         if stat.S_ISLNK(st.st_mode):
             raise DemoEnvError(f"{part} is a symbolic link; give the demo environment a real "
                                f"folder with GPUSHARE_DEMO_ENV")
-        open_to_others = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-        if st.st_uid != 0 or (open_to_others and not st.st_mode & stat.S_ISVTX):
-            raise DemoEnvError(f"{part} may be changed by accounts other than root, so the "
-                               f"demo will not install software there; choose another folder "
-                               f"with GPUSHARE_DEMO_ENV")
+        if st.st_uid not in (0, os.geteuid()):
+            raise DemoEnvError(f"{part} belongs to another account, so the demo will not "
+                               f"install software there; choose a folder of root's own with "
+                               f"GPUSHARE_DEMO_ENV")
+        if not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            continue
+        if part in env.parents[1:] and st.st_mode & stat.S_ISVTX:
+            continue  # like /tmp: others cannot move the folder of root's beneath it
+        raise DemoEnvError(f"other accounts may write in {part}, so one could put a folder "
+                           f"of its own where the demo builds its environment; set "
+                           f"GPUSHARE_DEMO_ENV to a folder inside one that only root may "
+                           f"write (the default is {DEFAULT_ENV})")
 
 
 def base_python() -> str:
@@ -129,12 +143,26 @@ def ensure(env: Path, checkout: Path) -> dict:
     (``python``, ``bin``, ``site``, ``digest``)."""
     env = Path(os.path.abspath(env))
     _check_safe(env)
-    env.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    for part in [*reversed(env.parents)]:
+        try:
+            os.mkdir(part, 0o755)
+        except FileExistsError:
+            pass  # judged by the check below, whoever made it
+    _check_safe(env)
     old_umask = os.umask(0o022)  # what is installed must be readable by every account
+    lock_path = env.parent / f".{env.name}.lock"
     try:
-        with open(env.parent / f".{env.name}.lock", "w") as lock:
+        try:
+            lock = os.open(lock_path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                           0o644)
+        except OSError as exc:
+            raise DemoEnvError(f"the lock {lock_path} cannot be opened ({exc.strerror}); "
+                               f"remove it") from None
+        try:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one hub builds at a time
             return _ensure_locked(env, checkout)
+        finally:
+            os.close(lock)
     finally:
         os.umask(old_umask)
 
@@ -156,9 +184,11 @@ def _ensure_locked(env: Path, checkout: Path) -> dict:
              f"(once; a few minutes) from {base}")
         if env.exists():
             shutil.rmtree(env)
+        os.mkdir(env, 0o755)  # no exist_ok: a folder someone made in between is not ours
         _run([base, "-m", "venv", str(env)], f"{base} -m venv {env}")
     else:
         _say(f"updating jupyter-gpushare in the notebook environment {env}")
+    _check_safe(env, "bin")  # again, before root runs anything in it
     with tempfile.TemporaryDirectory(prefix="gpushare-wheel-") as tmp:
         _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", tmp,
               str(checkout)], f"building a wheel of {checkout}")

@@ -11,14 +11,13 @@ from __future__ import annotations
 import os
 import pwd
 import signal
-import stat
 from pathlib import Path
 
 from jupyterhub.spawner import LocalProcessSpawner
 from traitlets import Bool, Unicode, default
 
 from . import profiles as build_profiles
-from .base import GPUShareSpawnerBase
+from .base import GPUShareSpawnerBase, refusal
 from .modes import PINNED, Fragment, cpu_only, pinned
 
 
@@ -36,14 +35,20 @@ class LocalGPUShareSpawner(GPUShareSpawnerBase, LocalProcessSpawner):
 
     hub_user_home_template = Unicode("/tmp/{username}", help="""
         Home (and working) directory of a server when run_as_hub_user is on; {username} is
-        the JupyterHub user's name. Created when missing.
+        the JupyterHub user's name. Made for the hub's user (mode 0700, with its missing
+        parents) when missing; a start is refused when it exists and is a link or not the
+        hub's user's own folder (another account could have made it first, with start-up
+        files in .jupyter or .ipython). Its parent must not be writable by other accounts
+        unless it is sticky, like /tmp.
         """).tag(config=True)
 
     user_home_template = Unicode(help="""
         Home (and working) directory of servers that run as their users, instead of the home
         of the user's system account; {username} is the JupyterHub user's name. Made for the
-        user (theirs, mode 0700) when missing; its parent must exist. Empty: the account's
-        home. For test and demo set-ups that must not touch real homes.
+        user (theirs, mode 0700) when missing; its parent must exist, and must not be
+        writable by other accounts unless it is sticky, like /tmp. A start is refused when
+        the folder exists and is a link or not the user's own. Empty: the account's home.
+        For test and demo set-ups that must not touch real homes.
         """).tag(config=True)
 
     kernel_startup_file = Unicode(help="""
@@ -91,9 +96,15 @@ class LocalGPUShareSpawner(GPUShareSpawnerBase, LocalProcessSpawner):
         return self.user_home_template.format(username=self.user.name)
 
     async def start(self):
-        home = self._user_home()
-        if home:
-            _make_home(home, self.user.name)
+        if self.run_as_hub_user:
+            home = self._hub_user_home()
+            os.makedirs(os.path.dirname(os.path.abspath(home)), 0o755, exist_ok=True)
+            _make_home(home, os.geteuid(), os.getegid(), "the hub's user",
+                       "hub_user_home_template")
+        elif home := self._user_home():
+            account = pwd.getpwnam(self.user.name)
+            _make_home(home, account.pw_uid, account.pw_gid, self.user.name,
+                       "user_home_template")
         return await super().start()
 
     def make_preexec_fn(self, name):
@@ -108,10 +119,9 @@ class LocalGPUShareSpawner(GPUShareSpawnerBase, LocalProcessSpawner):
                 os.chdir(home)
 
             return preexec_elsewhere
-        home = self._hub_user_home()
+        home = self._hub_user_home()  # made and checked by start()
 
         def preexec():
-            os.makedirs(home, 0o755, exist_ok=True)
             os.chdir(home)
 
         return preexec
@@ -151,16 +161,36 @@ class LocalGPUShareSpawner(GPUShareSpawnerBase, LocalProcessSpawner):
 
 
 
-def _make_home(home: str, username: str) -> None:
-    """The user's own folder at ``home``: made (theirs, 0700) when missing, refused when it is
-    a link or someone else's."""
-    account = pwd.getpwnam(username)
+def _make_home(home: str, uid: int, gid: int, whose: str, trait: str) -> None:
+    """The folder ``home`` of the account ``uid``: made (0700) and given to it when missing,
+    refused when it is a link or not that account's own. It is given through a descriptor
+    opened without following links: in a parent others may write, a link swapped in after
+    the mkdir must not give the account whatever the link names."""
+    refused = refusal(f"{home} is not a folder of {whose}'s own, so no server starts there; "
+                      f"remove it or change LocalGPUShareSpawner.{trait}", reason="home")
+    parent, name = os.path.split(os.path.abspath(home))
     try:
-        os.mkdir(home, 0o700)
-        os.chown(home, account.pw_uid, account.pw_gid)
-    except FileExistsError:
-        pass
-    st = os.lstat(home)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != account.pw_uid:
-        raise RuntimeError(f"{home} is not a folder of {username}'s own; remove it or change "
-                           f"LocalGPUShareSpawner.user_home_template")
+        at = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        raise refusal(f"{parent} (where {home} would be made) is not a folder; make it or "
+                      f"change LocalGPUShareSpawner.{trait}", reason="home") from None
+    try:
+        try:
+            os.mkdir(name, 0o700, dir_fd=at)
+            made = True
+        except FileExistsError:
+            made = False
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=at)
+        except OSError:  # a link (or no longer a folder) where the home should be
+            raise refused from None
+        try:
+            owner = os.fstat(fd).st_uid
+            if made and owner == os.geteuid():
+                os.fchown(fd, uid, gid)
+            elif owner != uid:
+                raise refused
+        finally:
+            os.close(fd)
+    finally:
+        os.close(at)
