@@ -157,7 +157,9 @@ c.JupyterHub.services = [{
     "command": [sys.executable, "-m", "jupyter_gpushare.pool.supervisor",
                 f"--PoolService.config_file={pool_config}",
                 f"--PoolService.state_dir={STATE / 'pool'}"]
-               + ([] if AS_ROOT else ["--LocalBackend.run_as_service_user=True"])
+               # without root, one account runs everything: gangs meet on the host's loopback
+               + ([] if AS_ROOT else ["--LocalBackend.run_as_service_user=True",
+                                      "--LocalBackend.gang_network=host"])
                + ([f"--PoolService.checkpoint_dir_template={HOMES}/{{user}}/.gpushare/"
                    f"checkpoints/{{job_id}}"] if HOMES else []),
     "cwd": str(STATE),

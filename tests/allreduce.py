@@ -3,11 +3,12 @@ installed here): every rank meets rank 0 at MASTER_ADDR:MASTER_PORT over TCP, an
 all-reduce (sum) a vector of ``[RANK + 1] * 4``. Each rank prints its view of the gang and
 the sum, which is the same on every rank only if the data really travelled.
 
-    python allreduce.py [--fail-rank R [--code C]] [--hold FILE]
+    python allreduce.py [--fail-rank R [--code C]] [--hold FILE] [--late-rank R S]
 
 ``--fail-rank R`` makes rank R exit with C (default 3) after the exchange, the others then
 wait (as a real job would, in its next collective) until they are stopped; ``--hold FILE``
-makes every rank wait for FILE after the exchange, with a SIGTERM handler that says so."""
+makes every rank wait for FILE after the exchange, with a SIGTERM handler that says so;
+``--late-rank R S`` makes rank R wait S seconds before it meets the others."""
 
 import json
 import os
@@ -74,6 +75,10 @@ def main(args):
     said = "stopped" if "--fail-rank" in args else "got SIGTERM"
     signal.signal(signal.SIGTERM, lambda *a: (print(f"rank {rank} {said}", flush=True),
                                               sys.exit(143)))
+    if "--late-rank" in args:
+        at = args.index("--late-rank")
+        if rank == int(args[at + 1]):
+            time.sleep(float(args[at + 2]))
     total = all_reduce([rank + 1] * 4, rank, world, env["MASTER_ADDR"], int(env["MASTER_PORT"]))
     print("RANK-REPORT " + json.dumps({"env": seen, "sum": total}), flush=True)
     if "--fail-rank" in args:

@@ -52,6 +52,21 @@ def test_a_process_in_a_pod_names_its_pod(text, container):
     assert cgroup.parse(text) == cgroup.PodCgroup(UID, container)
 
 
+OTHER = "0b1c2d3e-4f50-4a6b-8c7d-9e0f1a2b3c4d"
+
+
+@pytest.mark.parametrize("text", [
+    # systemd driver, cgroup v2: the container made a sub-cgroup named like a cgroupfs pod
+    f"0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{UNDERSCORED}.slice/"
+    f"cri-containerd-{CID}.scope/kubepods/pod{OTHER}/{'ab' * 32}\n",
+    # and the other way round: a cgroupfs node, a sub-cgroup named like a systemd pod
+    f"0::/kubepods/besteffort/pod{UID}/{CID}/kubepods-pod{OTHER.replace('-', '_')}.slice/"
+    f"cri-containerd-{'ab' * 32}.scope\n",
+])
+def test_a_sub_cgroup_named_after_another_pod_does_not_move_the_process(text):
+    assert cgroup.parse(text) == cgroup.PodCgroup(UID, CID)
+
+
 @pytest.mark.parametrize("text", [
     "0::/init.scope\n", "0::/system.slice/containerd.service\n",
     "0::/user.slice/user-1000.slice/session-3.scope\n",

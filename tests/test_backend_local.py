@@ -27,6 +27,11 @@ from jupyter_gpushare.gpus import SimulatedInventory, detect
 from jupyter_gpushare.policy.model import GPU
 
 IS_ROOT = os.geteuid() == 0
+# A gang's private network needs a root service on a machine that lets it make namespaces
+# (a container may not); elsewhere gangs meet on the host's loopback, as an admin would set.
+PRIVATE_GANGS = IS_ROOT and subprocess.run(
+    [sys.executable, "-c", "from jupyter_gpushare.backends import netns; netns.make()"],
+    capture_output=True).returncode == 0
 root_only = pytest.mark.skipif(
     not IS_ROOT, reason="jobs switch to their user only when the service runs as root")
 
@@ -90,6 +95,7 @@ def make_backend(tmp_path):
     def make(cls=SimulatedBackend, **kw):
         kw.setdefault("state_dir", str(tmp_path / "state"))
         kw.setdefault("run_as_service_user", not IS_ROOT)
+        kw.setdefault("gang_network", "private" if PRIVATE_GANGS else "host")
         made.append(cls(**kw))
         return made[-1]
 
@@ -651,3 +657,86 @@ async def test_a_gang_whose_handle_was_never_stored_is_found_by_its_records(make
     assert (exit.job_id, exit.state) == ("rec", "succeeded")  # every rank of it was adopted
     for rank in range(2):
         assert f"rank {rank} done" in await log_of_rank(after, "rec", rank, "done")
+
+
+# -- a gang's rendezvous, as another local account would try it ------------------------------
+
+# Run as "nobody": take the rendezvous port before rank 0 listens and hear the other ranks
+# ("bind"), or connect to rank 0 as if one of the ranks, with a vector of its own ("connect").
+ATTACKER = r"""
+import json, socket, sys, time
+mode, port, until = sys.argv[1], int(sys.argv[2]), time.monotonic() + float(sys.argv[3])
+if mode == "bind":
+    while True:
+        try:
+            server = socket.create_server(("127.0.0.1", port))
+            break
+        except OSError:
+            if time.monotonic() > until:
+                sys.exit("never bound")
+            time.sleep(0.005)
+    print("bound", flush=True)
+    server.settimeout(max(0.1, until - time.monotonic()))
+    try:
+        peer, _ = server.accept()
+        print("heard a rank:", peer.recv(1000), flush=True)
+    except OSError:
+        pass
+else:
+    while time.monotonic() < until:
+        try:
+            sock = socket.create_connection(("127.0.0.1", port), timeout=1)
+        except OSError:
+            time.sleep(0.005)
+            continue
+        data = json.dumps([1000] * 4).encode()
+        sock.sendall(len(data).to_bytes(4, "big") + data)
+        print("joined the gang", flush=True)
+        break
+"""
+
+
+def attacker(mode, port, seconds):
+    nobody = pwd.getpwnam("nobody")
+    return subprocess.Popen([PY, "-c", ATTACKER, mode, str(port), str(seconds)], cwd="/",
+                            user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@root_only
+@pytest.mark.skipif(not PRIVATE_GANGS, reason="this machine makes no network namespaces")
+@pytest.mark.asyncio
+@pytest.mark.parametrize("network", ["private", "host"])
+@pytest.mark.parametrize("mode, late", [("bind", 0), ("connect", 1)])
+async def test_another_account_cannot_take_or_join_a_gangs_rendezvous(make_backend, launch,
+                                                                      network, mode, late):
+    """Rank ``late`` comes 2 s late: the attacker has the port from the start (more than a
+    real one would know) and all that time. "host" shows the attack is real."""
+    backend = make_backend(gang_network=network, grace_period=1)
+    placement = {"sim-node-0": GPU, "sim-node-1": GPU}
+    handle = await backend.start(allreduce(launch, f"{mode}-{network}", "--late-rank",
+                                           str(late), "2", placement=placement))
+    port = int(handle.data["master"].rsplit(":", 1)[1])
+    other = attacker(mode, port, 4)
+    said, _ = other.communicate(timeout=30)
+    if network == "host":  # the machine's loopback is every account's
+        assert "heard a rank" in said or "joined the gang" in said, said
+        await backend.stop(f"{mode}-{network}", 1, grace_s=1)
+        await ended(backend, timeout=20)
+        return
+    assert "heard a rank" not in said and "joined the gang" not in said, said
+    [exit] = await ended(backend, timeout=20)
+    assert (exit.state, exit.exit_code) == ("succeeded", 0), exit
+    sums = [reports(log)[0]["sum"] for log in await rank_logs(backend, f"{mode}-{network}", 2)]
+    assert sums == [[3, 3, 3, 3]] * 2  # only the gang's own data
+
+
+@pytest.mark.asyncio
+async def test_a_service_that_cannot_make_a_gangs_network_refuses_gangs(make_backend, launch):
+    backend = make_backend(NonRootBackend, run_as_service_user=True, gang_network="private")
+    with pytest.raises(BackendError, match='LocalBackend.gang_network = "host"'):
+        await backend.start(launch("g", "true", placement={"sim-node-0": GPU,
+                                                           "sim-node-1": GPU}))
+    await backend.start(launch("one", "true"))  # one rank meets no one: it runs
+    [exit] = await ended(backend)
+    assert exit.state == "succeeded"

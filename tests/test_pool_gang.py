@@ -32,6 +32,12 @@ c.LocalBackend.simulated_nodes = 2
 c.LocalBackend.simulated_gpus_per_node = 2
 c.LocalBackend.env_keep = ["LANG", "LC_ALL"]  # the root service's PATH is not the users'
 """
+# A gang's private network needs a machine that lets the service make namespaces (a container
+# may not); elsewhere gangs meet on the host's loopback, as an admin would set.
+if subprocess.run([sys.executable, "-c", "from jupyter_gpushare.backends import netns; "
+                   "netns.make()"], capture_output=True).returncode:
+    POOL_CONFIG += 'c.LocalBackend.gang_network = "host"\n'
+
 GROUPS = {"vision": ["alice", "carol"], "nlp": ["bob"]}
 
 

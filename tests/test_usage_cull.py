@@ -3,6 +3,7 @@ spawner, named servers too) whose slices show no GPU use are warned, then stoppe
 hub's API and their slices released; a server with a busy kernel, and one whose user follows a
 train job's output, are spared. Every warning and stop is logged and listed in api/pool."""
 
+import asyncio
 import json
 import sys
 import threading
@@ -16,7 +17,11 @@ from tornado.ioloop import IOLoop
 from tornado.websocket import websocket_connect
 
 from hubtest import running_hub
+from jupyter_gpushare.pool.culler import SliceCuller
+from jupyter_gpushare.pool.hub import HubAPI
+from jupyter_gpushare.pool.store import Store
 from jupyter_gpushare.usage.cull import CullSettings, Evidence, decide
+from jupyter_gpushare.usage.meter import UsageMeter
 
 SPAWNER = "fedcba9876543210fedcba9876543210"
 
@@ -90,6 +95,35 @@ def test_idle_sessions_are_warned_then_stopped():
     assert decide([ev()], {"s-1": 1000.0}, 1299.0, S) == []  # the warning is not over yet
     [cull] = decide([ev()], {"s-1": 1000.0}, 1300.0, S)
     assert cull.kind == "cull" and "warned 5 min ago" in cull.reason
+
+
+# -- the reports the culler keeps ------------------------------------------------------------------
+
+class QuietHub(HubAPI):
+    """A hub whose users run no servers: nothing has a hub activity record, nothing is culled."""
+
+    def __init__(self):
+        super().__init__("http://hub.invalid/hub/api", "unused")
+
+    async def user(self, name):
+        return {"name": name, "servers": {}}
+
+
+def test_kernel_reports_are_kept_only_for_servers_that_hold_a_slice(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'pool.sqlite'}")
+    held = store.add_slice(1.0, user="ann", server="exp", milli=250, node="n", gpu=0)
+    culler = SliceCuller(store, UsageMeter(None), QuietHub(), lambda user: False, S)
+    # a flood of reports for servers that hold no slice (names up to the 255 a name may have)
+    for i in range(2000):
+        assert not culler.kernels_said("ann", f"{i:0>255}", 1, 1)
+    assert not culler.kernels_said("bob", "exp", 1, 1)  # another user's name for it
+    assert culler.kernels == {}
+    assert culler.kernels_said("ann", "exp", 2, 1)
+    asyncio.run(culler.once())
+    assert set(culler.kernels) == {("ann", "exp")}  # held: kept through a round
+    store.remove_slice(held.id)
+    asyncio.run(culler.once())
+    assert culler.kernels == {}  # its slice is gone: so is its entry
 
 
 # -- in a real hub ------------------------------------------------------------------------------
@@ -203,3 +237,8 @@ def test_kernel_reports_are_checked(hub):
     status, body = hub.request("POST", hub.pool_url + "api/activity", SPAWNER,
                                {"server": "", "kernels": 0, "busy": 0})
     assert status == 403
+    status, body = hub.api("POST", "api/activity", "alice",
+                           {"server": "x" * 255, "kernels": 0, "busy": 0})
+    assert status == 404 and body["error"] == (
+        f"your server {'x' * 255!r} holds no build slice; kernel activity is taken only from "
+        "servers that hold one"), body

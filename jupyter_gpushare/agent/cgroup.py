@@ -12,6 +12,9 @@ lists. The names depend on the cgroup driver and version; all of these are under
 - the same below a prefix, as in nested setups (kind: ``/system.slice/docker-<id>.scope/
   kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort-pod<uid>.slice/…``).
 
+A container may create sub-cgroups below its own and name them as it likes, so the pod is the
+outermost name in the path, whichever layout it has.
+
 Pure functions over the file's text, and one reader; nothing here needs privileges: the file
 is readable by everyone.
 """
@@ -45,9 +48,11 @@ def parse(text: str) -> PodCgroup | None:
         parts = line.split(":", 2)
         if len(parts) != 3:
             continue
-        path = parts[2]
-        found = _CGROUPFS.search(path) or _SYSTEMD.search(path)
-        if found:
+        # the outermost name of either layout: below the pod's cgroup, the container may
+        # make its own sub-cgroups and name them after another pod (in either layout)
+        matches = [m for m in (_CGROUPFS.search(parts[2]), _SYSTEMD.search(parts[2])) if m]
+        if matches:
+            found = min(matches, key=lambda m: m.start())
             return PodCgroup(found.group("uid").replace("_", "-").lower(),
                              found.group("cid") or "")
     return None

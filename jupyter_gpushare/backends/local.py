@@ -8,6 +8,9 @@ ranks meet at rank 0's address on loopback. Per attempt, ``state_dir`` holds
 ``<job>/<attempt>[.node<N>].pid`` (how to find each group again), ``.exit`` (written by the
 shim) and one log per rank (``ranks.log_name``: ``<attempt>.log`` is rank 0's).
 
+The ranks of a gang meet on a loopback of their own (``gang_network``, ``netns.py``): the
+machine's loopback is every local account's, and rendezvous protocols trust whoever connects.
+
 GPUs are chosen here, not by the policy: the policy places milli-GPUs on nodes, this backend
 picks which devices of those nodes and names them by UUID in ``CUDA_VISIBLE_DEVICES``.
 """
@@ -26,7 +29,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
-from traitlets import Bool, Float, Integer, List, Unicode, default, validate
+from traitlets import Bool, Enum, Float, Integer, List, Unicode, default, validate
 
 from .. import gpus as gpu_inventory
 from ..policy.model import GPU, Node, gpus_text
@@ -149,6 +152,23 @@ class LocalBackend(Backend):
         few GPUs to split (the demo does, on a machine with one GPU).
         """).tag(config=True)
 
+    gang_network = Enum(["private", "host"], "private", help="""
+        Where the ranks of a job of several ranks (several nodes, or one rank per GPU) meet.
+
+        "private": each such attempt runs in a network namespace of its own with only a
+        loopback; MASTER_ADDR is 127.0.0.1 there. Other local accounts can neither take the
+        rendezvous port first nor connect to rank 0, and the ranks have no other network
+        (no downloads: fetch data and packages before). Needs a root service; where the
+        machine does not let it make a namespace (a container without CAP_SYS_ADMIN), such
+        jobs fail with a sentence saying so, and one-rank jobs run as ever.
+
+        "host": the ranks meet on the machine's loopback, at a port that was free when the
+        attempt started. Every local account can take that port first or connect to rank 0's
+        rendezvous (torch.distributed's store, NCCL's bootstrap, JAX's coordinator trust
+        whoever connects) and so read or alter the job's exchanges: only for a machine whose
+        users trust each other, or a service that is not root (single-user).
+        """).tag(config=True)
+
     env_keep = List(Unicode(), [
         "PATH", "PYTHONPATH", "CONDA_ROOT", "CONDA_DEFAULT_ENV", "VIRTUAL_ENV", "LANG", "LC_ALL",
     ], help="""
@@ -229,12 +249,21 @@ class LocalBackend(Backend):
         # No await from choosing devices to registering them: two starts cannot interleave.
         devices = self._choose(launch.placement)
         lay = ranks.layout(launch.placement, launch.per_gpu)
-        master = ("127.0.0.1", _free_port())
+        private = lay.world_size > 1 and self.gang_network == "private"
+        if private and not self._service_is_root():
+            raise BackendError(
+                "A job of several ranks meets on a network of its own, which only a root pool "
+                "service can make; run it as one rank, or an administrator may set "
+                "LocalBackend.gang_network = \"host\" where local accounts trust each other.")
+        # In a namespace of its own nothing else listens: torch's usual port is free there.
+        master = ("127.0.0.1", ranks.DEFAULT_PORT if private else _free_port())
         groups: list[_Group] = []
         try:
             for node_rank, (node, _) in enumerate(lay.nodes):
+                network = None if not private else {"new": True} if not groups else \
+                    {"join": groups[0].pgid, "start": groups[0].start}
                 groups.append(self._spawn(launch, account, devices[node], lay, node_rank,
-                                          master))
+                                          master, network))
         except BackendError:
             for group in groups:  # a gang starts whole or not at all
                 _signal_group(group.pgid, group.start, signal.SIGKILL)
@@ -295,7 +324,7 @@ class LocalBackend(Backend):
         return base + ".pid", base + ".exit"
 
     def _spawn(self, launch: Launch, account: _Account, uuids: list[str], lay: ranks.Layout,
-               node_rank: int, master: tuple[str, int]) -> _Group:
+               node_rank: int, master: tuple[str, int], network: dict | None) -> _Group:
         pid_path, exit_path = self._paths(launch.job_id, launch.attempt, node_rank)
         mine = lay.on_node(node_rank)
         log_path = self.log_path(launch.job_id, launch.attempt, mine[0].rank)
@@ -305,7 +334,7 @@ class LocalBackend(Backend):
                 "env": self._job_env(launch, account, uuids), "grace_s": self.grace_period,
                 "ranks": [{"rank": r.rank, "env": ranks.rank_env(lay, r, *master),
                            "log": self.log_path(launch.job_id, launch.attempt, r.rank)}
-                          for r in mine]}
+                          for r in mine], "network": network}
         try:
             private_dir(self.state_dir)
             os.makedirs(os.path.dirname(pid_path), mode=0o700, exist_ok=True)

@@ -2,13 +2,17 @@
 
     python -I shim.py EXITFILE -- ARGV...
     stdin: {"user", "uid", "gid", "cwd", "checkpoint_dir", "env", "log_limit",
-            "ranks": [{"rank", "env", "log"}, ...], "grace_s"} and a newline
+            "ranks": [{"rank", "env", "log"}, ...], "grace_s", "network"} and a newline
 
 One shim runs the ranks of one node of a gang: one, or one per GPU. Each rank is ARGV with
 ``env`` and the rank's own variables, its output relayed into its own ``log``. When one rank
 fails the others get SIGTERM, then SIGKILL after ``grace_s`` (``launcher.Supervisor``).
 EXITFILE gets ``{"returncode", "rank", "reason"}`` of the first rank that failed
 (``reason``: why its command could not be run at all), or a returncode of 0.
+
+A gang's private network (``netns.py``) is made or joined before any rank starts: ``network``
+is ``{"new": true}`` for the gang's first node, ``{"join": pid, "start": ticks}`` (the first
+node's shim) for the others, and null where the ranks meet on the host's network.
 
 The local backend starts this shim in a new session, so the shim's pid names the job's
 process group, and the job outlives a restart of the service: the end is written to EXITFILE
@@ -18,8 +22,8 @@ Why it looks like this:
 - Where the service is root, so is the shim (the user cannot kill it or forge its exit
   file); only the forked child switches to the user. So the shim runs by path with ``-I``
   and a clean environment, reads the job's identity, directory and environment from stdin,
-  and imports nothing but the standard library (and ``logfile.py`` and ``launcher.py``
-  beside it).
+  and imports nothing but the standard library (and ``logfile.py``, ``launcher.py`` and
+  ``netns.py`` beside it).
 - The service writes its record of the shim before it hands the shim its job, so that a
   service that dies in between leaves no job running unrecorded: a shim whose job description
   does not come whole (no final newline: the service died while writing it, or before) runs
@@ -46,6 +50,7 @@ import warnings  # noqa: F401  os.get_exec_path imports it lazily; after setuid 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # ours, root's
 import launcher  # noqa: E402
 import logfile  # noqa: E402
+import netns  # noqa: E402
 
 sys.path.pop(0)
 STRAGGLERS_S = 2.0  # how long output is still read from processes that left the job's group
@@ -165,6 +170,19 @@ def main(args):
     os.dup2(devnull, 0)
     os.close(devnull)
     sys.stderr.flush()
+    if spec.get("network"):  # before any rank runs: none of them ever sees the host's network
+        net = spec["network"]
+        try:
+            if net.get("join"):
+                netns.join(int(net["join"]), net.get("start"), proc_stat)
+            else:
+                netns.make()
+        except OSError as exc:
+            sentence = (f"cannot give the gang its private network: {exc.strerror or exc} "
+                        "(an administrator may change LocalBackend.gang_network)")
+            print(f"gpushare: {sentence}", file=sys.stderr, flush=True)
+            _write_exit(exit_path, 126, sentence)
+            return
     # An older service's spec: one rank, logged to "log".
     ranks = spec.get("ranks") or [{"rank": None, "env": {}, "log": spec.get("log")}]
     children, heard, logs = {}, {}, {}

@@ -341,7 +341,8 @@ class SamplesHandler(ServiceHandler):
 
 class ActivityHandler(ServiceHandler):
     """A notebook server says how many of its kernels are busy (``notebook/activity.py``):
-    culling never stops a server whose kernels are busy. Only about the caller's own servers."""
+    culling never stops a server whose kernels are busy. Only about the caller's own servers
+    that hold a build slice (404 for any other), so invented names keep nothing."""
 
     def post(self):
         if self.who.kind != "user":
@@ -362,8 +363,11 @@ class ActivityHandler(ServiceHandler):
         except Invalid as e:
             self.fail(e.status, str(e))
         culler = self.usage.culler
-        if culler is not None:
-            culler.kernels_said(self.who.name, server, kernels, busy)
+        noted = culler.kernels_said(self.who.name, server, kernels, busy) if culler is not None \
+            else self.store.holds_slice(self.who.name, server)
+        if not noted:
+            self.fail(404, f"your server {server!r} holds no build slice; kernel activity is "
+                           "taken only from servers that hold one")
         self.set_status(204)
         self.finish()
 

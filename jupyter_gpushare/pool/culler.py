@@ -40,8 +40,13 @@ class SliceCuller:
         self.culled = 0
 
     # -- what handlers tell it ----------------------------------------------------------------
-    def kernels_said(self, user: str, server: str, kernels: int, busy: int) -> None:
+    def kernels_said(self, user: str, server: str, kernels: int, busy: int) -> bool:
+        """Kept only for a server that holds a slice (False, nothing kept, for any other),
+        and until it no longer holds one (``once``), so that reports cannot fill memory."""
+        if not self.store.holds_slice(user, server):
+            return False
         self.kernels[(user, server)] = (time.time(), kernels, busy)
+        return True
 
     def warning_of(self, slice_id: str) -> dict | None:
         since = self.warned.get(slice_id)
@@ -76,6 +81,8 @@ class SliceCuller:
                 None if said is None else said[2], None if said is None else now - said[0],
                 self.following(s.user)))
         self.warned = {k: v for k, v in self.warned.items() if k in {s.id for s in slices}}
+        held = {(s.user, s.server) for s in slices}
+        self.kernels = {k: v for k, v in self.kernels.items() if k in held}
         for d in decide(evidence, self.warned, now, self.settings):
             e = d.evidence
             who = f"{e.user}'s server {e.server!r}" if e.server else f"{e.user}'s server"

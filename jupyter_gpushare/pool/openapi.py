@@ -407,13 +407,15 @@ SPEC = {
         "/api/activity": {
             "post": {"summary": "A notebook server says how many of its kernels are busy (its "
                                 "gpushare extension, with the server's token); culling never "
-                                "stops a server with a busy kernel",
+                                "stops a server with a busy kernel. Only for the caller's own "
+                                "servers that hold a build slice: 404 for any other",
                      "requestBody": {"required": True, "content": {"application/json": {
                          "schema": {"type": "object", "required": ["server", "kernels", "busy"],
                                     "properties": {"server": {"type": "string"},
                                                    "kernels": {"type": "integer", "minimum": 0},
                                                    "busy": {"type": "integer", "minimum": 0}}}}}},
-                     "responses": {"204": {"description": "noted"}, **_errors(400, 403)}},
+                     "responses": {"204": {"description": "noted"},
+                                   **_errors(400, 403, 404)}},
         },
         "/api/samples": {
             "post": {"summary": "A node agent's reading of its GPUs (only the service "

@@ -368,6 +368,12 @@ class Store:
         with self.session() as s:
             return list(s.scalars(q))
 
+    def holds_slice(self, user: str, server: str) -> bool:
+        """Whether the user's server (``""``: the default one) holds a build slice."""
+        q = select(SliceRow.id).where(SliceRow.user == user, SliceRow.server == server)
+        with self.session() as s:
+            return s.scalars(q.limit(1)).first() is not None
+
     def add_slice(self, now: float, **fields) -> SliceRow:
         with self.session() as s:
             row = SliceRow(id="s-" + secrets.token_hex(4), created=now, **fields)
