@@ -226,6 +226,30 @@ def test_readings_are_posted_only_by_the_agent(hub, world):
         assert status == 400 and words in body["error"], (bad, body)
 
 
+@pytest.mark.parametrize("method, path, body", [
+    ("GET", "api/slices", None),
+    ("POST", "api/slices", {"user": "alice", "gpus": 0.25, "server": ""}),
+    ("PATCH", "api/slices/{bob}", {"pid": 1}),
+    ("DELETE", "api/slices/{bob}", None),
+])
+def test_the_agents_token_is_refused_on_every_slice_route(hub, world, method, path, body):
+    """The agent's token sits in a root pod on every GPU node: with it, no slice can be
+    listed, reserved for anyone, re-attributed or released. Only the spawner's service may."""
+    bob = world["slices"]["bob"]
+    url = hub.pool_url + path.format(bob=bob["id"])
+    for token in (AGENT,):
+        status, answer = hub.request(method, url, token, body)
+        assert status == 403, answer
+        assert answer["error"] == ("only the hub's spawner (the JupyterHub service "
+                                   "'gpushare-spawner') may list, reserve, change or release "
+                                   "build slices")
+    status, listed = hub.request("GET", hub.pool_url + "api/slices", SPAWNER)
+    assert status == 200
+    mine = {s["id"]: s for s in listed["slices"]}
+    assert mine[bob["id"]]["pid"] == bob["pid"]
+    assert sorted(s["user"] for s in listed["slices"]) == ["alice", "bob"]
+
+
 def test_only_the_spawner_says_whose_server_a_slice_is(hub, world):
     slice_id = world["slices"]["alice"]["id"]
     status, body = hub.api("PATCH", f"api/slices/{slice_id}", "alice", {"pid": 1})
