@@ -388,9 +388,11 @@ class PoolClient:
                  "limit": None if limit is None else str(limit)}
         return self._json("GET", "api/usage", query=query)
 
-    def post_samples(self, reading: dict) -> dict:
-        """A node agent's reading of its GPUs (only the agent's service token may)."""
-        return self._json("POST", "api/samples", body=reading)
+    def post_samples(self, reading: dict, node_token: str = "") -> dict:
+        """A node agent's reading of its GPUs (only an agent's service token may), with the
+        agent pod's service-account token that proves its node where it has one."""
+        headers = {"Gpushare-Node-Token": node_token} if node_token else None
+        return self._json("POST", "api/samples", body=reading, headers=headers)
 
     def report_kernels(self, server: str, kernels: int, busy: int) -> None:
         """A notebook server says how many of its kernels are busy (culling spares it then)."""

@@ -119,3 +119,19 @@ class AgentAccount(_Account):
 
     def __init__(self, cluster, namespace: str):
         super().__init__(cluster, namespace, "gpushare-agent", "kubernetes-agent.yaml")
+
+
+def pod_token(cluster, namespace: str, account: str, pod: str, node: str,
+              audience: str = "gpushare") -> str:
+    """What the kubelet projects into a pod of ``account`` on ``node``: the pod is created
+    there, and a token for ``audience`` bound to it asked through the TokenRequest API, as
+    the kubelet asks for a serviceAccountToken volume."""
+    admin = cluster.api
+    created = admin.post(f"/api/v1/namespaces/{namespace}/pods", {
+        "metadata": {"name": pod}, "spec": {
+            "serviceAccountName": account, "nodeName": node,
+            "containers": [{"name": "agent", "image": "x", "command": ["true"]}]}})
+    answer = admin.post(f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token", {
+        "spec": {"audiences": [audience], "expirationSeconds": 3600, "boundObjectRef": {
+            "kind": "Pod", "apiVersion": "v1", "name": pod, "uid": created["metadata"]["uid"]}}})
+    return answer["status"]["token"]

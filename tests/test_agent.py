@@ -299,14 +299,37 @@ def test_the_options_are_documented_and_checked(monkeypatch):
 class DownPool(PoolClient):
     """The pool service cannot be reached (it restarts)."""
 
-    def post_samples(self, reading):
+    def post_samples(self, reading, node_token=""):
         raise PoolUnreachable("the pool service at http://hub/ cannot be reached (connection "
                               "refused)")
 
 
 class RefusingPool(PoolClient):
-    def post_samples(self, reading):
+    def post_samples(self, reading, node_token=""):
         raise PoolError(403, "GPU readings are posted only by the gpushare node agent")
+
+
+class TakingPool(PoolClient):
+    """The pool takes every reading; what came with each is kept."""
+
+    def post_samples(self, reading, node_token=""):
+        self.taken = [*getattr(self, "taken", []), (reading["node"], node_token)]
+        return {}
+
+
+def test_each_reading_carries_the_pods_token_as_the_kubelet_last_renewed_it(tmp_path):
+    token = tmp_path / "token"
+    agent = NodeAgent(sample_interval=1, node_token_file=str(token))
+    agent.initialize([])
+    agent.problems = Problems(logging.getLogger("test-agent-token"))
+    pool = TakingPool("http://hub/", "t")
+    body = report.samples_body(reading(), {}, {}, {})
+    asyncio.run(agent.post(pool, body, 0))  # no projected token: an agent per node
+    token.write_text("first\n")
+    asyncio.run(agent.post(pool, body, 0))
+    token.write_text("renewed")
+    asyncio.run(agent.post(pool, body, 0))
+    assert [t for _, t in pool.taken] == ["", "first", "renewed"]
 
 
 def test_a_pool_that_is_away_or_refuses_is_retried_with_backoff(caplog):
@@ -329,7 +352,9 @@ def test_a_pool_that_is_away_or_refuses_is_retried_with_backoff(caplog):
         "reached (connection refused). Trying again, waiting up to 8 s between tries.",
         "The pool refuses this agent's readings (GPU readings are posted only by the gpushare "
         "node agent); give the agent the token of the JupyterHub service that the pool's "
-        "c.GPUUsage.agent_service names. Trying again, waiting up to 8 s between tries."]
+        "c.GPUUsage.agent_service names (with its pod's token in "
+        "/var/run/secrets/gpushare/token), or this node's in c.GPUUsage.agent_nodes. Trying "
+        "again, waiting up to 8 s between tries."]
 
 
 def test_a_kubelet_socket_that_is_not_there_is_a_sentence(tmp_path):

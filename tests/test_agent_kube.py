@@ -1,7 +1,9 @@
 """The node agent against the real control plane: a real JupyterHub with the real proxy, the
 pool service on the Kubernetes backend, and ``python -m jupyter_gpushare.agent`` running as
-its own process on each simulated GPU node, under the RBAC of hub_config/kubernetes-agent.yaml
-and with the token of the JupyterHub service "gpushare-agent".
+its own process on each simulated GPU node, under the RBAC of hub_config/kubernetes-agent.yaml,
+with the token of the JupyterHub service "gpushare-agent" and its pod's own projected token
+(asked through the TokenRequest API, as the kubelet does), which the pool reviews to learn
+the node a reading may be for.
 
 The kubelet simulator runs the job's pod and a notebook pod as real processes in real pod
 cgroups (kubepods/<qos>/pod<uid>/<id>), gives them GPUs by UUID and serves the kubelet's
@@ -9,19 +11,22 @@ pod-resources socket; the NVML stand-in plays per-process utilization for those 
 So the agent finds pods from /proc/<pid>/cgroup and GPUs from the kubelet exactly as on a
 real node, and the pool shows what the stand-in played: the job in api/usage and the pool
 map, the notebook's slice too, a process of no pod as outside gpushare; a reading posted with
-any other token is refused."""
+any other token is refused, and so is one for another node than its agent pod's."""
 
+import json
 import secrets
 import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.error import HTTPError
+from urllib.request import Request, urlopen
 
 import pytest
 
 from hubtest import Hub, need_proxy
 from kube.podrun import ANN_RUN_LOCALLY
-from kube_account import Account, AgentAccount
+from kube_account import Account, AgentAccount, pod_token
 from jupyter_gpushare.usage.nvml_standin import write_script
 
 pytestmark = pytest.mark.kube
@@ -71,6 +76,13 @@ def hub(kube_cluster, tmp_path_factory):
         home=str(directory / "home"), interval=INTERVAL), EXTRA)
     hub.account = account
     hub.agent_account = AgentAccount(kube_cluster, account.namespace)
+    # each node's agent pod, and the token the kubelet would project into it
+    hub.node_tokens = {}
+    for node in (TRAIN, BUILD):
+        token = pod_token(kube_cluster, account.namespace, "gpushare-agent",
+                          f"gpushare-agent-{node}", node)
+        (directory / f"{node}.token").write_text(token)
+        hub.node_tokens[node] = token
     hub.agents = []
     try:
         yield hub.start()
@@ -104,11 +116,26 @@ def start_agent(hub, node: str, script: Path, token: str, name: str):
          f"--NodeAgent.kubeconfig={hub.agent_account.kubeconfig}",
          f"--NodeAgent.pod_resources_socket={sim.pod_resources_socket(node)}",
          "--NodeAgent.nvml=standin", f"--NodeAgent.nvml_standin_script={script}",
+         f"--NodeAgent.node_token_file={hub.dir / f'{node}.token'}",
          f"--NodeAgent.sample_interval={INTERVAL}", "--NodeAgent.max_backoff=2"],
         env={"PATH": "/usr/bin:/bin", "JUPYTERHUB_API_TOKEN": token},
         stdout=open(log, "ab"), stderr=subprocess.STDOUT)
     hub.agents.append((proc, log))
     return proc, log
+
+
+def post_samples(hub, reading, token=AGENT, node_token=None):
+    """A reading posted by hand, as an agent posts it (its pod's token in a header)."""
+    request = Request(hub.pool_url + "api/samples", data=json.dumps(reading).encode(),
+                      method="POST", headers={"Authorization": f"token {token}",
+                                              "Content-Type": "application/json"})
+    if node_token:
+        request.add_header("Gpushare-Node-Token", node_token)
+    try:
+        with urlopen(request, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except HTTPError as e:
+        return e.code, json.loads(e.read())
 
 
 def pool_map(hub):
@@ -238,12 +265,53 @@ def test_the_agent_attributes_real_pods_gpu_use_to_the_job_and_the_slice(hub, tm
         # a reading that claims the job on more of the node's GPUs than the pool gave it:
         # only as many are believed
         claim = [{"job": job["id"], "attempt": 1}]
-        status, body = hub.request("POST", hub.pool_url + "api/samples", AGENT, {
+        status, body = post_samples(hub, {
             "node": TRAIN, "gpus": [{"uuid": u, "memory_total": GiB, "utilization": 0,
-                                     "held_by": claim} for u in (*train_gpus, "GPU-extra")]})
+                                     "held_by": claim} for u in (*train_gpus, "GPU-extra")]},
+            node_token=hub.node_tokens[TRAIN])
         assert status == 202, body
         extra = next(g for g in pool_map(hub)["gpus"] if g["uuid"] == "GPU-extra")
         assert extra["holders"] == []
     finally:
         stray.kill()
         stray.wait()
+
+
+def test_an_agent_speaks_only_for_the_node_its_pod_is_on(hub):
+    """The agent service's one token is in the root, hostPID pod on every GPU node. With it,
+    the train node's agent (or whoever is root there) reports the build node's GPU idle, so
+    that its notebooks are culled: refused, whatever pod token comes with it."""
+    ns, cluster = hub.account.namespace, hub.account.cluster
+    build_gpu = cluster.kubelet.devices[BUILD].uuids[0]
+    idle = {"node": BUILD, "gpus": [{"uuid": build_gpu, "memory_total": GiB, "utilization": 0,
+                                     "processes": []}]}
+
+    def refused(node_token, *words):
+        status, body = post_samples(hub, idle, node_token=node_token)
+        assert status == 403, body
+        assert any(w in body["error"] for w in words), body
+        return body["error"]
+
+    # the train node's own pod token: Kubernetes says which node that pod is on
+    assert refused(hub.node_tokens[TRAIN], "runs on node") == \
+        f"this agent's pod runs on node {TRAIN}, not on {BUILD}"
+    # no pod token at all
+    assert "must carry its pod's service-account token" in refused(None, "must carry")
+    # the agent account's old-style secret token (not bound to a pod, not for the pool)
+    refused(hub.agent_account.token, "does not accept", "not bound to a pod")
+    # a token bound to a pod on the build node, but of another account (any pod's there)
+    other = pod_token(cluster, ns, "default", "someone-on-build", BUILD)
+    assert "not the agent's service account" in refused(other, "service account")
+    # a token for another audience (the API server's own)
+    api_audience = pod_token(cluster, ns, "gpushare-agent", "agent-api-audience", BUILD,
+                             audience="https://kubernetes.default.svc.cluster.local")
+    refused(api_audience, "does not accept")
+    # a token whose agent pod is gone (deleted before the pool ever saw it)
+    gone = pod_token(cluster, ns, "gpushare-agent", "agent-gone", BUILD)
+    cluster.api.delete(f"/api/v1/namespaces/{ns}/pods/agent-gone", {"gracePeriodSeconds": 0})
+    refused(gone, "no longer exists", "does not accept")
+    # a forged token
+    refused("not-a-token", "does not accept")
+    # the build node's own agent may report it
+    status, body = post_samples(hub, idle, node_token=hub.node_tokens[BUILD])
+    assert status == 202, body

@@ -1155,6 +1155,9 @@ def test_the_hub_account_may_do_what_the_backend_needs_and_no_more(account):
         attributes = {"verb": verb, "resource": resource, "subresource": subresource}
         if resource == "networkpolicies":
             attributes["group"] = "networking.k8s.io"
+        if resource in ("tokenreviews", "subjectaccessreviews"):
+            attributes["group"] = "authentication.k8s.io" if resource == "tokenreviews" \
+                else "authorization.k8s.io"
         if namespace:
             attributes["namespace"] = namespace
         review = account.api.post("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", {
@@ -1169,7 +1172,8 @@ def test_the_hub_account_may_do_what_the_backend_needs_and_no_more(account):
     allowed += [(v, "nodes", None) for v in ("get", "list", "watch")]
     allowed += [(v, "services") for v in ("create", "delete")]
     allowed += [(v, "networkpolicies") for v in ("create", "delete")]
-    denied = [("update", "pods"), ("patch", "pods"), ("deletecollection", "pods"),
+    allowed += [("create", "tokenreviews", None)]  # which node an agent's pod is on
+    denied = [("create", "subjectaccessreviews", None), ("update", "pods"), ("patch", "pods"), ("deletecollection", "pods"),
               ("create", "pods", "default"), ("list", "pods", "default"),
               ("create", "pods", account.namespace, "exec"),
               ("create", "pods", account.namespace, "eviction"),

@@ -142,6 +142,14 @@ def test_the_node_agent_runs_on_every_gpu_node_with_the_agent_services_token():
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
     assert agent.pod_resources_socket.startswith(
         mounts["/var/lib/kubelet/pod-resources"]["mountPath"] + "/")
+    # its pod's own token, for the audience the pool reviews it for: where the agent reads it
+    from jupyter_gpushare.pool.agents import AUDIENCE
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mount = next(m for m in container["volumeMounts"]
+                 if agent.node_token_file.startswith(m["mountPath"] + "/"))
+    (source,) = volumes[mount["name"]]["projected"]["sources"]
+    assert source["serviceAccountToken"]["audience"] == AUDIENCE
+    assert agent.node_token_file == f"{mount['mountPath']}/{source['serviceAccountToken']['path']}"
     security = container["securityContext"]
     assert security["capabilities"] == {"drop": ["ALL"]}
     assert security["allowPrivilegeEscalation"] is False

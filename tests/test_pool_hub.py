@@ -28,6 +28,7 @@ c.LocalBackend.simulated_gpus_per_node = 4
 c.LocalBackend.env_keep = ["LANG", "LC_ALL"]  # the root service's PATH is not the users'
 c.PoolService.build_nodes = {"sim-build-0": 1}
 c.PoolService.build_allowance = 0.5
+c.PoolService.spawner_service = "tester"  # the hub's test service plays the spawner
 """
 
 GROUPS = {"vision": ["alice", "carol"], "nlp": ["bob"]}

@@ -19,6 +19,7 @@ from jupyter_gpushare.usage.nvml_standin import write_script
 GiB = 2**30
 SPAWNER = secrets.token_hex(16)
 AGENT = secrets.token_hex(16)
+NODE9 = secrets.token_hex(16)  # the agent of one node, gpu-node-9, with a service of its own
 BUILD_GPU = "GPU-SIMULATED-sim-build-0-0"
 
 POOL_CONFIG = """
@@ -34,13 +35,16 @@ c.PoolService.build_nodes = {"sim-build-0": 1}
 c.GPUUsage.sample_interval = 0.2
 c.GPUUsage.idle_job_after = 1
 c.GPUUsage.nvml_standin_script = "{dir}/standin.json"
+c.GPUUsage.agent_nodes = {"gpushare-agent-node9": "gpu-node-9"}
 """
 
 EXTRA = f"""
 c.JupyterHub.services += [{{"name": "gpushare-spawner", "api_token": "{SPAWNER}"}},
-                          {{"name": "gpushare-agent", "api_token": "{AGENT}"}}]
+                          {{"name": "gpushare-agent", "api_token": "{AGENT}"}},
+                          {{"name": "gpushare-agent-node9", "api_token": "{NODE9}"}}]
 c.JupyterHub.load_roles += [{{"name": "gpushare-clients", "services": ["gpushare-spawner",
-                              "gpushare-agent"], "scopes": ["access:services!service=gpushare"]}}]
+                              "gpushare-agent", "gpushare-agent-node9"],
+                              "scopes": ["access:services!service=gpushare"]}}]
 """
 
 GROUPS = {"vision": ["alice", "carol"], "nlp": ["bob"]}
@@ -211,7 +215,7 @@ def test_readings_are_posted_only_by_the_agent(hub, world):
     for token in (hub.token("alice"), hub.token("admin"), SPAWNER):
         status, body = hub.request("POST", hub.pool_url + "api/samples", token, reading)
         assert status == 403 and "only by the gpushare node agent" in body["error"]
-    status, body = hub.request("POST", hub.pool_url + "api/samples", AGENT, reading)
+    status, body = hub.request("POST", hub.pool_url + "api/samples", NODE9, reading)
     assert status == 202 and body == {"gpus": 1, "attributed": 0}  # claims it cannot confirm
     for bad, words in ((["x"], "must be a JSON object"),
                        ({"node": "", "gpus": []}, "node must name the machine"),
@@ -222,8 +226,56 @@ def test_readings_are_posted_only_by_the_agent(hub, world):
                        ({"node": "n", "at": 1, "gpus": []}, "more than 5 minutes away"),
                        ({"node": "n", "gpus": [{"uuid": "G"}] * 65}, "at most 64 GPUs"),
                        ({"node": "n", "gpus": [], "extra": 1}, "unknown field(s) extra")):
-        status, body = hub.request("POST", hub.pool_url + "api/samples", AGENT, bad)
+        status, body = hub.request("POST", hub.pool_url + "api/samples", NODE9, bad)
         assert status == 400 and words in body["error"], (bad, body)
+
+
+def test_a_node_agent_cannot_speak_for_another_node(hub, world):
+    """The attack: one node's agent reports the build node's GPU idle, with alice's slice on
+    it, so that her notebook is culled. Readings are bound to the node they come from."""
+    alice = world["slices"]["alice"]
+    idle = {"node": "sim-build-0", "gpus": [{"uuid": BUILD_GPU, "memory_total": GiB,
+                                             "utilization": 0, "processes": [],
+                                             "held_by": [{"slice": alice["id"]}]}]}
+    status, body = hub.request("POST", hub.pool_url + "api/samples", NODE9, idle)
+    assert status == 403, body
+    assert body["error"] == ("the agent service 'gpushare-agent-node9' speaks only for node "
+                             "gpu-node-9, not for sim-build-0")
+    # The shared agent's one token is on every GPU node: it proves no node by itself, and
+    # without Kubernetes to vouch for the agent's pod its readings are refused.
+    status, body = hub.request("POST", hub.pool_url + "api/samples", AGENT, idle)
+    assert status == 403, body
+    assert "which node" in body["error"] and "c.GPUUsage.agent_nodes" in body["error"]
+    # What the pool saw of the build GPU is its own reading, not the forged one.
+    time.sleep(0.5)
+    status, pool = hub.api("GET", "api/pool", "admin")
+    build = next(g for g in pool["gpus"] if g["uuid"] == BUILD_GPU)
+    holder = next(h for h in build["holders"] if h["user"] == "alice")
+    assert holder["sm"] == pytest.approx(0.2, abs=0.01)
+
+
+@pytest.mark.parametrize("method, path, body", [
+    ("GET", "api/slices", None),
+    ("POST", "api/slices", {"user": "alice", "gpus": 0.25, "server": ""}),
+    ("PATCH", "api/slices/{bob}", {"pid": 1}),
+    ("DELETE", "api/slices/{bob}", None),
+])
+def test_the_agents_token_is_refused_on_every_slice_route(hub, world, method, path, body):
+    """The agent's token sits in a root pod on every GPU node: with it, no slice can be
+    listed, reserved for anyone, re-attributed or released. Only the spawner's service may."""
+    bob = world["slices"]["bob"]
+    url = hub.pool_url + path.format(bob=bob["id"])
+    for token in (AGENT, NODE9):
+        status, answer = hub.request(method, url, token, body)
+        assert status == 403, answer
+        assert answer["error"] == ("only the hub's spawner (the JupyterHub service "
+                                   "'gpushare-spawner') may list, reserve, change or release "
+                                   "build slices")
+    status, listed = hub.request("GET", hub.pool_url + "api/slices", SPAWNER)
+    assert status == 200
+    mine = {s["id"]: s for s in listed["slices"]}
+    assert mine[bob["id"]]["pid"] == bob["pid"]
+    assert sorted(s["user"] for s in listed["slices"]) == ["alice", "bob"]
 
 
 def test_only_the_spawner_says_whose_server_a_slice_is(hub, world):

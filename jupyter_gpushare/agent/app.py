@@ -24,6 +24,8 @@ from ..usage.sampler import MachineReading, NVMLSampler
 from . import cgroup, pods, report
 from .podresources import DEFAULT_SOCKET, PodResources, PodResourcesError
 
+NODE_TOKEN_FILE = "/var/run/secrets/gpushare/token"
+
 
 class Problems:
     """One log line when a problem starts or changes, one when it is over: a node agent
@@ -106,8 +108,16 @@ class NodeAgent(Application):
 
     api_token = Unicode(help="""
         The JupyterHub API token of the agent's service (c.GPUUsage.agent_service,
-        "gpushare-agent"): only it may post readings. Default: $JUPYTERHUB_API_TOKEN. Never
-        logged.
+        "gpushare-agent", or this node's service in c.GPUUsage.agent_nodes): only they may
+        post readings. Default: $JUPYTERHUB_API_TOKEN. Never logged.
+        """).tag(config=True)
+
+    node_token_file = Unicode(NODE_TOKEN_FILE, help="""
+        The agent pod's own service-account token, projected by the kubelet for the audience
+        "gpushare" (hub_config/kubernetes-agent.yaml): sent with every reading, it proves to
+        the pool which node the reading is from, since the agent service's one token is on
+        every node. Read again for each reading (the kubelet renews it). Where the file does
+        not exist (an agent with a service of its own per node), nothing is sent. Never logged.
         """).tag(config=True)
 
     namespace = Unicode(help="""
@@ -297,17 +307,26 @@ class NodeAgent(Application):
         problems = self.problems.sentences("kubelet", "pods")
         return report.samples_body(reading, pod_of_pid, node_pods.by_uid, devices, problems)
 
+    def node_token(self) -> str:
+        """The pod's projected token, as the kubelet last renewed it ("" where there is none)."""
+        try:
+            with open(self.node_token_file) as f:
+                return f.read().strip()
+        except OSError:
+            return ""
+
     async def post(self, client: PoolClient, body: dict, backoff: float) -> float:
         """Step 6: the reading to the pool. Returns the back-off before the next try (0 when
         the pool took it)."""
         try:
-            await asyncio.to_thread(client.post_samples, body)
+            await asyncio.to_thread(client.post_samples, body, self.node_token())
         except (PoolUnreachable, PoolError, NoCredentials, ClientError) as exc:
             backoff = min(self.max_backoff, max(self.sample_interval, backoff * 2))
             if isinstance(exc, PoolError) and exc.status == 403:
                 why = (f"The pool refuses this agent's readings ({exc}); give the agent the "
                        f"token of the JupyterHub service that the pool's "
-                       f"c.GPUUsage.agent_service names.")
+                       f"c.GPUUsage.agent_service names (with its pod's token in "
+                       f"{self.node_token_file}), or this node's in c.GPUUsage.agent_nodes.")
             elif isinstance(exc, PoolError):
                 why = f"The pool refused a reading (HTTP {exc.status}: {exc})."
             else:

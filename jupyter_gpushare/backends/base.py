@@ -185,5 +185,11 @@ class Backend(LoggingConfigurable):
         reading their use here; {} where the train pool is elsewhere."""
         return {}
 
+    def kubernetes(self) -> tuple[str, str] | None:
+        """``(kubeconfig, namespace)`` of the Kubernetes API this backend uses ("" for the
+        kubeconfig: the pod's service account, else the default kubeconfig), or None where
+        it uses none. The pool asks it there which node a node agent's pod is on."""
+        return None
+
     async def shutdown(self) -> None:
         """The service is stopping: release resources, but leave running jobs running."""

@@ -354,12 +354,15 @@ class SlicesHandler(PoolHandler):
     """Build slices, reserved by the spawner (a JupyterHub service) for notebook servers."""
 
     def get(self):
-        mine = None if (self.who.admin or self.who.kind == "service") else self.who.name
+        if self.who.kind == "user":
+            mine = None if self.who.admin else self.who.name
+        else:
+            self.spawner_only()
+            mine = None
         self.reply({"slices": [self.slice_json(r) for r in self.store.slices(user=mine)]})
 
     def post(self):
-        if not (self.who.admin or self.who.kind == "service"):
-            self.fail(403, "build slices are reserved by the hub's spawner, not by users")
+        self.spawner_only()
         body = self.body()
         try:
             if not isinstance(body, dict):
@@ -389,8 +392,7 @@ class SlicesHandler(PoolHandler):
 class SliceHandler(PoolHandler):
     def patch(self, slice_id):
         """The spawner says which process is the slice's notebook server (usage attribution)."""
-        if not (self.who.admin or self.who.kind == "service"):
-            self.fail(403, "build slices are changed by the hub's spawner, not by users")
+        self.spawner_only()
         body = self.body()
         pid = body.get("pid") if isinstance(body, dict) else None
         if not isinstance(body, dict) or set(body) != {"pid"} or isinstance(pid, bool) or \
@@ -402,8 +404,7 @@ class SliceHandler(PoolHandler):
         self.reply(self.slice_json(row))
 
     def delete(self, slice_id):
-        if not (self.who.admin or self.who.kind == "service"):
-            self.fail(403, "build slices are released by the hub's spawner, not by users")
+        self.spawner_only()
         row = self.store.remove_slice(slice_id) if ID.match(slice_id) else None
         if row is None:
             self.fail(404, f"there is no slice {slice_id}")

@@ -3,7 +3,8 @@ the GPU part of ``api/pool`` (paths and shapes: openapi.py).
 
 Who reads what: admins every row; a user their own rows (jobs, slices, themselves) and their
 projects' (project rows and those projects' jobs); GPUs (``by=gpu``) only admins. Readings
-are posted only by the service named ``c.GPUUsage.agent_service``.
+are posted only by node agents (``c.GPUUsage.agent_service``, ``agent_nodes``), each for the
+node it proves it is on (``agents.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from ..usage.attribution import Holding, attribute
 from ..usage.report import BY, SORTS
 from ..usage.rollup import DAY
 from ..usage.sampler import GPUReading, MachineReading, ProcessReading
+from .agents import HEADER, NotProven, Unverifiable
 from .handlers import ServiceHandler
 from .usage_service import job_owner, slice_owner
 from .usage_store import Scope
@@ -286,15 +288,21 @@ def parse_samples(body, now: float):
 
 
 class SamplesHandler(ServiceHandler):
-    def post(self):
-        agent = self.usage.agent_service
-        if self.who.kind != "service" or self.who.name != agent:
+    async def post(self):
+        agents = self.usage.agents
+        if self.who.kind != "service" or not agents.is_agent(self.who.name):
             self.fail(403, f"GPU readings are posted only by the gpushare node agent (the "
-                           f"JupyterHub service {agent!r})")
+                           f"JupyterHub service {agents.shared!r})")
         try:
             reading, proc_claims, gpu_claims = parse_samples(self.body(), time.time())
         except Invalid as e:
             self.fail(e.status, str(e))
+        try:
+            await agents.check(self.who.name, reading.node, self.request.headers.get(HEADER))
+        except NotProven as e:
+            self.fail(403, str(e))
+        except Unverifiable as e:
+            self.fail(503, str(e))
         owners, holdings, pools = self._resolve(reading.node, proc_claims, gpu_claims)
         self.usage.meter.ingest(reading.node, reading.at,
                                 attribute(reading, holdings, owners, pools), reading.problem)

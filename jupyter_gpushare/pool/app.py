@@ -112,6 +112,10 @@ class PoolService(Application):
         profiles).""").tag(config=True)
     build_allowance = Float(0.5, help="GPUs of build slices one user may hold at once, all "
                             "their notebook servers together.").tag(config=True)
+    spawner_service = Unicode("gpushare-spawner", help="""Name of the JupyterHub service
+        whose token the hub's spawner reserves, changes and releases build slices with (the
+        same name as the spawner's own spawner_service). No other service may, nor list every
+        user's slices; admins may, users list their own.""").tag(config=True)
 
     max_body_size = Integer(1024 * 1024, help="Largest request body accepted, in bytes; a "
                             "larger one is refused (413) without being kept.").tag(config=True)
@@ -293,7 +297,7 @@ class PoolService(Application):
             build=self.build, intake=self.intake, usage=self.usage,
             directory=self.directory, tokens=self.tokens, follows=self.follows,
             job_lists=JobLists(self.scheduler, self.usage.meter),
-            max_body_size=self.max_body_size,
+            max_body_size=self.max_body_size, spawner_service=self.spawner_service,
             hub_auth=HubAuth(), dashboard_oauth=dashboard.OAuthSettings(),
             # The dashboard's login cookie is signed with a secret of this process: after a
             # restart the browser logs in again through the hub, without a question.

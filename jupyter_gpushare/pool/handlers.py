@@ -139,6 +139,17 @@ class ServiceHandler(HubAuthenticated, web.RequestHandler):
     def my_projects(self) -> list[ProjectRow]:
         return [p for p in self.store.projects() if self.member_of(p)]
 
+    def spawner_only(self) -> None:
+        """Build slices are the spawner's: only the JupyterHub service named
+        ``c.PoolService.spawner_service`` (and admins) may list them all, reserve, change or
+        release them. Any other service is refused, the node agent's above all: its token
+        sits in a root pod on every GPU node."""
+        spawner = self.settings["spawner_service"]
+        if self.who.admin or (self.who.kind == "service" and self.who.name == spawner):
+            return
+        self.fail(403, f"only the hub's spawner (the JupyterHub service {spawner!r}) may list, "
+                       f"reserve, change or release build slices")
+
     def own_job(self, job_id: str) -> JobRow:
         row = self.store.job(job_id) if ID.match(job_id) else None
         if row is None:

@@ -361,11 +361,12 @@ SPEC = {
                     "responses": {"200": _ok("Project"), **_errors(400, 409, 413)}},
         },
         "/api/slices": {
-            "get": {"summary": "Build slices: yours, or all for admins and the spawner",
+            "get": {"summary": "Build slices: yours, or all for admins and the spawner (the "
+                               "service PoolService.spawner_service; other services: 403)",
                     "responses": {"200": _ok("SliceList"), **_errors()}},
             "post": {"summary": "Reserve a build slice for a user's notebook server (the "
-                                "spawner, a JupyterHub service, or admins); packed best fit "
-                                "within the user's build allowance",
+                                "spawner, the service PoolService.spawner_service, or "
+                                "admins); packed best fit within the user's build allowance",
                      "requestBody": {"required": True, "content": {"application/json": {
                          "schema": {"$ref": "#/components/schemas/SliceRequest"}}}},
                      "responses": {"201": _ok("Slice", "reserved"),
@@ -381,7 +382,7 @@ SPEC = {
                       "responses": {"200": _ok("Slice"), **_errors(400, 403, 404)}},
             "delete": {"summary": "Release a build slice (the spawner or admins)",
                        "parameters": [SLICE_ID],
-                       "responses": {"200": _ok("Slice"), **_errors(400, 404)}},
+                       "responses": {"200": _ok("Slice"), **_errors(400, 403, 404)}},
         },
         "/api/usage": {
             "get": {"summary": "Allocation and utilization over a window, by project, user, "
@@ -418,12 +419,18 @@ SPEC = {
                                    **_errors(400, 403, 404)}},
         },
         "/api/samples": {
-            "post": {"summary": "A node agent's reading of its GPUs (only the service "
-                                "GPUUsage.agent_service)",
+            "post": {"summary": "A node agent's reading of its GPUs, for the node it proves "
+                                "it is on: a service of GPUUsage.agent_nodes, or the service "
+                                "GPUUsage.agent_service with its pod's projected token "
+                                "(audience gpushare) in Gpushare-Node-Token; 403 for another "
+                                "node, 503 while Kubernetes cannot say",
+                     "parameters": [{"name": "Gpushare-Node-Token", "in": "header",
+                                     "schema": {"type": "string"}, "description": "the agent "
+                                     "pod's service-account token (agent_service only)"}],
                      "requestBody": {"required": True, "content": {"application/json": {
                          "schema": {"$ref": "#/components/schemas/Samples"}}}},
                      "responses": {"202": {"description": "taken"},
-                                   **_errors(400, 403, 413)}},
+                                   **_errors(400, 403, 413, 503)}},
         },
         "/metrics": {"get": {"summary": "Prometheus metrics (admins)",
                              "responses": {"200": _text("Prometheus text format 0.0.4"),

@@ -4,15 +4,16 @@ backend and the build pool.
 ``c.GPUUsage.*`` in ``gpushare_config.py``. Where the train pool runs on the service's own
 machine (the local backend), the service reads the GPUs itself every ``sample_interval``:
 through NVML, or through the NVML stand-in over the labelled simulated GPUs where the machine
-has none. Elsewhere (Kubernetes), node agents post their readings (``api/samples``), and only
-the service named ``agent_service`` may.
+has none. Elsewhere (Kubernetes), node agents post their readings (``api/samples``): only the
+services named ``agent_service`` and in ``agent_nodes`` may, each for the node it proves it is
+on (``agents.py``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from traitlets import Bool, CaselessStrEnum, Float, TraitError, Unicode, default, validate
+from traitlets import Bool, CaselessStrEnum, Dict, Float, TraitError, Unicode, default, validate
 from traitlets.config import LoggingConfigurable
 
 from ..backends.local import SIMULATED_LABEL
@@ -25,6 +26,7 @@ from ..usage.meter import LocalContext, UsageMeter, UsageSettings
 from ..usage.rollup import DAY
 from ..usage.sampler import NVMLSampler
 from ..backends.base import Backend
+from .agents import AgentNodes, PodTokens
 from .build import BuildPool
 from .culler import SliceCuller
 from .follows import Follows
@@ -89,8 +91,25 @@ class GPUUsage(LoggingConfigurable):
         """).tag(config=True)
 
     agent_service = Unicode("gpushare-agent", help="""
-        Name of the JupyterHub service whose token node agents post readings with
-        (api/samples); no other user or service may post them.
+        Name of the JupyterHub service whose one token the node agents of the DaemonSet
+        (hub_config/kubernetes-agent.yaml) post readings with (api/samples). That token is
+        on every GPU node, so each reading must also carry the agent pod's own
+        service-account token (projected, audience "gpushare"): the pool asks Kubernetes
+        (a TokenReview) which pod it is bound to and takes that pod's node, and refuses a
+        reading for any other node. Only with the Kubernetes backend; elsewhere use
+        agent_nodes. No other user or service may post readings.
+        """).tag(config=True)
+
+    agent_nodes = Dict(key_trait=Unicode(), value_trait=Unicode(), help="""
+        Node agents with a JupyterHub service each: {service name: node name}. Such a
+        service's token proves its node by itself, and its readings are taken for that node
+        only. For agents on machines without Kubernetes; each needs its own service and token
+        (c.JupyterHub.services) with access to the pool.
+        """).tag(config=True)
+
+    agent_service_account = Unicode("gpushare-agent", help="""
+        The Kubernetes service account of the agent_service's pods: "name" in the Kubernetes
+        backend's namespace, or "namespace/name". A pod token of any other account is refused.
         """).tag(config=True)
 
     cull_idle_slices_after = Float(0.0, help="""
@@ -134,6 +153,25 @@ class GPUUsage(LoggingConfigurable):
         self.culler = SliceCuller(store, self.meter, hub, follows.following, CullSettings(
             self.cull_idle_slices_after, self.cull_warning), self.log) \
             if self.cull_idle_slices_after > 0 else None
+        self._kube = None
+        self.agents = AgentNodes(self.agent_service, self.agent_nodes, self._pod_tokens())
+
+    def _pod_tokens(self) -> PodTokens | None:
+        """Where the backend uses Kubernetes, the shared agent's pod tokens are checked there,
+        with a client of their own (made at the first reading)."""
+        where = self.backend.kubernetes()
+        if where is None:
+            return None
+        kubeconfig, namespace = where
+        account_namespace, _, account = self.agent_service_account.rpartition("/")
+
+        async def kube():
+            if self._kube is None:
+                from ..backends.kube.api import KubeAPI, make_client
+                self._kube = KubeAPI(await make_client(kubeconfig, connections=4), retry_s=2.0,
+                                     log=self.log, timeout_s=10.0)
+            return self._kube
+        return PodTokens(kube, account_namespace or namespace, account)
 
     @default("nvml_standin_script")
     def _default_script(self):
@@ -217,6 +255,8 @@ class GPUUsage(LoggingConfigurable):
             await self.meter.write(force=True)
         except Exception:  # noqa: BLE001 - stopping: say so, lose one minute at most
             self.log.exception("writing the last minute of GPU usage failed")
+        if self._kube is not None:
+            await self._kube.close()
 
     def idle_jobs(self) -> set[str]:
         return self.meter.idle_jobs() if self.reclaim_idle_first else set()

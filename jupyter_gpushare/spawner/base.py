@@ -94,13 +94,16 @@ class GPUShareSpawnerBase(Spawner):
         """).tag(config=True)
 
     spawner_service = Unicode("gpushare-spawner", help="""
-        Name of the JupyterHub service whose api_token pool_api_token defaults to.
+        Name of the JupyterHub service whose api_token pool_api_token defaults to; the pool
+        takes slices only from the service its c.PoolService.spawner_service names (the same
+        default, "gpushare-spawner").
         """).tag(config=True)
 
     pool_api_token = Unicode(help="""
         JupyterHub API token the spawner reserves and releases slices with. The pool accepts
-        slices only from JupyterHub services (and admins): the hub's own token is not one, so
-        register a service of its own for the spawner, with access to the pool::
+        slices only from the service c.PoolService.spawner_service (and admins): the hub's own
+        token is not it, so register a service of its own for the spawner, with access to the
+        pool::
 
             c.JupyterHub.services.append({"name": "gpushare-spawner", "api_token": TOKEN})
             c.JupyterHub.load_roles.append({"name": "gpushare-spawner",

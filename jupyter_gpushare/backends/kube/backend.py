@@ -146,6 +146,9 @@ class KubernetesBackend(KubernetesOptions):
             self._last_nodes = asyncio.run(self._list_nodes_once())
         return list(self._last_nodes)
 
+    def kubernetes(self) -> tuple[str, str]:
+        return self.kubeconfig, self.namespace
+
     async def _list_nodes_once(self) -> list[Node]:
         api = KubeAPI(await make_client(self.kubeconfig), self.api_retry_timeout, self.log)
         try:
