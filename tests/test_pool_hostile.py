@@ -39,7 +39,7 @@ c.PoolService.max_pending_per_user = 3
 c.PoolService.max_followers_per_user = 2
 c.PoolService.token_cache_size = 20
 c.PoolService.token_cache_ttl = {TOKEN_TTL}
-c.PoolService.unknown_token_waiting = 12
+c.PoolService.unknown_token_waiting = 48
 c.PoolService.rights_ttl = 0.5
 c.PoolService.rights_max_stale = 2
 c.LocalBackend.simulated_nodes = 1
@@ -461,24 +461,16 @@ def test_a_flood_of_random_tokens_locks_no_valid_token_out(hub, relay):
     assert set(flood.statuses) == {403}, sorted(set(flood.statuses))
 
 
-def test_a_revoked_token_works_for_at_most_twice_the_ttl(hub):
-    """An answer is used for token_cache_ttl, then for as long again while it is checked in
-    the background: once that check has answered, or beyond twice the ttl, a revoked token
-    is refused."""
-    tokens = []
-    for note in ("revoked, then used", "revoked, then idle"):
-        status, body = hub_api(hub, "POST", "users/alice/tokens", {"note": note})
-        assert status == 201, body
-        assert hub.request("GET", hub.pool_url + "api/quota", body["token"])[0] == 200
-        assert hub_api(hub, "DELETE", f"users/alice/tokens/{body['id']}")[0] == 204
-        tokens.append(body["token"])
-    used, idle = tokens
+def test_a_revoked_token_works_for_at_most_the_ttl(hub):
+    """An answer is used for token_cache_ttl; after that the hub is asked again before the
+    token is used (an old answer is used only while the hub does not answer within a
+    second)."""
+    status, body = hub_api(hub, "POST", "users/alice/tokens", {"note": "revoked"})
+    assert status == 201, body
+    assert hub.request("GET", hub.pool_url + "api/quota", body["token"])[0] == 200
+    assert hub_api(hub, "DELETE", f"users/alice/tokens/{body['id']}")[0] == 204
     time.sleep(TOKEN_TTL + 0.3)
-    hub.request("GET", hub.pool_url + "api/quota", used)  # 200 while it is checked again
-    time.sleep(1)
-    assert hub.request("GET", hub.pool_url + "api/quota", used)[0] == 403
-    time.sleep(TOKEN_TTL)
-    assert hub.request("GET", hub.pool_url + "api/quota", idle)[0] == 403
+    assert hub.request("GET", hub.pool_url + "api/quota", body["token"])[0] == 403
 
 
 def test_an_unknown_token_is_asked_about_once(hub, relay):
@@ -489,9 +481,10 @@ def test_an_unknown_token_is_asked_about_once(hub, relay):
 
 
 def test_new_tokens_beyond_the_waiting_line_are_refused_and_confirmed_ones_are_not(hub, relay):
-    """unknown_token_waiting = 12: with the hub slow to answer, 40 strangers at once fill
-    the line and the rest are refused with a sentence; alice's confirmed token is answered
-    meanwhile, even when her entry must be checked again."""
+    """unknown_token_waiting = 48, so 12 from one address: with the hub slow to answer, 40
+    strangers at once (all from the proxy's address here) fill their share of the line and
+    the rest are refused with a sentence; alice's confirmed token is answered meanwhile,
+    even when her entry must be checked again."""
     assert hub.api("GET", "api/quota", "alice")[0] == 200
     time.sleep(2 * TOKEN_TTL + 0.2)  # her next request waits for a check with the hub
     relay.delays["token"] = 1.5

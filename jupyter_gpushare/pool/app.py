@@ -135,19 +135,23 @@ class PoolService(Application):
                                  "may take (their commands and environments, mostly); the "
                                  "oldest ended jobs are forgotten first.").tag(config=True)
     token_cache_ttl = Float(60.0, min=1.0, help="Seconds the hub's answer for a token (whose "
-                            "it is) is used before it is checked again; for as long again it "
-                            "is used while that check runs in the background, so a revoked "
-                            "token works for at most twice this long. A token the hub did "
-                            "not know is refused for this long without asking again."
-                            ).tag(config=True)
+                            "it is) is used before the hub is asked again, so a revoked token "
+                            "works for at most this long; while the hub does not answer "
+                            "within a second, the old answer is used for as long again. A "
+                            "token the hub did not know is refused for this long without "
+                            "asking again.").tag(config=True)
     token_cache_size = Integer(10_000, min=1, help="Tokens whose owner is kept at most (the "
-                               "least recently used are forgotten first), and as many that "
-                               "the hub did not know.").tag(config=True)
-    unknown_token_waiting = Integer(256, min=1, help="Requests with tokens the hub has not "
+                               "least recently used are forgotten first; one user or service "
+                               "keeps 64 at most, so one who makes many tokens pushes out only "
+                               "their own), and as many that the hub did not know."
+                               ).tag(config=True)
+    unknown_token_waiting = Integer(256, min=4, help="Requests with tokens the hub has not "
                                     "confirmed yet (new or unknown ones) that may wait for its "
-                                    "answer at once; beyond that they are refused (429). Tokens "
-                                    "the hub confirmed before never wait behind these and are "
-                                    "never refused for their number.").tag(config=True)
+                                    "answer at once, a quarter of them at most from one address "
+                                    "(the one the proxy saw); beyond that they are refused "
+                                    "(429). Tokens the hub confirmed before never wait behind "
+                                    "these and are never refused for their number."
+                                    ).tag(config=True)
     rights_ttl = Float(30.0, help="Seconds a user's admin flag and groups, asked from the hub, "
                        "are used before they are asked again (in the background).").tag(config=True)
     rights_max_stale = Float(300.0, help="Seconds a user's rights are used at most while the hub "

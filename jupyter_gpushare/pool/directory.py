@@ -52,31 +52,41 @@ class HubTokens:
 
     Tokens take one of two lanes to the hub, so that strangers cannot spend what valid
     tokens need:
-    - *confirmed*: a token the hub said is valid. Its answer is used for ``ttl_s``; after
-      that it is used for up to ``ttl_s`` more while one re-check runs in the background,
-      and beyond that the request waits for the re-check. Confirmed tokens never wait
-      behind unknown ones and are never refused for their number.
+    - *confirmed*: a token the hub said is valid. Its answer is used for ``ttl_s``; then it
+      is checked again, and while the hub takes more than ``recheck_wait_s`` to answer (or
+      does not answer) the old answer is used, for up to ``ttl_s`` more. Confirmed tokens
+      never wait behind unknown ones and are never refused for their number. One owner keeps
+      at most ``per_owner`` of them (their least recently used go first), so a user who makes
+      many tokens cannot push out everyone else's.
     - *new*: any other token. At most ``concurrent`` are asked about at once and at most
-      ``waiting`` wait for an answer; beyond that they are refused (``TooManyFailures``),
-      which happens only when they come faster than the hub answers. A token the hub did
-      not know is answered "no" for ``ttl_s`` without asking again.
+      ``waiting`` wait for an answer, a quarter of them at most from one client; beyond that
+      they are refused (``TooManyFailures``), which happens only when they come faster than
+      the hub answers. A token the hub did not know is answered "no" for ``ttl_s`` without
+      asking again.
     """
 
     def __init__(self, hub: HubAPI, ttl_s: float = 60.0, size: int = 10_000,
-                 waiting: int = 256, concurrent: int = 8, clock=time.monotonic):
+                 waiting: int = 256, concurrent: int = 8, per_owner: int = 64,
+                 recheck_wait_s: float = 1.0, clock=time.monotonic):
         self.hub = hub
         self.ttl_s, self.size, self.waiting, self.clock = ttl_s, size, waiting, clock
+        self.per_client = max(1, waiting // 4)
+        self.per_owner, self.recheck_wait_s = per_owner, recheck_wait_s
         self._confirmed: OrderedDict[str, tuple[float, dict]] = OrderedDict()
+        self._owned: dict[tuple, OrderedDict[str, None]] = {}  # owner -> their token hashes
         self._refused: OrderedDict[str, float] = OrderedDict()
         self._asking: dict[str, asyncio.Future] = {}
         self._concurrent = concurrent
         self._lanes: dict[bool, asyncio.Semaphore] = {}
         self._new_waiting = 0
+        self._waiting_from: dict[str, int] = {}  # client -> its new tokens waiting
 
     def __len__(self):
         return len(self._confirmed)
 
-    async def identify(self, token: str) -> dict | None:
+    async def identify(self, token: str, client: str = "") -> dict | None:
+        """``client``: where the request comes from (the proxy's X-Forwarded-For), for the
+        share of the new tokens' line one client may take."""
         key = hashlib.sha256(token.encode("utf-8", "replace")).hexdigest()
         now = self.clock()
         hit = self._confirmed.get(key)
@@ -85,18 +95,38 @@ class HubTokens:
             age = now - hit[0]
             if age < self.ttl_s:
                 return hit[1]
-            if age < 2 * self.ttl_s:
-                if key not in self._asking:  # one re-check; meanwhile, what the hub said
-                    self._ask(key, token, confirmed=True).add_done_callback(_quiet)
+            check = self._ask(key, token, confirmed=True)
+            if age >= 2 * self.ttl_s:
+                return await asyncio.shield(check)
+            try:  # the hub's new answer if it comes soon, else what it said before
+                return await asyncio.wait_for(asyncio.shield(check), self.recheck_wait_s)
+            except (asyncio.TimeoutError, HubUnavailable):
+                check.add_done_callback(_quiet)
                 return hit[1]
-            return await asyncio.shield(self._ask(key, token, confirmed=True))
         refused = self._refused.get(key)
         if refused is not None and now - refused < self.ttl_s:
             return None
-        if key not in self._asking and self._new_waiting >= self.waiting:
-            raise TooManyFailures("too many requests with new tokens are waiting for "
-                                  "JupyterHub's answer; try again in a few seconds")
-        return await asyncio.shield(self._ask(key, token, confirmed=False))
+        if key not in self._asking:
+            if self._new_waiting >= self.waiting:
+                raise TooManyFailures("too many requests with new tokens are waiting for "
+                                      "JupyterHub's answer; try again in a few seconds")
+            if self._waiting_from.get(client, 0) >= self.per_client:
+                raise TooManyFailures("too many requests with new tokens from your address "
+                                      "are waiting for JupyterHub's answer; try again in a "
+                                      "few seconds")
+            self._count(client, +1)
+            self._ask(key, token, confirmed=False).add_done_callback(
+                lambda _: self._count(client, -1))
+        return await asyncio.shield(self._asking[key])
+
+    def _count(self, client: str, step: int) -> None:
+        """New tokens waiting, in all and per client (counted from the moment they ask)."""
+        self._new_waiting += step
+        left = self._waiting_from.get(client, 0) + step
+        if left > 0:
+            self._waiting_from[client] = left
+        else:
+            self._waiting_from.pop(client, None)
 
     def _ask(self, key: str, token: str, confirmed: bool) -> asyncio.Future:
         """One question to the hub per token at a time; concurrent askers share it."""
@@ -111,32 +141,51 @@ class HubTokens:
         lane = self._lanes.get(confirmed)
         if lane is None:
             lane = self._lanes[confirmed] = asyncio.Semaphore(self._concurrent)
-        if not confirmed:
-            self._new_waiting += 1
-        try:
-            async with lane:
-                try:
-                    model = await self.hub.get("user", token)
-                except (HubNotFound, HubRefused):
-                    model = None  # a token the hub does not know, or one without its scopes
-        finally:
-            if not confirmed:
-                self._new_waiting -= 1
+        async with lane:
+            try:
+                model = await self.hub.get("user", token)
+            except (HubNotFound, HubRefused):
+                model = None  # a token the hub does not know, or one without its scopes
         if model is None or not model.get("name"):
-            self._confirmed.pop(key, None)
+            self._forget(key)
             _remember(self._refused, key, self.clock(), self.size)
             return None
         self._refused.pop(key, None)
-        _remember(self._confirmed, key, (self.clock(), model), self.size)
+        self._forget(key)
+        _remember(self._confirmed, key, (self.clock(), model), self.size,
+                  on_evict=self._disown)
+        owned = self._owned.setdefault(_owner(model), OrderedDict())
+        owned[key] = None
+        while len(owned) > self.per_owner:  # this owner's least recently confirmed go
+            self._forget(next(iter(owned)))
         return model
 
+    def _forget(self, key: str) -> None:
+        hit = self._confirmed.pop(key, None)
+        if hit is not None:
+            self._disown(key, hit)
 
-def _remember(cache: OrderedDict, key: str, value, size: int) -> None:
+    def _disown(self, key: str, hit: tuple[float, dict]) -> None:
+        owner = _owner(hit[1])
+        owned = self._owned.get(owner)
+        if owned is not None:
+            owned.pop(key, None)
+            if not owned:
+                del self._owned[owner]
+
+
+def _owner(model: dict) -> tuple:
+    return model.get("kind", "user"), model.get("name")
+
+
+def _remember(cache: OrderedDict, key: str, value, size: int, on_evict=None) -> None:
     """Keep ``value`` as the newest entry of a cache of at most ``size`` entries."""
     cache[key] = value
     cache.move_to_end(key)
     while len(cache) > size:
-        cache.popitem(last=False)
+        old = cache.popitem(last=False)
+        if on_evict is not None:
+            on_evict(*old)
 
 
 class HubDirectory:

@@ -80,7 +80,7 @@ class ServiceHandler(HubAuthenticated, web.RequestHandler):
         """The hub's model of the token's owner, asked without blocking (HubAuth's own
         get_current_user would ask synchronously), checked against the service's scopes."""
         token = self.hub_auth.get_token(self, in_cookie=False)
-        model = await self.tokens.identify(token) if token else None
+        model = await self.tokens.identify(token, self.client_address()) if token else None
         if model is not None:
             try:
                 model = self.check_hub_user(dict(model))
@@ -88,6 +88,13 @@ class ServiceHandler(HubAuthenticated, web.RequestHandler):
                 model = None
         self._hub_auth_user_cache = model  # what get_current_user() returns from now on
         return model
+
+    def client_address(self) -> str:
+        """Where the request comes from: the address the hub's proxy saw (the last entry of
+        X-Forwarded-For, which the proxy appends; earlier ones are the sender's to choose),
+        else the peer's."""
+        forwarded = self.request.headers.get("X-Forwarded-For", "")
+        return forwarded.rsplit(",", 1)[-1].strip()[:64] or self.request.remote_ip or ""
 
     def write_error(self, status_code, **kwargs):
         exc = kwargs.get("exc_info", (None, None))[1]
