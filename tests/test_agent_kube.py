@@ -310,8 +310,9 @@ def test_an_agent_speaks_only_for_the_node_its_pod_is_on(hub):
     gone = pod_token(cluster, ns, "gpushare-agent", "agent-gone", BUILD)
     cluster.api.delete(f"/api/v1/namespaces/{ns}/pods/agent-gone", {"gracePeriodSeconds": 0})
     refused(gone, "no longer exists", "does not accept")
-    # a forged token
-    refused("not-a-token", "does not accept")
+    # a forged token, and one not even shaped like a token (not asked about)
+    refused("eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJmb3JnZWQifQ.Zm9yZ2Vk", "does not accept")
+    refused("not-a-token", "is not a service-account token")
     # the build node's own agent may report it
     status, body = post_samples(hub, idle, node_token=hub.node_tokens[BUILD])
     assert status == 202, body

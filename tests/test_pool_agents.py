@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from jupyter_gpushare.pool.agents import (AUDIENCE, AgentNodes, NotProven, PodTokens,
-                                          node_of_pod, pod_of_review)
+                                          Unverifiable, node_of_pod, pod_of_review)
 
 NS, ACCOUNT = "jhub", "gpushare-agent"
 
@@ -70,6 +70,48 @@ class OnNode(PodTokens):
         return self.on
 
 
+JWT = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJ4In0.c2lnbmF0dXJl"  # shaped like one; nothing checks it here
+
+
+class Refusing(OnNode):
+    """Kubernetes refuses every token, slowly."""
+
+    async def _ask(self, token):
+        self.asked += 1
+        await asyncio.sleep(0.05)
+        raise NotProven("the pod token is 'system:anonymous''s")
+
+
+def test_junk_in_the_token_header_is_refused_without_asking_kubernetes():
+    pods = OnNode("x1")
+    for junk in ("t", "a.b", "a.b.c.d", "a b.c.d", JWT + "x" * PodTokens.MAX_TOKEN):
+        with pytest.raises(NotProven, match="is not a service-account token"):
+            asyncio.run(pods.node(junk))
+    assert pods.asked == 0
+
+
+def test_a_compromised_node_cannot_make_the_pool_flood_kubernetes():
+    """The shared agent token is on every node: its holder's junk tokens cost one question
+    each, shared by concurrent askers, remembered when refused, and bounded in number."""
+    pods = Refusing("x1")
+    pods.waiting = 10
+
+    async def flood():
+        same = [pods.node(JWT) for _ in range(50)]
+        many = [pods.node(f"{JWT}{i}") for i in range(100)]
+        return await asyncio.gather(*same, *many, return_exceptions=True)
+
+    answers = asyncio.run(flood())
+    assert all(isinstance(a, NotProven) for a in answers[:50])
+    busy = [a for a in answers[50:] if isinstance(a, Unverifiable)]
+    assert len(busy) >= 90 and "too many agent tokens" in str(busy[0])
+    assert pods.asked <= 10
+    asked = pods.asked
+    with pytest.raises(NotProven, match="system:anonymous"):
+        asyncio.run(pods.node(JWT))  # the refusal is remembered
+    assert pods.asked == asked
+
+
 def check(agents, service, node, token=None):
     asyncio.run(agents.check(service, node, token))
 
@@ -83,9 +125,9 @@ def test_each_agent_speaks_for_its_node_only():
     with pytest.raises(NotProven, match=r"^the agent service 'agent-x2' speaks only for node "
                                         r"x2, not for x1$"):
         check(agents, "agent-x2", "x1")
-    check(agents, "gpushare-agent", "x1", "t")
+    check(agents, "gpushare-agent", "x1", JWT)
     with pytest.raises(NotProven, match=r"^this agent's pod runs on node x1, not on x2$"):
-        check(agents, "gpushare-agent", "x2", "t")
+        check(agents, "gpushare-agent", "x2", JWT)
     with pytest.raises(NotProven, match="must carry its pod's service-account token"):
         check(agents, "gpushare-agent", "x1")
     assert pods.asked == 1  # the answer for a token is kept

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 import time
 from collections import OrderedDict
 
@@ -81,30 +82,57 @@ def node_of_pod(pod: dict | None, name: str, uid: str) -> str:
 
 class PodTokens:
     """An agent pod's token → the node its pod runs on, asked of Kubernetes (``kube``: an
-    async callable giving a ``KubeAPI``) and kept ``ttl_s``. Needs the RBAC of
-    hub_config/kubernetes-rbac.yaml: create tokenreviews, get pods in ``namespace``."""
+    async callable giving a ``KubeAPI``) and kept ``ttl_s``, refusals too. Needs the RBAC of
+    hub_config/kubernetes-rbac.yaml: create tokenreviews, get pods in ``namespace``.
+
+    Bounded, since the shared agent token is on every GPU node: a token longer than
+    ``MAX_TOKEN`` or not shaped like a JWT is refused without asking; one question per token
+    at a time, ``concurrent`` at once, at most ``waiting`` waiting."""
+
+    MAX_TOKEN = 8192
 
     def __init__(self, kube, namespace: str, account: str, ttl_s: float = 60.0,
-                 size: int = 4096, concurrent: int = 4):
+                 size: int = 4096, concurrent: int = 4, waiting: int = 64):
         self.kube, self.namespace, self.account = kube, namespace, account
-        self.ttl_s, self.size = ttl_s, size
-        self._known: OrderedDict[str, tuple[float, str]] = OrderedDict()
+        self.ttl_s, self.size, self.waiting = ttl_s, size, waiting
+        self._known: OrderedDict[str, tuple[float, str | NotProven]] = OrderedDict()
+        self._asking: dict[str, asyncio.Future] = {}
         self._concurrent = concurrent
         self._slots: asyncio.Semaphore | None = None
 
     async def node(self, token: str) -> str:
+        if len(token) > self.MAX_TOKEN or not _JWT.fullmatch(token):
+            raise NotProven(f"the agent's pod token is not a service-account token; {MOUNT}")
         key = hashlib.sha256(token.encode("utf-8", "replace")).hexdigest()
         hit = self._known.get(key)
         if hit is not None and time.monotonic() - hit[0] < self.ttl_s:
+            if isinstance(hit[1], NotProven):
+                raise NotProven(str(hit[1]))
             return hit[1]
+        pending = self._asking.get(key)
+        if pending is None:
+            if len(self._asking) >= self.waiting:
+                raise Unverifiable("Kubernetes is being asked about too many agent tokens at "
+                                   "once; the reading is dropped, and the agent sends the "
+                                   "next one")
+            pending = self._asking[key] = asyncio.ensure_future(self._settle(key, token))
+            pending.add_done_callback(lambda _: self._asking.pop(key, None))
+        return await asyncio.shield(pending)
+
+    async def _settle(self, key: str, token: str) -> str:
         if self._slots is None:
             self._slots = asyncio.Semaphore(self._concurrent)
         async with self._slots:
-            node = await self._ask(token)
+            try:
+                node = await self._ask(token)
+            except NotProven as e:
+                node = e
         self._known[key] = (time.monotonic(), node)
         self._known.move_to_end(key)
         while len(self._known) > self.size:
             self._known.popitem(last=False)
+        if isinstance(node, NotProven):
+            raise NotProven(str(node))
         return node
 
     async def _ask(self, token: str) -> str:
@@ -113,6 +141,10 @@ class PodTokens:
         from ..backends.kube.api import KubeError
         try:
             api = await self.kube()
+        except Exception as e:  # the cluster's configuration could not be loaded
+            raise Unverifiable(f"the pool cannot reach Kubernetes to check the agent's pod "
+                               f"({type(e).__name__}: {e}); the reading is dropped") from None
+        try:
             review = await api.json("review the agent's pod token",
                                     client.AuthenticationV1Api(api.client).create_token_review,
                                     review_body(token))
@@ -128,6 +160,9 @@ class PodTokens:
             raise Unverifiable(f"Kubernetes cannot say which node the agent is on now ({e}); "
                                f"the reading is dropped") from None
         return node_of_pod(pod, name, uid)
+
+
+_JWT = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
 
 
 class AgentNodes:

@@ -291,8 +291,9 @@ class SamplesHandler(ServiceHandler):
     async def post(self):
         agents = self.usage.agents
         if self.who.kind != "service" or not agents.is_agent(self.who.name):
-            self.fail(403, f"GPU readings are posted only by the gpushare node agent (the "
-                           f"JupyterHub service {agents.shared!r})")
+            self.fail(403, f"GPU readings are posted only by the gpushare node agents (the "
+                           f"JupyterHub service {agents.shared!r} or one of "
+                           f"c.GPUUsage.agent_nodes)")
         try:
             reading, proc_claims, gpu_claims = parse_samples(self.body(), time.time())
         except Invalid as e:
