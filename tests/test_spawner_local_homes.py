@@ -86,12 +86,25 @@ def test_a_home_planted_for_a_user_is_refused(top):
         start("alice", user_home_template=f"{top}/sticky/{{username}}")
 
 
+def test_a_home_in_a_parent_others_may_change_is_refused(top):
+    """In a parent anyone may write that is not sticky, another account could swap a home
+    while its server runs."""
+    with pytest.raises(Exception, match=r"open \(where .*/open/bob is\) may be changed by "
+                                        r"other accounts.*user_home_template"):
+        start("bob", user_home_template=f"{top}/open/{{username}}")
+    assert not (top / "open" / "bob").exists()
+
+
 def test_a_link_swapped_in_after_the_mkdir_gives_nothing_away(top, monkeypatch):
-    """bob's own home is made in a parent anyone may write; right after the hub's mkdir he
-    replaces it with a link to a file of root's. The hub must not give him that file."""
+    """bob's home is made in a folder of his own (allowed: he could do anything there
+    anyway); right after the hub's mkdir he replaces it with a link to a file of root's. The
+    hub must not give him that file."""
     victim = top / "root-file"
     victim.write_text("root's\n")
-    home = top / "open" / "bob"
+    bobs = top / "bobs"
+    bobs.mkdir()
+    os.chown(bobs, pwd.getpwnam("bob").pw_uid, pwd.getpwnam("bob").pw_gid)
+    home = bobs / "bob"
     mkdir = os.mkdir
 
     def mkdir_then_bob_swaps(path, *args, **kwargs):
@@ -101,7 +114,7 @@ def test_a_link_swapped_in_after_the_mkdir_gives_nothing_away(top, monkeypatch):
 
     monkeypatch.setattr(os, "mkdir", mkdir_then_bob_swaps)
     with pytest.raises(Exception, match="is not a folder of bob's own"):
-        start("bob", user_home_template=f"{top}/open/{{username}}")
+        start("bob", user_home_template=f"{top}/bobs/{{username}}")
     assert victim.stat().st_uid == 0, "the hub gave bob root's file through his link"
 
 

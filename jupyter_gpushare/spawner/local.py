@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import pwd
 import signal
+import stat
 from pathlib import Path
 
 from jupyterhub.spawner import LocalProcessSpawner
@@ -38,17 +39,19 @@ class LocalGPUShareSpawner(GPUShareSpawnerBase, LocalProcessSpawner):
         the JupyterHub user's name. Made for the hub's user (mode 0700, with its missing
         parents) when missing; a start is refused when it exists and is a link or not the
         hub's user's own folder (another account could have made it first, with start-up
-        files in .jupyter or .ipython). Its parent must not be writable by other accounts
-        unless it is sticky, like /tmp.
+        files in .jupyter or .ipython). A start is also refused when its parent belongs to
+        another account than root or the hub's, or others may write in it without it being
+        sticky like /tmp (they could swap the home while its server runs).
         """).tag(config=True)
 
     user_home_template = Unicode(help="""
         Home (and working) directory of servers that run as their users, instead of the home
         of the user's system account; {username} is the JupyterHub user's name. Made for the
-        user (theirs, mode 0700) when missing; its parent must exist, and must not be
-        writable by other accounts unless it is sticky, like /tmp. A start is refused when
-        the folder exists and is a link or not the user's own. Empty: the account's home.
-        For test and demo set-ups that must not touch real homes.
+        user (theirs, mode 0700) when missing; its parent must exist. A start is refused when
+        the folder exists and is a link or not the user's own, or when its parent belongs to
+        another account than root, the hub's or the user's, or others may write in it without
+        it being sticky like /tmp (they could swap the home while its server runs). Empty:
+        the account's home. For test and demo set-ups that must not touch real homes.
         """).tag(config=True)
 
     kernel_startup_file = Unicode(help="""
@@ -102,7 +105,13 @@ class LocalGPUShareSpawner(GPUShareSpawnerBase, LocalProcessSpawner):
             _make_home(home, os.geteuid(), os.getegid(), "the hub's user",
                        "hub_user_home_template")
         elif home := self._user_home():
-            account = pwd.getpwnam(self.user.name)
+            try:
+                account = pwd.getpwnam(self.user.name)
+            except KeyError:
+                raise refusal(f"{self.user.name} has no account on this machine, so their "
+                              f"server cannot run as them; an administrator adds the account "
+                              f"(or sets LocalGPUShareSpawner.run_as_hub_user)",
+                              reason="home") from None
             _make_home(home, account.pw_uid, account.pw_gid, self.user.name,
                        "user_home_template")
         return await super().start()
@@ -175,11 +184,21 @@ def _make_home(home: str, uid: int, gid: int, whose: str, trait: str) -> None:
         raise refusal(f"{parent} (where {home} would be made) is not a folder; make it or "
                       f"change LocalGPUShareSpawner.{trait}", reason="home") from None
     try:
+        held = os.fstat(at)
+        if (held.st_uid not in (0, os.geteuid(), uid)
+                or (held.st_mode & 0o022 and not held.st_mode & stat.S_ISVTX)):
+            raise refusal(f"{parent} (where {home} is) may be changed by other accounts, which "
+                          f"could swap the home while its server runs; make it theirs or "
+                          f"root's and not writable by others (or sticky, like /tmp), or "
+                          f"change LocalGPUShareSpawner.{trait}", reason="home")
         try:
             os.mkdir(name, 0o700, dir_fd=at)
             made = True
         except FileExistsError:
             made = False
+        except OSError as e:
+            raise refusal(f"{home} cannot be made ({e.strerror}); make it for {whose} or "
+                          f"change LocalGPUShareSpawner.{trait}", reason="home") from None
         try:
             fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=at)
         except OSError:  # a link (or no longer a folder) where the home should be
