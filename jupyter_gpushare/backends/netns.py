@@ -43,6 +43,7 @@ def join(pid, start, proc_stat, timeout=JOIN_S):
     is up. ``proc_stat(pid)`` is the shim's reader of ``/proc/<pid>/stat``. Raises OSError
     when that process ends first or ``timeout`` passes."""
     mine = os.stat("/proc/self/ns/net").st_ino
+    users = os.stat("/proc/self/ns/user").st_ino
     deadline = time.monotonic() + timeout
     while True:
         if not _same(proc_stat(pid), start):
@@ -53,8 +54,10 @@ def join(pid, start, proc_stat, timeout=JOIN_S):
             fd = None
         if fd is not None:
             try:
-                # still that process after the open, and already in a namespace of its own
-                if _same(proc_stat(pid), start) and os.fstat(fd).st_ino != mine:
+                # still that process after the open, ours (a shim of this service, not a
+                # process of a user's own namespaces), and in a network namespace of its own
+                if (_same(proc_stat(pid), start) and _ours(pid, users)
+                        and os.fstat(fd).st_ino != mine):
                     _check(_libc().setns(fd, CLONE_NEWNET))
                     break
             finally:
@@ -75,6 +78,16 @@ def loopback_up():
 
 def _ifreq(flags):
     return struct.pack(_IFREQ, b"lo", flags)
+
+
+def _ours(pid, users):
+    """The process runs as this one's user, in this one's user namespace: a user's
+    ``unshare -Urn`` namespace is never joined."""
+    try:
+        return (os.stat(f"/proc/{pid}").st_uid == os.geteuid()
+                and os.stat(f"/proc/{pid}/ns/user").st_ino == users)
+    except OSError:
+        return False
 
 
 def _same(stat, start):

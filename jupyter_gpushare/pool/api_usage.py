@@ -375,7 +375,8 @@ class ActivityHandler(ServiceHandler):
         noted = culler.kernels_said(self.who.name, server, kernels, busy) if culler is not None \
             else self.store.holds_slice(self.who.name, server)
         if not noted:
-            self.fail(404, f"your server {server!r} holds no build slice; kernel activity is "
+            which = f"server {server!r}" if server else "default server"
+            self.fail(404, f"your {which} holds no build slice; kernel activity is "
                            "taken only from servers that hold one")
         self.set_status(204)
         self.finish()
