@@ -31,6 +31,7 @@ sys.path.insert(0, {str(TESTS)!r})
 c = get_config()
 c.PoolService.backend_class = "kernels.ServiceUserBackend"
 c.LocalBackend.run_as_service_user = True
+c.LocalBackend.gang_network = "host"  # a service that is not root: jobs run as its own user
 c.LocalBackend.simulated_nodes = 1
 c.LocalBackend.simulated_gpus_per_node = 4
 c.PoolService.projects = {{"vision": {{"quota": 2, "groups": ["vision"]}},

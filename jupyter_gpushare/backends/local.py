@@ -254,7 +254,7 @@ class LocalBackend(Backend):
             raise BackendError(
                 "A job of several ranks meets on a network of its own, which only a root pool "
                 "service can make; run it as one rank, or an administrator may set "
-                "LocalBackend.gang_network = \"host\" where local accounts trust each other.")
+                "LocalBackend.gang_network = \"host\" where local accounts trust each other")
         # In a namespace of its own nothing else listens: torch's usual port is free there.
         master = ("127.0.0.1", ranks.DEFAULT_PORT if private else _free_port())
         groups: list[_Group] = []

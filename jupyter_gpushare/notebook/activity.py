@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 
 from tornado.ioloop import PeriodicCallback
 
-from ..client import ClientError
+from ..client import ClientError, PoolError
 
 SETTING = "gpushare_busy_kernels_last_activity"
 
@@ -49,8 +49,18 @@ class KernelActivity:
             await loop.run_in_executor(self.executor, self.client.report_kernels, self.server,
                                        kernels, busy)
             self._told_failure = False
-        except ClientError as exc:
-            if not self._told_failure:  # once, not every interval
-                self.log.warning("gpushare: the pool was not told about this server's kernels "
-                                 "(%s); culling spares a server it has not heard from", exc)
+        except PoolError as exc:
+            if exc.status != 404:
+                self._tell(exc)
+            elif not self._told_failure:  # a server without a build slice: nothing to cull
+                self.log.info("gpushare: this server holds no build slice, so the pool does "
+                              "not take its kernels' activity")
                 self._told_failure = True
+        except ClientError as exc:
+            self._tell(exc)
+
+    def _tell(self, exc: Exception) -> None:
+        if not self._told_failure:  # once, not every interval
+            self.log.warning("gpushare: the pool was not told about this server's kernels "
+                             "(%s); culling spares a server it has not heard from", exc)
+            self._told_failure = True
