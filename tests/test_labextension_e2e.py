@@ -69,9 +69,11 @@ def hub(browser_path, tmp_path_factory):
         system_users(["alice", "admin"])
     directory = tmp_path_factory.mktemp("hub")
     directory.chmod(0o755)
-    # A root service runs alice's jobs as alice; any other runs them as itself (one person).
+    # A root service runs alice's jobs as alice; any other runs them as itself (one person),
+    # and its gangs meet on the machine's loopback (only root can give them a network).
     config = POOL_CONFIG + ("" if os.geteuid() == 0 else
-                            "c.LocalBackend.run_as_service_user = True\n")
+                            "c.LocalBackend.run_as_service_user = True\n"
+                            "c.LocalBackend.gang_network = \"host\"\n")
     hub = Hub(directory, {"vision": ["alice"]}, config).start()
     yield hub
     stop(hub)
