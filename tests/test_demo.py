@@ -220,7 +220,7 @@ def test_the_admin_sees_the_pool_dashboard(demo):
         assert page.url.endswith("/services/gpushare/dashboard")
         nodes = page.locator("#pool-map .node h3").all_inner_texts()
         assert any("train pool" in n for n in nodes) and any("build pool" in n for n in nodes)
-        assert "are warned, then stopped 2 min later" in page.locator("#culls").inner_text()
+        assert "are warned, then stopped 2m later" in page.locator("#culls").inner_text()
         page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
         browser.close()
 
