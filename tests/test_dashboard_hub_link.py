@@ -24,8 +24,9 @@ def page():
     template = env.get_template("page.html")
 
     def render(admin: bool, scopes: set[str]) -> str:
-        user = SimpleNamespace(name="someone", admin=admin)
-        return template.render(user=user, base_url="/hub/", prefix="/", static_url=lambda p: p,
+        user = SimpleNamespace(name="someone", json_escaped_name="someone", admin=admin,
+                               spawner=SimpleNamespace(options_form=None, ready=False))
+        return template.render(user=user, base_url="/hub/", prefix="/", static_url=lambda p, **_: p,
                                services=[], parsed_scopes=scopes, expanded_scopes=scopes,
                                logout_url="/hub/logout", xsrf="x", version_hash="")
     return render

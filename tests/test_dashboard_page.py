@@ -420,4 +420,4 @@ def test_windows():
     assert "Allocation and utilization per project, Nov 20 14:36 to Nov 20 14:45" in page
     assert " class=on" not in page  # no preset is the period shown
     young = render({**sample(), "window": choose_window(None, NOW, first=NOW - 300)})
-    assert "per project, since the pool's first reading, Nov 20 14:30 to Nov 20 14:45" in young
+    assert "per project, since the pool&#x27;s first reading, Nov 20 14:31 to Nov 20 14:46" in young

@@ -75,7 +75,7 @@ function sparkSvg(values: (number | null)[]): SVGSVGElement {
   return svg;
 }
 
-const COLUMNS = ['Job', 'State', 'GPUs', 'Time'];
+const COLUMNS = ['State', 'GPUs', 'Time'];
 
 const EMPTY =
   'No train jobs yet. Run one from a notebook with a %%train cell, from a terminal with ' +
@@ -108,7 +108,7 @@ export class GpusharePanel extends Widget {
     header.append(el('h2', '', 'GPU share'), this._line);
     this._line.className = 'jp-GpusharePanel-line';
     this._table.className = 'jp-GpusharePanel-jobs';
-    // Fixed column widths (style/base.css), so that a long name ends in an ellipsis.
+    // Fixed column widths (style/base.css): the name's row spans them and ends in an ellipsis.
     const group = el('colgroup');
     for (const column of COLUMNS) {
       group.append(el('col', `jp-GpusharePanel-col${column}`));
@@ -232,8 +232,8 @@ export class GpusharePanel extends Widget {
     }
   }
 
-  // A side bar is narrow: each job is a group of two rows, its fields in four columns and
-  // then, across the width, why it waits and what can be done with it.
+  // A side bar is narrow: each job is a group of three rows, its name across the width, its
+  // fields in three columns, then why it waits and what can be done with it.
   private _renderJobs(): void {
     const now = Date.now() / 1000;
     while (this._table.tBodies.length) {
@@ -251,10 +251,12 @@ export class GpusharePanel extends Widget {
       group.dataset.job = job.id;
       group.dataset.state = job.state;
       group.classList.toggle('jp-mod-selected', job.id === this._shown);
-      const fields = group.insertRow();
       const name = el('div', 'jp-GpusharePanel-name', row.name);
       name.title = row.name === row.id ? row.id : `${row.name} (${row.id})`;
-      fields.insertCell().append(name);
+      const nameCell = group.insertRow().insertCell();
+      nameCell.colSpan = COLUMNS.length;
+      nameCell.append(name);
+      const fields = group.insertRow();
       const state = fields.insertCell();
       state.append(el('div', 'jp-GpusharePanel-state', row.state));
       if (row.position) {
