@@ -32,6 +32,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import demo_env  # noqa: E402
 
+from jupyter_gpushare.dashboard import HUB_TEMPLATES  # noqa: E402
+
 STATE = Path(os.environ.get("GPUSHARE_DEMO_STATE", HERE.parent / ".demo-state"))
 STATE.mkdir(mode=0o700, parents=True, exist_ok=True)
 os.chmod(STATE, 0o700)  # the hub's database, cookie secret, tokens and password
@@ -171,7 +173,10 @@ c.JupyterHub.services = [{
                + ([f"--PoolService.checkpoint_dir_template={HOMES}/{{user}}/.gpushare/"
                    f"checkpoints/{{job_id}}"] if HOMES else []),
     "cwd": str(STATE),
-    "display": True,  # in the hub's Services menu: the admin dashboard
+    # Not in the hub's Services menu, which lists it to every user (each server may access
+    # it) while only pool admins may see the dashboard: they get "GPU pool" in the hub's
+    # navigation bar instead (HUB_TEMPLATES, below).
+    "display": False,
     # The dashboard's browser login through the hub (OAuth; the redirect URI is the default,
     # /services/gpushare/oauth_callback): no "authorize access" question for a service of
     # the hub's own, and pool admins' custom scope in their login, so that they get in.
@@ -183,6 +188,7 @@ c.JupyterHub.services = [{
     "display": False,
 }]
 
+c.JupyterHub.template_paths = [HUB_TEMPLATES]
 
 
 def _from(variable, file):

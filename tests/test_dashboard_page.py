@@ -398,6 +398,12 @@ def test_a_refusal_is_one_sentence_on_a_page():
 
 def test_windows():
     assert choose_window(None, NOW) == Window("6h", NOW - 6 * 3600, NOW, 300)
+    # a young pool opens on the time since its first reading, a quarter of an hour at least
+    assert choose_window(None, NOW, first=NOW - 7 * 3600) == Window("6h", NOW - 6 * 3600, NOW, 300)
+    assert choose_window(None, NOW, first=NOW - 3 * 3600) == \
+        Window("", NOW - 3 * 3600, NOW, 300, young=True)
+    assert choose_window(None, NOW, first=NOW - 300) == Window("", NOW - 900, NOW, 60, young=True)
+    assert choose_window("6h", NOW, first=NOW - 300).name == "6h"  # asked for: as asked
     assert choose_window("7d", NOW).step == 7200
     for name, (span, step) in WINDOWS.items():  # about 60 to 120 buckets, whole minutes
         assert 60 <= span // step <= 120 and step % 60 == 0
@@ -413,3 +419,5 @@ def test_windows():
     page = render({**sample(), "window": choose_window(None, NOW, NOW - 600, NOW - 60)})
     assert "Allocation and utilization per project, Nov 20 14:36 to Nov 20 14:45" in page
     assert " class=on" not in page  # no preset is the period shown
+    young = render({**sample(), "window": choose_window(None, NOW, first=NOW - 300)})
+    assert "per project, since the pool&#x27;s first reading, Nov 20 14:31 to Nov 20 14:46" in young
