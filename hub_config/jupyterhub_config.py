@@ -1,8 +1,8 @@
 """The local demo hub: ``jupyterhub -f hub_config/jupyterhub_config.py``.
 
 A complete JupyterHub on http://127.0.0.1:8000 with the real configurable-http-proxy, demo
-users alice (project vision), bob (project nlp) and admin (the password is made on the first
-run, kept in .demo-state/demo-password and said in the log), and the gpushare pool service
+users alice (project vision), bob (project nlp) and admin (the passwords are made on the
+first run, kept in .demo-state/demo-password and demo-admin-password and said in the log), and the gpushare pool service
 on the local backend: the GPUs NVML finds, or a labelled simulated train pool of 2 nodes x 4
 GPUs where there are none. Every notebook server gets a build slice (¼ GPU by default, ½ GPU
 for the vision group, or CPU only) from the build pool of gpushare_config.py, through the
@@ -16,7 +16,7 @@ it is a one-person demo: every server and job runs as you (the service says so i
 
 Environment: GPUSHARE_DEMO_STATE (state folder), GPUSHARE_DEMO_PORT (8000),
 GPUSHARE_DEMO_HUB_PORT (8081), GPUSHARE_DEMO_PROXY_API_PORT (8001), GPUSHARE_SERVICE_PORT
-(10101), GPUSHARE_DEMO_PASSWORD, GPUSHARE_DEMO_ENV (/opt/jupyter-gpushare/demo-env), and
+(10101), GPUSHARE_DEMO_PASSWORD, GPUSHARE_DEMO_ADMIN_PASSWORD, GPUSHARE_DEMO_ENV (/opt/jupyter-gpushare/demo-env), and
 GPUSHARE_DEMO_HOMES (servers' homes and job checkpoints in <folder>/<user>, not the accounts'
 own homes).
 """
@@ -31,6 +31,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import demo_env  # noqa: E402
+
+from jupyter_gpushare.dashboard import HUB_TEMPLATES  # noqa: E402
 
 STATE = Path(os.environ.get("GPUSHARE_DEMO_STATE", HERE.parent / ".demo-state"))
 STATE.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -50,10 +52,13 @@ def _secret_file(path: Path, make) -> str:
     return path.read_text().strip()
 
 
-# A password of this machine's own: on a published one, anyone who reaches the hub could log
-# in as the demo's admin.
+# Passwords of this machine's own: on a published one, anyone who reaches the hub could log
+# in as the demo's users or its admin. JupyterHub's shared-password authenticator wants the
+# admin's to differ and to have 32 characters at least.
 DEMO_PASSWORD = os.environ.get("GPUSHARE_DEMO_PASSWORD") or _secret_file(
     STATE / "demo-password", lambda: secrets.token_urlsafe(9))
+ADMIN_PASSWORD = os.environ.get("GPUSHARE_DEMO_ADMIN_PASSWORD") or _secret_file(
+    STATE / "demo-admin-password", lambda: secrets.token_urlsafe(24))
 
 c = get_config()  # noqa: F821 (JupyterHub provides it)
 
@@ -71,8 +76,9 @@ proxy = Path(sys.prefix) / "node_modules" / ".bin" / "configurable-http-proxy"
 c.ConfigurableHTTPProxy.command = [str(proxy) if proxy.exists() else
                                    shutil.which("configurable-http-proxy") or str(proxy)]
 
-c.JupyterHub.authenticator_class = "dummy"
-c.DummyAuthenticator.password = DEMO_PASSWORD
+c.JupyterHub.authenticator_class = "shared-password"
+c.SharedPasswordAuthenticator.user_password = DEMO_PASSWORD
+c.SharedPasswordAuthenticator.admin_password = ADMIN_PASSWORD
 c.Authenticator.allowed_users = set(DEMO_USERS)
 c.Authenticator.admin_users = {"admin"}
 c.JupyterHub.load_groups = {
@@ -112,6 +118,10 @@ c.LocalGPUShareSpawner.build_profiles = [
     {"gpus": 0.5, "groups": ["vision"]},
     {"gpus": 0},
 ]
+# Servers on the hub's machine reach the pool straight, not through the proxy: one hop less,
+# and when the hub stops (its services first, then the servers) their last requests meet a
+# closed port, which they take quietly, not the proxy's 503 pages.
+c.LocalGPUShareSpawner.gpushare_url = f"http://127.0.0.1:{SERVICE_PORT}/services/gpushare/"
 c.LocalGPUShareSpawner.pool_api_token = _secret_file(STATE / "gpushare-spawner-token",
                                                      lambda: secrets.token_hex(32))
 
@@ -163,7 +173,10 @@ c.JupyterHub.services = [{
                + ([f"--PoolService.checkpoint_dir_template={HOMES}/{{user}}/.gpushare/"
                    f"checkpoints/{{job_id}}"] if HOMES else []),
     "cwd": str(STATE),
-    "display": True,  # in the hub's Services menu: the admin dashboard
+    # Not in the hub's Services menu, which lists it to every user (each server may access
+    # it) while only pool admins may see the dashboard: they get "GPU pool" in the hub's
+    # navigation bar instead (HUB_TEMPLATES, below).
+    "display": False,
     # The dashboard's browser login through the hub (OAuth; the redirect URI is the default,
     # /services/gpushare/oauth_callback): no "authorize access" question for a service of
     # the hub's own, and pool admins' custom scope in their login, so that they get in.
@@ -175,7 +188,14 @@ c.JupyterHub.services = [{
     "display": False,
 }]
 
-where = "GPUSHARE_DEMO_PASSWORD" if os.environ.get("GPUSHARE_DEMO_PASSWORD") else \
-    STATE / "demo-password"
-print(f"gpushare demo: log in at http://127.0.0.1:{PORT} as alice, bob or admin with the "
-      f"password {DEMO_PASSWORD} (from {where})", file=sys.stderr)
+c.JupyterHub.template_paths = [HUB_TEMPLATES]
+
+
+def _from(variable, file):
+    return variable if os.environ.get(variable) else STATE / file
+
+
+print(f"gpushare demo: log in at http://127.0.0.1:{PORT} as alice or bob with the password "
+      f"{DEMO_PASSWORD} (from {_from('GPUSHARE_DEMO_PASSWORD', 'demo-password')}), as admin "
+      f"with {ADMIN_PASSWORD} (from "
+      f"{_from('GPUSHARE_DEMO_ADMIN_PASSWORD', 'demo-admin-password')})", file=sys.stderr)

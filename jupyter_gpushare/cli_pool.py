@@ -20,7 +20,7 @@ import time
 from .cli_base import CommandError, UsageError
 from .client import (DEFAULT_RETRY_S, InvalidInput, NoCredentials, PoolClient, PoolError,
                      PoolUnreachable, add_job_options, argument_type, job_spec)
-from .text import describe, format_jobs, format_pool, format_quota, format_usage
+from .text import describe, format_jobs, format_pool, format_quota, format_usage, no_jobs
 from .trainjob import ACTIVE, CANCELLED, RUNNING, STATES, SUCCEEDED
 
 # The option that gives each job-spec field, for sentences about a bad value.
@@ -213,7 +213,7 @@ def cmd_jobs(args, client) -> int:
     elif jobs:
         print(format_jobs(jobs, now=time.time(), width=shutil.get_terminal_size((120, 24)).columns))
     else:
-        print("no jobs")
+        print(no_jobs(filtered=bool(args.project or args.state)))
     return 0
 
 

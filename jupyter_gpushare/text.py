@@ -12,7 +12,10 @@ import time
 from .trainjob import FAILED, PENDING, RUNNING
 
 GiB, MiB = 2**30, 2**20
-SHOW_IDLE_AFTER_S = 60  # shorter idle spells are not worth a flag
+# A slice that has just started, or a job loading its data, shows no GPU use for a while:
+# an idle flag only after five minutes of it says something.
+SHOW_IDLE_AFTER_S = 300
+RECENT_S = 3600  # events this recent are said relative to now ("2 min ago"), older by the clock
 
 
 def percent(ratio) -> str:
@@ -32,14 +35,11 @@ def size(n) -> str:
 
 
 def idle_text(seconds) -> str:
-    """``idle 25 min``, ``idle 3 h``; empty when not idle or idle less than a minute."""
+    """``idle 25m``, ``idle 2h 05m`` (whole minutes); empty when not idle or idle for less
+    than ``SHOW_IDLE_AFTER_S``."""
     if seconds is None or seconds < SHOW_IDLE_AFTER_S:
         return ""
-    minutes = int(seconds // 60)
-    if minutes < 120:
-        return f"idle {minutes} min"
-    hours = minutes // 60
-    return f"idle {hours} h" if hours < 48 else f"idle {hours // 24} d"
+    return f"idle {duration(seconds // 60 * 60)}"
 
 
 def sm_cell(usage) -> str:
@@ -97,13 +97,43 @@ def format_usage(answer: dict) -> str:
 
 # -- jobs, quotas and the pool ----------------------------------------------------------------------------
 
-def duration(seconds: float) -> str:
-    """``45 s``, ``12 min``, ``3 h``."""
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.0f} h"
+def duration(seconds) -> str:
+    """How long, in one format everywhere: ``45s``, ``1m 10s``, ``2h 05m``, ``3d 4h``
+    (a zero second part left out: ``30m``, ``2h``, ``3d``); None → ``-``."""
+    if seconds is None:
+        return "-"
+    seconds = max(0, int(seconds))
+    for big, small, unit, second, pad in ((86400, 3600, "d", "h", False),
+                                          (3600, 60, "h", "m", True), (60, 1, "m", "s", True)):
+        if seconds >= big:
+            whole, rest = divmod(seconds, big)
+            part = rest // small
+            if not part:
+                return f"{whole}{unit}"
+            return f"{whole}{unit} {part:02d}{second}" if pad else f"{whole}{unit} {part}{second}"
+    return f"{seconds}s"
+
+
+def clock_time(t: float) -> str:
+    """A moment by the clock, in this machine's time zone: ``14:56``; ``Nov 24 14:56`` on
+    another day."""
+    moment = time.localtime(t)
+    same_day = moment[:3] == time.localtime()[:3]
+    return time.strftime("%H:%M" if same_day else "%b %d %H:%M", moment)
+
+
+def when(t, now: float | None = None) -> str:
+    """A past moment as people read it: ``just now``, ``2 min ago`` within the hour,
+    by the clock (:func:`clock_time`) before that; None → ``-``."""
+    if t is None:
+        return "-"
+    now = time.time() if now is None else now
+    ago = now - t
+    if ago < 60:
+        return "just now"
+    if ago < RECENT_S:
+        return f"{int(ago // 60)} min ago"
+    return clock_time(t)
 
 
 def gpus(value) -> str:
@@ -111,14 +141,6 @@ def gpus(value) -> str:
     if value is None:
         return "-"
     return f"{value:g}" if isinstance(value, (int, float)) else str(value)
-
-
-def clock(seconds: float) -> str:
-    """``0:07``, ``12:30``, ``1:02:03``."""
-    seconds = max(0, int(seconds))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
 def gpu_count(value) -> str:
@@ -149,7 +171,7 @@ def describe(job: dict) -> str:
 
 def status_line(job: dict, now: float | None = None) -> str:
     """The line a notebook cell shows for its job and updates while it runs, with the times
-    that matter there: ``j-1 running on 2 GPUs · 0:12 elapsed``."""
+    that matter there: ``j-1 running on 2 GPUs · 12s elapsed``."""
     now = time.time() if now is None else now
     ident = job.get("id") + (f" ({job['name']})" if job.get("name") else "")
     state, attempt, reason = job.get("state"), job.get("attempt") or 1, job.get("reason")
@@ -161,11 +183,11 @@ def status_line(job: dict, now: float | None = None) -> str:
     started, finished = job.get("started"), job.get("finished")
     if state == RUNNING:
         line = f"{ident} {RUNNING} on {gpu_count(job.get('gpus'))} · " \
-               f"{clock(now - (started or now))} elapsed"
+               f"{duration(now - (started or now))} elapsed"
         if attempt > 1:
             line += f" · attempt {attempt}"
         return line + (f" · {reason}" if reason else "")
-    took = f" after {clock(finished - started)}" if started and finished else ""
+    took = f" after {duration(finished - started)}" if started and finished else ""
     if state == FAILED and job.get("exit_code") is not None:
         return f"{ident} {FAILED} (exit code {job['exit_code']}){took}"
     return f"{ident} {state}{took}"
@@ -181,17 +203,6 @@ def table(headers, rows, numeric=()) -> str:
                  for cell, w, h in zip(row, widths, headers)]
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines)
-
-
-def age(seconds) -> str:
-    """``42s``, ``12m``, ``3h``, ``2d``: how long ago, roughly."""
-    if seconds is None:
-        return "-"
-    seconds = max(0, int(seconds))
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
 
 
 def _cut(text: str, width: int) -> str:
@@ -223,7 +234,7 @@ def format_jobs(jobs: list[dict], now: float | None = None, width: int | None = 
                        job.get("queue_position") if job.get("queue_position") is not None else "-"]
                     + ([sm_cell(usage), memory_cell(usage)] if measured else [])
                     + [reason, job.get("attempt") if job.get("attempt") is not None else "-",
-                       age(now - submitted if submitted is not None else None)])
+                       duration(now - submitted if submitted is not None else None)])
     if width is not None:
         col = headers.index("REASON")
         others = sum(max([len(h)] + [len(str(r[i])) for r in rows])
@@ -235,20 +246,32 @@ def format_jobs(jobs: list[dict], now: float | None = None, width: int | None = 
 
 
 def format_quota(quota: dict) -> str:
-    counts = quota.get("jobs") or {}
-    said = ", ".join(f"{n} {state}" for state, n in counts.items() if n) or "no jobs"
-    lines = [f"{quota.get('user', 'you')}: {said}"]
+    """``gpushare quota``: the quota first (each project's guaranteed GPUs, those in use and
+    the jobs waiting, then the finer terms), then how many jobs the user has in each state."""
     projects = quota.get("projects") or []
-    if not projects:
-        lines.append("you are in no project; ask an admin to add you to one")
-        return "\n".join(lines)
-    headers = ["PROJECT", "QUOTA", "IN USE", "BORROWED", "DESERVED", "LIMIT", "WEIGHT",
-               "PRIORITY", "PENDING"]
-    rows = [[p.get("name"), gpus(p.get("quota")), gpus(p.get("in_use")), gpus(p.get("borrowed")),
-             gpus(p.get("deserved")), gpus(p.get("limit")), _plain(p.get("over_quota_weight")),
-             _plain(p.get("priority")), _plain(p.get("pending"))] for p in projects]
-    lines.append(table(headers, rows, numeric=set(headers[1:])))
+    if projects:
+        headers = ["PROJECT", "QUOTA", "IN USE", "WAITING", "BORROWED", "DESERVED", "LIMIT",
+                   "WEIGHT", "PRIORITY"]
+        rows = [[p.get("name"), gpus(p.get("quota")), gpus(p.get("in_use")),
+                 _plain(p.get("pending")), gpus(p.get("borrowed")), gpus(p.get("deserved")),
+                 gpus(p.get("limit")), _plain(p.get("over_quota_weight")),
+                 _plain(p.get("priority"))] for p in projects]
+        lines = [table(headers, rows, numeric=set(headers[1:]))]
+    else:
+        lines = ["you are in no project; ask an admin to add you to one"]
+    counts = quota.get("jobs") or {}
+    said = ", ".join(f"{n} {state}" for state, n in counts.items() if n) or "none yet"
+    lines.append(f"jobs of {quota.get('user', 'yours')}: {said}")
     return "\n".join(lines)
+
+
+def no_jobs(filtered: bool = False) -> str:
+    """What a list of jobs says when it has none: how to send one, unless a filter left
+    them out."""
+    if filtered:
+        return "no jobs match"
+    return ("no jobs yet: send one with %%train in a notebook cell, or "
+            "gpushare submit --gpus 1 -- python train.py in a terminal")
 
 
 def format_pool(pool: dict) -> str:

@@ -472,16 +472,29 @@ def test_submit_jobs_cancel_quota_pool_print_for_people_and_scripts(capsys, env)
         "ID", "NAME", "STATE", "GPUS", "PROJECT", "POSITION", "REASON", "ATTEMPT", "AGE"]
     assert json.loads(run(capsys, "jobs", "--json")[1]) == {"jobs": [job]}
     assert run(capsys, "cancel", "j2")[1] == "job j2 cancelled\n"
+    # the quota first (what is guaranteed, in use, waiting), the job counts after
     assert run(capsys, "quota")[1].splitlines() == [
-        "ann: 2 running, 1 pending",
-        "PROJECT  QUOTA  IN USE  BORROWED  DESERVED  LIMIT  WEIGHT  PRIORITY  PENDING",
-        "nlp          4    4.25      0.25         4      -       1         0        1"]
+        "PROJECT  QUOTA  IN USE  WAITING  BORROWED  DESERVED  LIMIT  WEIGHT  PRIORITY",
+        "nlp          4    4.25        1      0.25         4      -       1         0",
+        "jobs of ann: 2 running, 1 pending"]
     assert run(capsys, "pool")[1].splitlines() == [
         "12.5 of 16 GPUs in use, 3.5 idle (simulated inventory: no GPUs were found)",
         "NAME    GPUS  POOL   LABELS",
         "node-a     8  train  gpushare.io/simulated=true",
         "node-b     8  train  -"]
     assert json.loads(run(capsys, "pool", "--json")[1])["capacity"] == 16
+
+
+def test_no_jobs_say_how_to_send_one_and_no_project_what_to_do(capsys, env):
+    env.routes.update({("GET", "api/jobs"): (200, {"jobs": []}),
+                       ("GET", "api/quota"): (200, {"user": "ann", "jobs": {},
+                                                    "projects": []})})
+    assert run(capsys, "jobs")[1] == (
+        "no jobs yet: send one with %%train in a notebook cell, or gpushare submit --gpus 1 "
+        "-- python train.py in a terminal\n")
+    assert run(capsys, "jobs", "--state", "failed")[1] == "no jobs match\n"
+    assert run(capsys, "quota")[1].splitlines() == [
+        "you are in no project; ask an admin to add you to one", "jobs of ann: none yet"]
 
 
 # -- the jobs table -----------------------------------------------------------------------------

@@ -251,6 +251,12 @@ def test_an_admin_logs_in_through_the_hub_and_sees_the_pool(hub, played, browser
     slices = page.locator("#idle table.idle-slices tbody tr").all_inner_texts()
     assert "carol" in slices[0] and "released" in slices[0], slices  # the idlest: all idle
     page.screenshot(path=str(ARTIFACTS / "dashboard-1h.png"), full_page=True)
+    # asked for no window, a pool minutes old opens on its minutes, not on six hours
+    page.goto(hub.url + "/services/gpushare/dashboard")
+    page.wait_for_selector("#projects svg.gpushare-chart")
+    assert "since the pool's first reading" in page.locator("#projects").inner_text()
+    assert page.locator("header nav a.on").count() == 0
+    page.screenshot(path=str(ARTIFACTS / "dashboard-default.png"), full_page=True)
     assert page.errors == []
 
 

@@ -34,7 +34,7 @@ SLICES = [{"kind": "slice", "gpus": 0.25, "sm": 0.2, "memory_bytes": 3 * GiB,
            "idle_for_s": None, "user": "alice", "slice": "s-1"},
           {"kind": "slice", "gpus": 0.25, "sm": 0.0, "memory_bytes": GiB, "idle_for_s": 700,
            "user": "bob", "slice": "s-2"}]
-CULL_REASON = "no GPU use and no activity for 11 min; it will be stopped in 5 min unless used"
+CULL_REASON = "no GPU use and no activity for 11m; it will be stopped in 5m unless used"
 
 
 def sample() -> dict:
@@ -53,10 +53,10 @@ def sample() -> dict:
         "usage_notes": ["GPU 2 of sim-0: 2 processes outside gpushare, 11 GiB."],
         "culling": {"after": 600, "warning": 300, "culled": 1, "events": [
             {"at": NOW - 900, "kind": "warn", "user": "carol", "server": "exp", "slice": "s-9",
-             "reason": "no GPU use and no activity for 10 min; it will be stopped in 5 min "
+             "reason": "no GPU use and no activity for 10m; it will be stopped in 5m "
                        "unless used"},
             {"at": NOW - 600, "kind": "cull", "user": "carol", "server": "exp", "slice": "s-9",
-             "reason": "no GPU use and no activity for 15 min, warned 5 min ago"},
+             "reason": "no GPU use and no activity for 15m, warned 5m ago"},
             {"at": NOW - 60, "kind": "warn", "user": "bob", "server": "", "slice": "s-2",
              "reason": CULL_REASON}]}}
     window = choose_window("6h", NOW)
@@ -210,7 +210,7 @@ def test_the_pool_map_shows_every_gpu_its_holders_and_their_use_now():
         'class="gpu-head"><b>GPU 0</b> <span class="util">2%</span></div><div class="bar" '
         'title="SM utilization now"><span style="width:2%"></span></div><div class="mem">30 GiB '
         'of 80 GiB</div><ul class="holders"><li class="job">job <b>bert &lt;b&gt;</b> · bob · '
-        'nlp · SM 2% <span class="flag">idle 25 min</span></li><li class="outside">2 processes '
+        'nlp · SM 2% <span class="flag">idle 25m</span></li><li class="outside">2 processes '
         'outside gpushare, 11 GiB</li></ul></div>'
         # no reading of it
         '<div class="gpu unread" data-gpu="n0/1"><div class="gpu-head"><b>GPU 1</b> <span '
@@ -222,7 +222,7 @@ def test_the_pool_map_shows_every_gpu_its_holders_and_their_use_now():
         '</span></div><div class="mem">4.0 GiB of 80 GiB</div><ul class="holders">'
         # 20 % of the GPU is 80 % of a ¼ slice
         '<li class="slice">¼ slice · <b>alice</b> · SM 80%</li><li class="slice">¼ slice · '
-        '<b>bob</b> · SM 0% <span class="flag">idle 11 min</span></li></ul></div></div></div>')
+        '<b>bob</b> · SM 0% <span class="flag">idle 11m</span></li></ul></div></div></div>')
 
 
 def test_a_lost_gpu_and_one_free_say_so():
@@ -237,10 +237,10 @@ def test_the_queue_in_order_with_its_reasons():
         "<table class='queue'><thead><tr><th class=num>#</th><th>Job</th><th>User</th><th>"
         "Project</th><th class=num>GPUs</th><th class=num>Waiting</th><th>Why it waits</th>"
         "</tr></thead><tbody><tr><td class=num>1</td><td><b>big</b> <span class=\"muted\">j-3"
-        "</span></td><td>alice</td><td>vision</td><td class=num>4</td><td class=num>2 min</td>"
+        "</span></td><td>alice</td><td>vision</td><td class=num>4</td><td class=num>2m</td>"
         "<td>waiting for 4 GPUs on one node; 1 is free</td></tr><tr><td class=num>2</td><td>"
         "<b>j-4</b> <span class=\"muted\">j-4</span> <span class=\"flag\">requeued, attempt 2"
-        "</span></td><td>bob</td><td>nlp</td><td class=num>2</td><td class=num>50 min</td><td>"
+        "</span></td><td>bob</td><td>nlp</td><td class=num>2</td><td class=num>50m</td><td>"
         "waiting behind job j-3</td></tr></tbody></table>")
     assert tables.queue_table([], NOW) == (
         '<p class="empty">Nothing waits: every job that was submitted runs or has ended.</p>')
@@ -255,7 +255,7 @@ def test_culls_say_the_rule_who_is_warned_and_what_was_done():
                                          '(c.GPUUsage.cull_idle_slices_after = 0).</p>')
     assert tables.culls(d["pool"]["culling"], d["slices"], 0) == (
         "<p>Notebook servers whose build slice shows no GPU use and that the hub saw no activity "
-        "from for 10 min are warned, then stopped 5 min later unless used; never while a kernel "
+        "from for 10m are warned, then stopped 5m later unless used; never while a kernel "
         "is busy or a train job's output is followed. Stopped so far: <b>1</b>.</p>"
         "<h3>Warned now</h3><table class='warned'><thead><tr><th>User</th><th>Server</th><th>"
         "Holds</th><th>Stopped at</th><th>Why</th></tr></thead><tbody><tr><td><b>bob</b></td>"
@@ -266,10 +266,10 @@ def test_culls_say_the_rule_who_is_warned_and_what_was_done():
         "<tr><td>Nov 20 14:45</td><td><span class=\"event-warn\">warned</span></td><td><b>bob"
         f"</b></td><td>(default)</td><td>{CULL_REASON}</td></tr>"
         "<tr><td>Nov 20 14:36</td><td><span class=\"event-cull\">stopped</span></td><td><b>"
-        "carol</b></td><td>exp</td><td>no GPU use and no activity for 15 min, warned 5 min ago"
+        "carol</b></td><td>exp</td><td>no GPU use and no activity for 15m, warned 5m ago"
         "</td></tr><tr><td>Nov 20 14:31</td><td><span class=\"event-warn\">warned</span></td>"
-        "<td><b>carol</b></td><td>exp</td><td>no GPU use and no activity for 10 min; it will be "
-        "stopped in 5 min unless used</td></tr></tbody></table>")
+        "<td><b>carol</b></td><td>exp</td><td>no GPU use and no activity for 10m; it will be "
+        "stopped in 5m unless used</td></tr></tbody></table>")
 
 
 def test_the_idlest_jobs_and_slices_with_what_they_do_now():
@@ -278,22 +278,22 @@ def test_the_idlest_jobs_and_slices_with_what_they_do_now():
         "<table class='idle-jobs'><thead><tr><th>Job</th><th>User</th><th>Project</th><th "
         "class=num>Idle GPU time</th><th class=num>Idle share</th><th class=num>Utilization"
         "</th><th>Now</th></tr></thead><tbody><tr><td><b>bert &lt;b&gt;</b> <span "
-        "class=\"muted\">j-2</span></td><td>bob</td><td>nlp</td><td class=num>117 min</td><td "
-        "class=num>97%</td><td class=num>2%</td><td>idle 25 min</td></tr></tbody></table>")
+        "class=\"muted\">j-2</span></td><td>bob</td><td>nlp</td><td class=num>1h 56m</td><td "
+        "class=num>97%</td><td class=num>2%</td><td>idle 25m</td></tr></tbody></table>")
     assert usage.idle_slices_table(d["idle_slices"], {s["id"]: s for s in d["slices"]}, 0) == (
         "<table class='idle-slices'><thead><tr><th>Slice</th><th>User</th><th class=num>Idle "
         "GPU time</th><th class=num>Idle share</th><th class=num>Utilization</th><th>Now</th>"
         "</tr></thead><tbody><tr><td>¼ slice <span class=\"muted\">s-2</span></td><td><b>bob"
-        "</b></td><td class=num>30 min</td><td class=num>100%</td><td class=num>0%</td><td>idle "
-        "11 min, stopped at 14:50 unless used</td></tr><tr><td>slice <span class=\"muted\">s-7"
-        "</span></td><td><b>carol</b></td><td class=num>15 min</td><td class=num>100%</td><td "
+        "</b></td><td class=num>30m</td><td class=num>100%</td><td class=num>0%</td><td>idle "
+        "11m, stopped at 14:50 unless used</td></tr><tr><td>slice <span class=\"muted\">s-7"
+        "</span></td><td><b>carol</b></td><td class=num>15m</td><td class=num>100%</td><td "
         "class=num>0%</td><td>released</td></tr></tbody></table>")
     busy = {"id": "j-2", "name": "b", "state": "running", "usage": {"idle_for_s": None}}
     assert usage.idle_jobs_table(d["idle_jobs"][:1], {"j-2": busy}).endswith(
         "<td>in use</td></tr></tbody></table>")
     just = {**busy, "usage": {"idle_for_s": 20}}
     assert usage.idle_jobs_table(d["idle_jobs"][:1], {"j-2": just}).endswith(
-        "<td>idle under a minute</td></tr></tbody></table>")
+        "<td>idle under 5m</td></tr></tbody></table>")
     assert usage.idle_jobs_table(d["idle_jobs"][:1], {}).endswith(
         "<td>ended</td></tr></tbody></table>")
     assert usage.idle_jobs_table([], {}) == (
@@ -398,6 +398,12 @@ def test_a_refusal_is_one_sentence_on_a_page():
 
 def test_windows():
     assert choose_window(None, NOW) == Window("6h", NOW - 6 * 3600, NOW, 300)
+    # a young pool opens on the time since its first reading, a quarter of an hour at least
+    assert choose_window(None, NOW, first=NOW - 7 * 3600) == Window("6h", NOW - 6 * 3600, NOW, 300)
+    assert choose_window(None, NOW, first=NOW - 3 * 3600) == \
+        Window("", NOW - 3 * 3600, NOW, 300, young=True)
+    assert choose_window(None, NOW, first=NOW - 300) == Window("", NOW - 900, NOW, 60, young=True)
+    assert choose_window("6h", NOW, first=NOW - 300).name == "6h"  # asked for: as asked
     assert choose_window("7d", NOW).step == 7200
     for name, (span, step) in WINDOWS.items():  # about 60 to 120 buckets, whole minutes
         assert 60 <= span // step <= 120 and step % 60 == 0
@@ -413,3 +419,5 @@ def test_windows():
     page = render({**sample(), "window": choose_window(None, NOW, NOW - 600, NOW - 60)})
     assert "Allocation and utilization per project, Nov 20 14:36 to Nov 20 14:45" in page
     assert " class=on" not in page  # no preset is the period shown
+    young = render({**sample(), "window": choose_window(None, NOW, first=NOW - 300)})
+    assert "per project, since the pool&#x27;s first reading, Nov 20 14:31 to Nov 20 14:46" in young

@@ -3,8 +3,9 @@ Playwright): a real JupyterLab server with the extension and the gpushare server
 pointed at the real pool service behind a real JupyterHub (as a single-user server is, with
 GPUSHARE_URL and its JUPYTERHUB_API_TOKEN). The status bar and the panel show the pool, a job
 submitted from "Run as train job…" appears and finishes with its log followed, a job is
-cancelled from the table, and a pool that goes away is said in one line. Screenshots are kept
-in tests/artifacts/labextension/."""
+cancelled from the table, the panel shows a running job whole at 1280×800 in the light and the
+dark theme, and a pool that goes away is said in one line. Screenshots are kept in
+tests/artifacts/labextension/."""
 
 from __future__ import annotations
 
@@ -118,10 +119,12 @@ def lab(hub, tmp_path_factory):
            "JUPYTER_PATH": str(home / "data"), "JUPYTER_CONFIG_DIR": str(home / "config"),
            "JUPYTERLAB_SETTINGS_DIR": str(home / "settings"),
            "JUPYTERLAB_WORKSPACES_DIR": str(home / "workspaces")}
-    # Lab's question about news would cover the panel in the screenshots.
+    # Lab's question about news would cover the panel in the screenshots; the app in the
+    # page lets the test switch themes as a user would in the Settings menu.
     (home / "config" / "labconfig").mkdir(parents=True)
     (home / "config" / "labconfig" / "page_config.json").write_text(json.dumps(
-        {"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}}))
+        {"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True},
+         "exposeAppInBrowser": True}))
     log = open(home / "lab.log", "wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
@@ -183,14 +186,38 @@ def test_status_bar_and_panel_show_the_slice_and_the_quota(page):
         "document.querySelector('.jp-GpushareStatus').textContent.includes('vision')",
         timeout=30_000)
     assert status.inner_text() == "GPU ¼ · vision 0/2"
+    # on the line of its neighbours, as JupyterLab's own items are: their text's boxes level
+    tops = page.evaluate("""() => [
+        ...document.querySelectorAll('.jp-StatusBar-Left .jp-StatusBar-TextItem')]
+        .filter(e => e.offsetParent && e.textContent).map(e => {
+            const text = document.createRange();
+            text.selectNodeContents(e);
+            return [e.closest('.jp-GpushareStatus') !== null, text.getBoundingClientRect().top];
+        })""")
+    ours = [top for mine, top in tops if mine]
+    assert len(ours) == 1 and len(tops) > 1 and all(abs(top - ours[0]) < 1 for _, top in tops), tops
+    # its card says the same in sentences
+    status.hover()
+    card = page.locator("#jupyter-gpushare-status-card")
+    card.wait_for(state="visible", timeout=5_000)
+    assert "This notebook server holds 0.25 of a build GPU." in card.inner_text()
+    shot(page, "0-status-card")
+    page.mouse.move(600, 300)
+    card.wait_for(state="hidden", timeout=5_000)
+    # the side bar's tab says what it is
+    tab = page.locator(".jp-SideBar.jp-mod-right .lm-TabBar-tab[data-id='jupyter-gpushare-panel']")
+    assert tab.inner_text().strip() == "GPU"
+    assert tab.get_attribute("title").startswith("GPU share")
     status.click()
     panel = page.locator("#jupyter-gpushare-panel")
     panel.wait_for(state="visible", timeout=10_000)
     quota = panel.locator(".jp-GpusharePanel-quota[data-project='vision']")
     quota.wait_for(timeout=10_000)
     assert quota.locator(".jp-GpusharePanel-label").inner_text() == "0 of 2 guaranteed in use"
-    assert re.match(r"alice: this server holds 0\.25 of a build GPU; updated ",
-                    text_of(page, ".jp-GpusharePanel-line"))
+    assert re.fullmatch(r"alice: this server holds 0\.25 of a build GPU; updated just now",
+                        text_of(page, ".jp-GpusharePanel-line"))
+    empty = text_of(page, ".jp-GpusharePanel-empty")
+    assert "%%train" in empty and "gpushare submit" in empty and "Run as train job" in empty
     shot(page, "1-panel")
 
 
@@ -309,6 +336,61 @@ def test_each_rank_of_a_distributed_job_has_its_log_in_the_panel(page, hub):
         "document.querySelector('.jp-GpusharePanel-logTitle').textContent.includes('e2e-train')",
         timeout=15_000)
     assert not rank.is_visible()
+
+
+NAME = "resnet50-finetune-imagenet-sweep-lr3e-4-warmup"
+
+
+def test_a_running_job_shows_whole_in_the_panel_at_1280x800_light_and_dark(page, hub):
+    """The side panel at its default width: a running job's name (an ellipsis, in full on
+    hover), state, GPUs, time, Logs and Cancel, all without scrolling sideways."""
+    page.set_viewport_size({"width": 1280, "height": 800})
+    status, job = hub.api("POST", "api/jobs", "alice", {"gpus": 1, "name": NAME, "source": LONG})
+    assert status == 201, job
+    row = page.locator(f"tbody[data-job='{job['id']}'][data-state='running']")
+    row.wait_for(timeout=30_000)
+    panel = page.locator("#jupyter-gpushare-panel")
+    try:
+        for theme, light in (("JupyterLab Light", "true"), ("JupyterLab Dark", "false")):
+            page.evaluate(f"window.jupyterapp.commands.execute('apputils:change-theme', "
+                          f"{{theme: {theme!r}}})")
+            page.wait_for_selector(f"body[data-jp-theme-name='{theme}']"
+                                   f"[data-jp-theme-light='{light}']", state="attached",
+                                   timeout=30_000)
+            page.wait_for_timeout(500)  # the theme's stylesheet applied
+            row.scroll_into_view_if_needed()
+            box = panel.bounding_box()
+            assert box["width"] < 400, box  # the side bar's own width, not a widened one
+            wide = panel.evaluate("p => [p.scrollWidth, p.clientWidth]")
+            assert wide[0] <= wide[1], f"the panel scrolls sideways: {wide}"
+            # All boxes in one look: the panel redraws its rows every second while a job runs.
+            boxes = row.evaluate("""r => Object.fromEntries(
+                ["name", "state", "gpus", "elapsed", "logs", "cancel"].map(part => {
+                    const e = r.querySelector(`.jp-GpusharePanel-${part}`);
+                    const b = e && e.getBoundingClientRect();
+                    return [part, b && b.width > 0 && b.height > 0 ? [b.x, b.width] : null];
+                }))""")
+            for part, b in boxes.items():
+                assert b is not None, f"{part} is not shown"
+                assert box["x"] <= b[0] and b[0] + b[1] <= box["x"] + box["width"] + 0.5, \
+                    (part, b, box)
+            name = row.locator(".jp-GpusharePanel-name")
+            assert name.inner_text() == NAME and name.get_attribute("title").startswith(NAME)
+            # too long for the column: one line, cut with an ellipsis, not broken mid-word
+            assert name.evaluate("n => n.scrollWidth > n.clientWidth && "
+                                 "getComputedStyle(n).textOverflow === 'ellipsis'")
+            assert name.evaluate("n => n.getClientRects().length") == 1
+            assert row.locator(".jp-GpusharePanel-state").inner_text() == "running"
+            assert row.locator(".jp-GpusharePanel-gpus").inner_text() == "1"
+            time_ = row.locator(".jp-GpusharePanel-elapsed")
+            assert re.fullmatch(r"\d+s|\d+m \d\ds", time_.inner_text())
+            assert time_.get_attribute("title").startswith("Submitted ")
+            shot(page, f"8-running-job-{'light' if light == 'true' else 'dark'}")
+    finally:
+        page.evaluate("window.jupyterapp.commands.execute('apputils:change-theme', "
+                      "{theme: 'JupyterLab Light'})")
+        hub.api("DELETE", f"api/jobs/{job['id']}", "alice")
+        page.set_viewport_size({"width": 1500, "height": 900})
 
 
 def test_a_pool_that_cannot_be_reached_is_said_in_one_line(page, hub, lab):

@@ -2,7 +2,7 @@
 Playwright): alice's JupyterLab is a real notebook server started by a real hub (the
 gpushare-local spawner, a ¼ build slice), her train jobs run in the real pool, and the NVML
 stand-in plays their GPU use. The panel shows each running job's and the server's SM
-utilization and memory now and over the last hour with a sparkline, and "idle 1 min" on what
+utilization and memory now and over the last hour with a sparkline, and "idle 1m 05s" on what
 is held and idle. While the tab is in the background (JupyterLab's polls stand by) the server
 is idle on every count and the pool warns it; back in the tab, the status bar and the panel
 say when it will be stopped, and once the hub hears of the tab's activity again the warning
@@ -204,11 +204,11 @@ def test_jobs_and_the_server_show_their_gpu_use_and_idle_flags(page, played):
     # held and idle: a plain flag once it has lasted a minute
     idle = panel.locator(f"tbody[data-job='{played['jobs']['waiting-for-data']}']")
     idle.locator(".jp-GpusharePanel-flag").wait_for(timeout=90_000)
-    assert re.fullmatch(r"idle \d+ min", idle.locator(".jp-GpusharePanel-flag").inner_text())
+    assert re.fullmatch(r"idle \d+m \d\ds", idle.locator(".jp-GpusharePanel-flag").inner_text())
     assert re.fullmatch(r"SM 1% \(1h \d+%\), 6\.0 GiB",
                         idle.locator(".jp-GpusharePanel-usageText").inner_text())
     assert busy.locator(".jp-GpusharePanel-flag").count() == 0
-    assert re.fullmatch(r"idle \d+ min", server.locator(".jp-GpusharePanel-flag").inner_text())
+    assert re.fullmatch(r"idle \d+m \d\ds", server.locator(".jp-GpusharePanel-flag").inner_text())
     assert panel.locator(".jp-GpusharePanel-cull").count() == 0  # Lab is in use: not warned
     page.screenshot(path=str(ARTIFACTS / "7-gpu-use.png"))
 
@@ -230,13 +230,16 @@ def test_an_idle_server_is_warned_in_the_status_bar_and_panel_until_it_is_used(h
     page.locator(".jp-GpushareStatus").click()
     warning = page.locator("#jupyter-gpushare-panel .jp-GpusharePanel-cull")
     warning.wait_for(timeout=15_000)
-    assert re.fullmatch(r"This server will be stopped at \d\d:\d\d \(in (9|10) min\): its slice "
+    # the clock time as the browser's locale writes it ("14:05", "2:05 PM")
+    assert re.fullmatch(r"This server will be stopped at \d?\d:\d\d(\s[AP]M)? "
+                        r"\(in (9m \d\ds|10m 00s)\): its slice "
                         r"has shown no GPU use and the hub no activity from it\. Use it \(run a "
                         r"cell\) to keep it\.", warning.inner_text())
     assert warning.get_attribute("role") == "alert"
     assert warning.get_attribute("title") == cull["reason"]
     status = text_of(page, ".jp-GpushareStatus")
-    assert re.fullmatch(r"GPU ¼ · ⚠ idle: stops in (9|10) min · vision 2/2 · 2 running", status)
+    assert re.fullmatch(r"GPU ¼ · ⚠ idle: stops in (9m \d\ds|10m 00s) · vision 2/2 · 2 running",
+                        status)
     assert "jp-mod-error" in page.locator(".jp-GpushareStatus").get_attribute("class")
     page.screenshot(path=str(ARTIFACTS / "8-culling-warning.png"))
     # The tab's own requests are activity: the hub hears of it, the pool takes the warning

@@ -13,10 +13,12 @@ import pytest
 
 from hubtest import free_port, running_hub
 from jupyter_gpushare.client import PoolClient
-from jupyter_gpushare.notebook.panel import (Panel, bar_html, clock, elapsed, job_rows,
-                                             project_bars, server_url, slice_html, slice_use,
-                                             slice_view, status_html, use_html)
+from jupyter_gpushare.notebook.panel import (COLUMNS, Panel, bar_html, details_html, elapsed,
+                                             job_rows, project_bars, server_url, slice_html,
+                                             slice_use, slice_view, state_html, status_html,
+                                             use_html)
 from jupyter_gpushare.notebook.watchdog import BuildSlice
+from jupyter_gpushare.text import clock_time
 
 POOL_CONFIG = """
 c = get_config()
@@ -32,13 +34,11 @@ c.LocalBackend.env_keep = ["LANG", "LC_ALL"]
 
 # -- pure: what the panel shows ----------------------------------------------------------------
 
-def test_clock_and_elapsed():
-    assert [clock(s) for s in (0, 7.9, 750, 3723, -5)] == ["0:00", "0:07", "12:30", "1:02:03",
-                                                           "0:00"]
+def test_elapsed_in_the_one_duration_format():
     now = 1000.0
-    assert elapsed({"state": "pending", "submitted": 940}, now) == "1:00"
-    assert elapsed({"state": "running", "submitted": 0, "started": 995}, now) == "0:05"
-    assert elapsed({"state": "succeeded", "started": 10, "finished": 70}, now) == "1:00"
+    assert elapsed({"state": "pending", "submitted": 930}, now) == "1m 10s"
+    assert elapsed({"state": "running", "submitted": 0, "started": 995}, now) == "5s"
+    assert elapsed({"state": "succeeded", "started": 10, "finished": 7510}, now) == "2h 05m"
     assert elapsed({"state": "cancelled", "started": None, "finished": 70}, now) == "–"
 
 
@@ -51,11 +51,19 @@ def test_job_rows():
     none = {"text": "", "idle": "", "spark": []}
     assert job_rows(jobs, 1000.0) == [
         {"id": "j-2", "name": "j-2", "state": "pending", "gpus": "4", "position": "1",
-         "reason": "waiting for 4 GPUs on one node", "elapsed": "0:10", "attempt": "2",
+         "reason": "waiting for 4 GPUs on one node", "elapsed": "10s", "attempt": "2",
          "active": True, "ranks": 1, "use": none},
         {"id": "j-1", "name": "resnet", "state": "failed", "gpus": "1", "position": "",
-         "reason": "exit code 1", "elapsed": "1:00:00", "attempt": "1", "active": False,
+         "reason": "exit code 1", "elapsed": "1h", "attempt": "1", "active": False,
          "ranks": 1, "use": none}]
+    pending, failed = job_rows(jobs, 1000.0)
+    # the queue position and a requeue's attempt go with the state, in muted words
+    assert state_html(pending) == (
+        '<span style="color:var(--jp-warn-color1, #b26a00)">pending</span> <span style='
+        '"color:var(--jp-ui-font-color2, #616161)">#1, attempt 2</span>')
+    assert state_html(failed) == \
+        '<span style="color:var(--jp-error-color1, #c62828)">failed</span>'
+    assert details_html(pending) == "waiting for 4 GPUs on one node"
 
 
 NOW = 1_800_000_030.0  # 30 s into a minute
@@ -78,34 +86,45 @@ def test_a_running_jobs_gpu_use_now_over_the_last_hour_and_idle():
         '(1h 88%), 11 GiB')
     idle = {**USAGE, "sm_now": 0.0, "idle_for_s": 1500, "minutes": []}
     [row] = job_rows([{"id": "j-4", "state": "running", "usage": idle}], NOW)
-    assert row["use"] == {"text": "SM 0% (1h 88%), 11 GiB", "idle": "idle 25 min", "spark": [None] * 60}
+    assert row["use"] == {"text": "SM 0% (1h 88%), 11 GiB", "idle": "idle 25m",
+                          "spark": [None] * 60}
     assert use_html(row["use"]).endswith(
-        'SM 0% (1h 88%), 11 GiB <span style="background:#ffe0b2;color:#8a4600;'
-        'border-radius:7px;padding:0 5px">idle 25 min</span>')
+        'SM 0% (1h 88%), 11 GiB <span style="background:var(--jp-warn-color3, #ffe0b2);'
+        'color:var(--jp-warn-color0, #8a4600);border-radius:7px;padding:0 5px">idle 25m</span>')
+    # a running job's details: its use, then the pool's words
+    assert details_html({**row, "reason": "preempting"}).endswith(
+        'idle 25m</span> <span style="color:var(--jp-ui-font-color2, #616161)">· preempting'
+        '</span>')
+    # a slice or job just started shows no use yet: no idle flag before five minutes of it
+    for seconds, flag in ((55, ""), (299, ""), (300, "idle 5m"), (7500, "idle 2h 05m")):
+        [row] = job_rows([{"id": "j-6", "state": "running",
+                           "usage": {**idle, "idle_for_s": seconds}}], NOW)
+        assert row["use"]["idle"] == flag, seconds
     [row] = job_rows([{"id": "j-5", "state": "running", "usage": None}], NOW)
     assert row["use"] == {"text": "not measured yet", "idle": "", "spark": []}
 
 
 def test_the_slice_as_the_pool_sees_it_and_the_culling_warning():
-    at = time.strftime("%H:%M", time.localtime(NOW + 480))  # the kernel's own time zone
+    at = clock_time(NOW + 480)  # by the kernel's clock (test_text.py)
     assert slice_use(None, NOW) is None and slice_use({"pool": None}, NOW) is None
     cull = {"warned_at": NOW - 60, "cull_at": NOW + 480,
-            "reason": "no GPU use and no activity for 31 min; it will be stopped in 10 min "
-                      "unless used"}
+            "reason": "no GPU use and no activity for 31m; it will be stopped in 10m unless "
+                      "used"}
     use = slice_use({"pool": {"id": "s-1", "usage": {**USAGE, "idle_for_s": 1860},
                               "cull": cull}}, NOW)
-    assert use == {"text": "SM 93% (1h 88%), 11 GiB", "idle": "idle 31 min",
+    assert use == {"text": "SM 93% (1h 88%), 11 GiB", "idle": "idle 31m",
                    "spark": [None] * 57 + [0.8, None, 0.95],
-                   "warning": f"This server will be stopped at {at} (in 8 min): its slice has "
+                   "warning": f"This server will be stopped at {at} (in 8m): its slice has "
                               "shown no GPU use and the hub no activity from it. Use it (run a "
                               "cell) to keep it.", "reason": cull["reason"]}
     drawn = slice_html(slice_view(BuildSlice(0.25), None), use)
     assert drawn.startswith("<div>Build slice: ¼ GPU.</div><div>GPU use: <svg ")
     assert drawn.endswith(
-        '<div role="alert" title="no GPU use and no activity for 31 min; it will be stopped in '
-        '10 min unless used" style="color:#fff;background:#c62828;padding:2px 6px;'
-        f'border-radius:3px">This server will be stopped at {at} (in 8 min): its slice has '
-        'shown no GPU use and the hub no activity from it. Use it (run a cell) to keep it.</div>')
+        '<div role="alert" title="no GPU use and no activity for 31m; it will be stopped in '
+        '10m unless used" style="color:#fff;background:var(--jp-error-color1, #c62828);'
+        f'padding:2px 6px;border-radius:3px">This server will be stopped at {at} (in 8m): its '
+        'slice has shown no GPU use and the hub no activity from it. Use it (run a cell) to '
+        'keep it.</div>')
     quiet = slice_use({"pool": {"id": "s-1", "usage": None, "cull": None}}, NOW)
     assert quiet["warning"] is None and "role=" not in slice_html(
         slice_view(BuildSlice(0.25), None), quiet)
@@ -124,7 +143,7 @@ def test_project_bars_say_guaranteed_in_use_and_borrowed():
     assert nlp["text"] == "nlp: 0 of 1 guaranteed GPUs in use (at most 3)"
     drawn = bar_html(vision)
     # within the quota 2/4, borrowed 1/4 after it, the quota's mark at 2/4
-    assert "width:50.0%;height:100%;background:#43a047" in drawn
+    assert "width:50.0%;height:100%;background:var(--jp-success-color1, #43a047)" in drawn
     assert "left:50.0%;width:25.0%" in drawn and "left:50.0%;width:2px" in drawn
     assert project_bars({"projects": [dict(quota["projects"][0])]})[0]["scale"] == 3.0
 
@@ -148,8 +167,9 @@ def test_slice_view():
 def test_status_line_and_server_address():
     assert status_html("the pool service at http://h/ cannot be reached (connection refused); "
                        "is JupyterHub running?", 5) == (
-        '<span style="color:#c62828">The pool service at http://h/ cannot be reached '
-        '(connection refused); is JupyterHub running? Trying again every 5 s.</span>')
+        '<span style="color:var(--jp-error-color1, #c62828)">The pool service at http://h/ '
+        'cannot be reached (connection refused); is JupyterHub running? Trying again every '
+        '5 s.</span>')
     assert server_url({}) is None
     assert server_url({"JUPYTERHUB_SERVICE_URL": "http://:8888/user/alice/"}) == \
         "http://127.0.0.1:8888/user/alice/gpushare/"
@@ -194,8 +214,21 @@ def wait_for(condition, timeout=15, what="the condition"):
 
 def table(panel):
     """The job table as text: one tuple of cell values per row."""
-    return [tuple(cell.value for cell in row.children[:7])
-            for row in panel.jobs_box.children[1:]]
+    return [tuple(cell.value for cell in row.cells.values()) for row in panel.rows]
+
+
+def test_with_no_jobs_the_panel_says_how_to_send_one(hub, monkeypatch):
+    monkeypatch.delenv("GPUSHARE_SLICE_GPUS", raising=False)
+    panel = Panel(client=PoolClient(hub.pool_url, hub.token("bob")), server=None)
+    try:
+        assert panel.refresh()
+        [empty] = panel.jobs_box.children
+        assert empty.value == ("No jobs yet: send one with %%train in a notebook cell, or "
+                               "gpushare submit --gpus 1 -- python train.py in a terminal.")
+        assert re.fullmatch(r'<span title="\d\d:\d\d:\d\d">Updated just now\.</span>',
+                            panel.status.value)
+    finally:
+        panel.close()
 
 
 def test_the_panel_shows_quota_and_jobs_and_its_buttons_act_in_the_pool(hub, panel):
@@ -206,25 +239,35 @@ def test_the_panel_shows_quota_and_jobs_and_its_buttons_act_in_the_pool(hub, pan
     [bar] = panel.quota_box.children
     assert "vision: 1 of 2 guaranteed GPUs in use" in bar.value
     assert panel.slice_line.value == "<div>No build slice: this server has no GPU of its own.</div>"
-    [row] = [r for r in panel.jobs_box.children[1:] if "shown" in r.children[0].value]
-    name, state, gpus, position, spent, attempt, use, reason, cancel, logs, rank = row.children
-    assert rank.layout.display == "none"  # one rank: no rank to choose
-    assert (name.value, gpus.value, position.value, attempt.value) == ("shown", "1", "", "1")
-    assert "running" in state.value and re.match(r"0:\d\d", spent.value)
+    [row] = [r for r in panel.rows if "shown" in r.cells["name"].value]
+    name, state, gpus, spent, details = row.cells.values()
+    assert row.rank.layout.display == "none"  # one rank: no rank to choose
+    assert (name.value, gpus.value) == ('<div class="gpushare-cut" title="shown">shown</div>', "1")
+    assert "running" in state.value and re.fullmatch(r"\d+s", spent.value)
+    # One table: the titles and every row's cells and buttons in one grid, so they scroll
+    # as one; the last track, the buttons', never gives way.
+    assert panel.jobs_box.children == (panel.table,)
+    assert "gpushare-jobs" in panel.table._dom_classes
+    assert [re.sub("<[^>]*>", "", h.value) for h in panel.table.children[:6]] == [
+        "Job", "State", "GPUs", "Time", "Details", ""]
+    assert panel.table.children[6:] == tuple(w for r in panel.rows for w in r.widgets)
+    assert row.widgets[-1].children[:2] == (row.logs, row.cancel)
+    assert panel.table.layout.grid_template_columns.split(" ")[-1] == "max-content"
+    assert len(panel.table.children) == (len(COLUMNS) + 1) * (1 + len(panel.rows))
     # its GPU use as the NVML stand-in plays the simulated GPUs (nothing runs kernels on them)
-    wait_for(lambda: panel.refresh() and "SM 0%" in use.value, what="the job's GPU use")
-    assert '<svg class="gpushare-spark"' in use.value and "0 MiB" in use.value
-    assert not cancel.disabled
+    wait_for(lambda: panel.refresh() and "SM 0%" in details.value, what="the job's GPU use")
+    assert '<svg class="gpushare-spark"' in details.value and "0 MiB" in details.value
+    assert not row.cancel.disabled
     # logs: the job's output in the panel's output area
     wait_for(lambda: "hello" in hub.api("GET", f"api/jobs/{job['id']}/logs", "alice")[1])
-    logs.click()
+    row.logs.click()
     [out] = panel.logs.outputs
     assert out["text"] == f"── logs of job {job['id']} ──\nhello from the job\n"
     # cancel: the pool cancels it, and the row says so
-    cancel.click()
+    row.cancel.click()
     hub.wait_job("alice", job["id"], ("cancelled",))
-    wait_for(lambda: panel.refresh() and "cancelled" in row.children[1].value)
-    assert row.children[8].disabled and row.children[6].value == ""  # ended: no GPU use
+    wait_for(lambda: panel.refresh() and "cancelled" in state.value)
+    assert row.cancel.disabled and "SM" not in details.value  # ended: no GPU use
 
 
 def test_the_logs_of_each_rank_of_a_distributed_job(hub, panel):
@@ -232,8 +275,8 @@ def test_the_logs_of_each_rank_of_a_distributed_job(hub, panel):
                  source="import os\nprint('I am rank', os.environ['RANK'])\n")
     hub.wait_job("alice", job["id"], ("succeeded",))
     assert panel.refresh()
-    [row] = [r for r in panel.jobs_box.children[1:] if "ranks" in r.children[0].value]
-    *_, logs, rank = row.children
+    [row] = [r for r in panel.rows if "ranks" in r.cells["name"].value]
+    logs, rank = row.logs, row.rank
     assert rank.layout.display is None and rank.options == (("rank 0", 0), ("rank 1", 1))
     rank.value = 1
     logs.click()
@@ -272,15 +315,15 @@ def test_an_unreachable_pool_is_one_line_and_the_panel_keeps_trying(hub, alice):
     try:
         assert panel.refresh() is False
         assert panel.status.value == (
-            f'<span style="color:#c62828">The pool service at {down.url} cannot be reached '
-            f'(connection refused); is JupyterHub running and the URL right? Trying again '
-            f'every 0.1 s.</span>')
+            f'<span style="color:var(--jp-error-color1, #c62828)">The pool service at '
+            f'{down.url} cannot be reached (connection refused); is JupyterHub running and the '
+            f'URL right? Trying again every 0.1 s.</span>')
         panel.start()
         time.sleep(0.3)
         assert panel.running and panel.refreshes == 0
         panel.client = alice  # the pool is back
         wait_for(lambda: panel.refreshes >= 1, what="recovery")
-        assert panel.status.value.startswith("Updated ")
+        assert "Updated just now." in panel.status.value
     finally:
         panel.close()
 

@@ -90,11 +90,11 @@ def test_nothing_busy_or_followed_is_culled(evidence, why):
 
 def test_idle_sessions_are_warned_then_stopped():
     [warn] = decide([ev()], {}, 1000.0, S)
-    assert warn.kind == "warn" and warn.reason == ("no GPU use and no activity for 15 min; it "
-                                                   "will be stopped in 5 min unless used")
+    assert warn.kind == "warn" and warn.reason == ("no GPU use and no activity for 15m; it "
+                                                   "will be stopped in 5m unless used")
     assert decide([ev()], {"s-1": 1000.0}, 1299.0, S) == []  # the warning is not over yet
     [cull] = decide([ev()], {"s-1": 1000.0}, 1300.0, S)
-    assert cull.kind == "cull" and "warned 5 min ago" in cull.reason
+    assert cull.kind == "cull" and "warned 5m ago" in cull.reason
 
 
 # -- the reports the culler keeps ------------------------------------------------------------------

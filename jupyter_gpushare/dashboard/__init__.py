@@ -14,9 +14,18 @@ The steps, each a pure function of that dict returning HTML:
   5. the page around them (``page.py``), refreshed in place by a few lines of script.
 What flows out: the page, or a refusal page with one sentence. No CDN, no external files:
 nothing outside the hub need be reachable from the browser.
+
+``HUB_TEMPLATES``: a folder for ``c.JupyterHub.template_paths`` whose ``page.html`` adds
+"GPU pool" to the hub's navigation bar for those the dashboard lets in (the hub's Services
+menu would show the service to every user, as every server may access it).
 """
+
+from pathlib import Path
 
 from .page import refusal, render
 from .window import WINDOWS, BadWindow, Window, choose_window
 
-__all__ = ["render", "refusal", "WINDOWS", "BadWindow", "Window", "choose_window"]
+HUB_TEMPLATES = str(Path(__file__).parent / "hub_templates")
+
+__all__ = ["render", "refusal", "WINDOWS", "BadWindow", "Window", "choose_window",
+           "HUB_TEMPLATES"]

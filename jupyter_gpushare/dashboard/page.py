@@ -118,10 +118,12 @@ def summary(pool: dict, jobs: list[dict]) -> str:
 
 
 def window_words(window: Window, offset: float) -> str:
-    """``last 6h``, or ``Nov 20 14:00 to Nov 20 14:10``."""
+    """``last 6h``, or ``Nov 20 14:00 to Nov 20 14:10`` (``since the pool's first reading,
+    …`` for a young pool's default window)."""
     if window.name:
         return f"last {window.name}"
-    return f"{day_clock(window.since, offset)} to {day_clock(window.until, offset)}"
+    period = f"{day_clock(window.since, offset)} to {day_clock(window.until, offset)}"
+    return f"since the pool's first reading, {period}" if window.young else period
 
 
 def render(data: dict, nonce: str = "", xsrf: str = "") -> str:

@@ -8,7 +8,7 @@ from html import escape
 from typing import Sequence
 
 from ..charts import Frame, Series, colour, line_chart, stacked_chart
-from ..text import duration, idle_text, percent, size
+from ..text import SHOW_IDLE_AFTER_S, duration, idle_text, percent, size
 from ..trainjob import RUNNING
 from .markup import clock, fraction, table
 from .window import Window
@@ -131,9 +131,10 @@ def idle_jobs_table(rows: list[dict], jobs: dict[str, dict]) -> str:
 
 
 def _now(usage: dict) -> str:
-    """``idle 25 min``, ``idle under a minute`` or ``in use``."""
+    """``idle 25m``, ``idle under 5m`` or ``in use``."""
     idle = usage.get("idle_for_s")
-    return idle_text(idle) or ("in use" if idle is None else "idle under a minute")
+    return idle_text(idle) or ("in use" if idle is None else
+                               f"idle under {duration(SHOW_IDLE_AFTER_S)}")
 
 
 def idle_slices_table(rows: list[dict], slices: dict[str, dict], offset: float) -> str:

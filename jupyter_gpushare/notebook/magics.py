@@ -180,9 +180,9 @@ class GPUShareMagics(Magics):
                 return self._panel()
             client = self.client_factory()
             if words == ["jobs"]:
-                from ..text import format_jobs
+                from ..text import format_jobs, no_jobs
                 jobs = client.jobs()
-                print(format_jobs(jobs, width=None) if jobs else "no jobs")
+                print(format_jobs(jobs, width=None) if jobs else no_jobs())
                 return None
             if len(words) in (2, 3) and words[0] == "logs" and all(w.isdigit()
                                                                     for w in words[2:]):

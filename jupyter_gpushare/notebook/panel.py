@@ -3,8 +3,11 @@
 What it shows comes from pure functions of the pool's JSON (:func:`slice_view`,
 :func:`slice_use`, :func:`project_bars`, :func:`job_rows`), tested without widgets;
 :class:`Panel` only puts them into widgets. GPU use (SM utilization and memory now, the last
-hour as a sparkline, "idle 25 min") is in the words of ``text``, as ``gpushare jobs``
-prints it. Once shown it refreshes every ``interval`` seconds in a background thread
+hour as a sparkline, "idle 25m") is in the words of ``text``, as ``gpushare jobs``
+prints it. The jobs are one table (a CSS grid: its header and rows scroll as one) whose wide
+cells give way first, so that a job's name, state, GPUs, time and buttons stay in view in a
+narrow notebook; colours and sizes are JupyterLab's theme variables, so dark themes and the
+user's font size apply. Once shown it refreshes every ``interval`` seconds in a background thread
 (the pool calls block, the kernel must not), until it is closed: ``.close()``, or the front
 end closing its comm. A pool that cannot be reached is one line at the top, and the panel
 keeps trying.
@@ -24,26 +27,53 @@ import ipywidgets as widgets
 
 from ..charts import minute_values, sparkline
 from ..client import ClientError, PoolClient
-from ..text import clock, duration, idle_text, memory_cell, sm_cell
+from ..text import clock_time, duration, idle_text, memory_cell, no_jobs, sm_cell, when
 from ..trainjob import ACTIVE, CANCELLED, FAILED, PENDING, RUNNING, SUCCEEDED
 from .watchdog import BuildSlice
 
 LOG_TAIL = 64 * 1024  # characters of a job's log shown in the panel
-_STATE_COLOURS = {PENDING: "#b26a00", RUNNING: "#1565c0", SUCCEEDED: "#2e7d32",
-                  FAILED: "#c62828", CANCELLED: "#616161"}
-COLUMNS = (("name", "Job", "9.5em"), ("state", "State", "5.5em"), ("gpus", "GPUs", "3.5em"),
-           ("position", "Queue", "4em"), ("elapsed", "Elapsed", "4.5em"),
-           ("attempt", "Attempt", "5em"), ("use", "GPU use", "13em"), ("reason", "Reason", None))
+
+
+def _theme(name: str, fallback: str) -> str:
+    """A JupyterLab theme variable, with the light theme's value where there is none (the
+    classic notebook, VS Code)."""
+    return f"var(--jp-{name}, {fallback})"
+
+
+ERROR, MUTED = _theme("error-color1", "#c62828"), _theme("ui-font-color2", "#616161")
+TRACK = _theme("layout-color3", "#e0e0e0")  # the empty part of a bar
+GOOD = _theme("success-color1", "#43a047")
+_STATE_COLOURS = {PENDING: _theme("warn-color1", "#b26a00"),
+                  RUNNING: _theme("brand-color1", "#1565c0"),
+                  SUCCEEDED: _theme("success-color1", "#2e7d32"), FAILED: ERROR,
+                  CANCELLED: MUTED}
+# The job table: key, title, the title's tooltip, and its CSS grid track. The name gives way
+# down to 6em and the details to 8em before the table scrolls; the rest keep their size.
+COLUMNS = (("name", "Job", "", "minmax(6em, 14em)"),
+           ("state", "State", "with the place in the queue, and the attempt after a requeue",
+            "max-content"),
+           ("gpus", "GPUs", "", "max-content"),
+           ("elapsed", "Time", "waiting while pending, running, or how long it ran",
+            "max-content"),
+           ("details", "Details", "a running job's GPU use (SM utilization now and over the "
+            "last hour, memory); otherwise why it waits or how it ended", "minmax(8em, 1fr)"))
+TEMPLATE = " ".join(track for *_, track in COLUMNS) + " max-content"  # + the buttons
 SPARK = {"width": 48, "height": 14}
-
-
-def _cell(width: str | None) -> widgets.Layout:
-    """A table cell that keeps its width (an HBox would shrink it below its title, and the
-    titles would run into each other); the one without a width takes the room that is left,
-    so the row's buttons stay in view."""
-    if width is None:
-        return widgets.Layout(flex="1 1 auto", width="auto", min_width="10em")
-    return widgets.Layout(width=width, min_width=width, flex="0 0 auto", overflow="hidden")
+# The table's looks, in JupyterLab's variables: a <style> in the panel's title, for
+# .gpushare-jobs only.
+STYLE = """<style>
+.gpushare-jobs { font-size: var(--jp-ui-font-size1); color: var(--jp-ui-font-color1);
+  border: 1px solid var(--jp-border-color2); background: var(--jp-layout-color1); }
+.gpushare-jobs > .jupyter-widgets { margin: 0; min-width: 0; padding: 0 6px;
+  border-bottom: 1px solid var(--jp-border-color2); }
+.gpushare-jobs .widget-html-content, .gpushare-jobs .jupyter-widget-html-content,
+.gpushare-jobs .gpushare-cut {
+  min-width: 0; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
+.gpushare-jobs > .gpushare-th { font-weight: 600; background: var(--jp-layout-color2);
+  border-bottom-color: var(--jp-border-color1); }
+.gpushare-jobs .jupyter-button { height: calc(var(--jp-widgets-inline-height) - 4px);
+  padding: 0 8px; margin: 2px; font-size: var(--jp-ui-font-size1); }
+</style>"""
 
 
 # -- what to show: pure functions of the pool's answers ----------------------------------------
@@ -57,15 +87,16 @@ def elapsed(job: dict, now: float) -> str:
     state, started, finished = job.get("state"), job.get("started"), job.get("finished")
     if state == PENDING:
         submitted = job.get("submitted")
-        return clock(now - submitted) if submitted is not None else "–"
+        return duration(now - submitted) if submitted is not None else "–"
     if state == RUNNING:
-        return clock(now - started) if started is not None else "–"
-    return clock(finished - started) if started is not None and finished is not None else "–"
+        return duration(now - started) if started is not None else "–"
+    return duration(finished - started) if started is not None and finished is not None \
+        else "–"
 
 
 def gpu_use(usage: dict | None, now: float) -> dict:
     """A job's or slice's GPU use (the API's ``usage``): ``text`` "SM 93% (1h 88%), 11 GiB",
-    ``idle`` "idle 25 min" (or empty), ``spark`` the last hour minute by minute (0–1)."""
+    ``idle`` "idle 25m" (or empty), ``spark`` the last hour minute by minute (0–1)."""
     if not usage:
         return {"text": "not measured yet", "idle": "", "spark": []}
     return {"text": f"SM {sm_cell(usage)}, {memory_cell(usage)}",
@@ -95,9 +126,30 @@ def use_html(use: dict) -> str:
     """A sparkline of the last hour, the words, and the idle flag."""
     spark = sparkline(use["spark"], title="SM utilization, last hour", **SPARK) \
         if use["spark"] else ""
-    flag = (f' <span style="background:#ffe0b2;color:#8a4600;border-radius:7px;'
-            f'padding:0 5px">{html.escape(use["idle"])}</span>') if use["idle"] else ""
+    flag = (f' <span style="background:{_theme("warn-color3", "#ffe0b2")};'
+            f'color:{_theme("warn-color0", "#8a4600")};border-radius:7px;padding:0 5px">'
+            f'{html.escape(use["idle"])}</span>') if use["idle"] else ""
     return f'{spark} {html.escape(use["text"])}{flag}'.strip()
+
+
+def state_html(row: dict) -> str:
+    """A row's state in its colour, with its place in the queue and its attempt after a
+    requeue: ``pending #3``, ``running attempt 2``."""
+    notes = ([f"#{row['position']}"] if row["position"] else []) + (
+        [f"attempt {row['attempt']}"] if row["attempt"] != "1" else [])
+    colour = _STATE_COLOURS.get(row["state"], "inherit")
+    out = f'<span style="color:{colour}">{html.escape(row["state"])}</span>'
+    return out + (f' <span style="color:{MUTED}">{html.escape(", ".join(notes))}</span>'
+                  if notes else "")
+
+
+def details_html(row: dict) -> str:
+    """A running job's GPU use, then the pool's reason (why it waits, how it ended)."""
+    reason = html.escape(row["reason"])
+    if not row["use"]["text"]:
+        return reason
+    return use_html(row["use"]) + (f' <span style="color:{MUTED}">· {reason}</span>'
+                                   if reason else "")
 
 
 def project_bars(quota: dict, capacity: float | None = None) -> list[dict]:
@@ -153,7 +205,7 @@ def slice_use(answer: dict | None, now: float) -> dict | None:
     cull, warning = record.get("cull"), None
     if cull and cull.get("cull_at"):
         left = max(0.0, cull["cull_at"] - now)
-        at = time.strftime("%H:%M", time.localtime(cull["cull_at"]))
+        at = clock_time(cull["cull_at"])
         warning = (f"This server will be stopped at {at} (in {duration(left)}): its slice has "
                    f"shown no GPU use and the hub no activity from it. Use it (run a cell) to "
                    f"keep it.")
@@ -167,29 +219,30 @@ def bar_html(bar: dict) -> str:
     borrowed = 100 * bar["borrowed"] / scale
     mark = 100 * bar["quota"] / scale
     return (f'<div title="{html.escape(bar["text"])}">{html.escape(bar["text"])}</div>'
-            f'<div style="position:relative;height:10px;background:#e0e0e0;border-radius:2px">'
+            f'<div style="position:relative;height:10px;background:{TRACK};border-radius:2px">'
             f'<div style="position:absolute;left:0;width:{within:.1f}%;height:100%;'
-            f'background:#43a047"></div>'
+            f'background:{GOOD}"></div>'
             f'<div style="position:absolute;left:{within:.1f}%;width:{borrowed:.1f}%;'
-            f'height:100%;background:#fb8c00"></div>'
+            f'height:100%;background:{_theme("warn-color1", "#fb8c00")}"></div>'
             f'<div style="position:absolute;left:{mark:.1f}%;width:2px;height:100%;'
-            f'background:#212121" title="guaranteed"></div></div>')
+            f'background:{_theme("ui-font-color0", "#212121")}" title="guaranteed"></div>'
+            f'</div>')
 
 
 def slice_html(view: dict, use: dict | None = None) -> str:
     """The slice line (``slice_view``), its GPU use and the culling warning (``slice_use``)."""
-    colour = "#c62828" if view["over"] else "#43a047"
+    colour = ERROR if view["over"] else GOOD
     bar = "" if view["fraction"] is None else (
-        f'<div style="height:10px;background:#e0e0e0;border-radius:2px">'
+        f'<div style="height:10px;background:{TRACK};border-radius:2px">'
         f'<div style="width:{100 * view["fraction"]:.1f}%;height:100%;background:{colour}">'
         f'</div></div>')
-    style = ' style="color:#c62828"' if view["over"] else ""
+    style = f' style="color:{ERROR}"' if view["over"] else ""
     out = f"<div{style}>{html.escape(view['text'])}</div>{bar}"
     if use:
         out += f"<div>GPU use: {use_html(use)}</div>"
         if use["warning"]:
             out += (f'<div role="alert" title="{html.escape(use["reason"])}" style="color:#fff;'
-                    f'background:#c62828;padding:2px 6px;border-radius:3px">'
+                    f'background:{ERROR};padding:2px 6px;border-radius:3px">'
                     f'{html.escape(use["warning"])}</div>')
     return out
 
@@ -200,7 +253,7 @@ def status_html(sentence: str, interval: float) -> str:
     sentence = sentence[:1].upper() + sentence[1:]
     if not sentence.endswith((".", "?", "!")):
         sentence += "."
-    return (f'<span style="color:#c62828">{html.escape(sentence)} Trying again every '
+    return (f'<span style="color:{ERROR}">{html.escape(sentence)} Trying again every '
             f'{interval:g} s.</span>')
 
 
@@ -224,15 +277,30 @@ def server_url(env=None) -> str | None:
 
 # -- the widget ---------------------------------------------------------------------------------
 
+def _cut(inner: str, title: str) -> str:
+    """A cell's HTML, cut with an ellipsis where it is too long, ``title`` on hover (an HTML
+    widget's own tooltip goes to its hidden label)."""
+    return f'<div class="gpushare-cut" title="{html.escape(title)}">{inner}</div>'
+
+
+def _classed(widget, *classes):
+    for name in classes:
+        widget.add_class(name)
+    return widget
+
+
 class _JobRow:
-    """The widgets of one table row, kept across refreshes so that only values change."""
+    """The widgets of one table row, kept across refreshes so that only values change: a cell
+    per column (``cells``) and the buttons; ``widgets`` in the table's order."""
 
     def __init__(self, panel: "Panel", job_id: str):
-        self.cells = {key: widgets.HTML(layout=_cell(width)) for key, _, width in COLUMNS}
-        self.cancel = widgets.Button(description="Cancel", tooltip=f"cancel job {job_id}",
-                                     layout=widgets.Layout(width="5.5em", flex="0 0 auto"))
+        self.cells = {key: _classed(widgets.HTML(), "gpushare-td", f"gpushare-{key}")
+                      for key, *_ in COLUMNS}
+        compact = {"width": "auto", "flex": "0 0 auto"}
         self.logs = widgets.Button(description="Logs", tooltip=f"show the logs of job {job_id}",
-                                   layout=widgets.Layout(width="5em", flex="0 0 auto"))
+                                   layout=widgets.Layout(**compact))
+        self.cancel = widgets.Button(description="Cancel", tooltip=f"cancel job {job_id}",
+                                     layout=widgets.Layout(**compact))
         # Whose log the Logs button shows, for a job with several ranks (hidden otherwise).
         self.rank = widgets.Dropdown(options=[("rank 0", 0)], value=0,
                                      tooltip=f"the rank of job {job_id} whose log to show",
@@ -240,19 +308,19 @@ class _JobRow:
                                                            display="none"))
         self.cancel.on_click(lambda _: panel.cancel(job_id))
         self.logs.on_click(lambda _: panel.show_logs(job_id, self.rank.value))
-        self.box = widgets.HBox([*self.cells.values(), self.cancel, self.logs, self.rank],
-                                layout=widgets.Layout(width="100%"))
+        self.actions = _classed(widgets.HBox([self.logs, self.cancel, self.rank]),
+                                "gpushare-td", "gpushare-actions")
+        self.widgets = (*self.cells.values(), self.actions)
 
     def update(self, row: dict) -> None:
-        for key, _, _ in COLUMNS:
-            if key == "use":
-                self.cells[key].value = use_html(row[key])
-                continue
-            text = html.escape(row[key])
-            if key == "state":
-                text = f'<span style="color:{_STATE_COLOURS.get(row[key], "#000")}">{text}</span>'
-            self.cells[key].value = text
-        self.cells["reason"].tooltip = row["reason"]
+        cells = self.cells
+        # A long name or reason is cut short with an ellipsis, and whole on hover.
+        cells["name"].value = _cut(html.escape(row["name"]), row["name"])
+        cells["state"].value = state_html(row)
+        cells["gpus"].value = html.escape(row["gpus"])
+        cells["elapsed"].value = html.escape(row["elapsed"])
+        cells["details"].value = _cut(details_html(row), "; ".join(
+            x for x in (row["use"]["text"], row["use"]["idle"], row["reason"]) if x))
         self.cancel.disabled = not row["active"]
         if len(self.rank.options) != row["ranks"]:
             self.rank.options = [(f"rank {r}", r) for r in range(row["ranks"])]
@@ -260,8 +328,7 @@ class _JobRow:
         self.rank.layout.display = None if row["ranks"] > 1 else "none"
 
     def close(self) -> None:
-        self.box.close()
-        for widget in (*self.cells.values(), self.cancel, self.logs, self.rank):
+        for widget in (*self.widgets, self.cancel, self.logs, self.rank):
             widget.close()
 
 
@@ -298,24 +365,28 @@ class Panel(widgets.VBox):
         self.status = widgets.HTML("Asking the pool…")
         self.slice_line = widgets.HTML()
         self.quota_box = widgets.VBox()
-        header = [widgets.HTML(f"<b>{title}</b>", layout=_cell(width)) for _, title, width in COLUMNS]
-        # As wide as the rows' buttons, so the titles stand over their columns.
-        header.append(widgets.HTML(layout=widgets.Layout(width="10.5em", flex="0 0 auto")))
-        self.header = widgets.HBox(header, layout=widgets.Layout(width="100%"))
-        self.jobs_box = widgets.VBox([self.header])
+        self.header = tuple(_classed(widgets.HTML(_cut(html.escape(title), tip or title)),
+                                     "gpushare-th") for _, title, tip, _ in COLUMNS) + (
+            _classed(widgets.HTML(), "gpushare-th"),)  # over the buttons
+        # One grid, header and rows, so that they scroll as one when it is too narrow.
+        self.table = _classed(widgets.GridBox(self.header, layout=widgets.Layout(
+            grid_template_columns=TEMPLATE, width="100%", overflow="auto")), "gpushare-jobs")
+        self.jobs_box = widgets.VBox([self.table])
         self.logs = widgets.Output(layout=widgets.Layout(max_height="20em", overflow="auto"))
         self._no_projects = widgets.HTML("You are in no project.")
-        self._no_jobs = widgets.HTML("No jobs yet: %%train in a cell sends one.")
-        self._parts = [self.status, self.slice_line, self.quota_box, *header, self.header,
+        sentence = no_jobs()
+        self._no_jobs = widgets.HTML(html.escape(sentence[:1].upper() + sentence[1:] + "."))
+        self._parts = [self.status, self.slice_line, self.quota_box, *self.header, self.table,
                        self.jobs_box, self.logs, self._no_projects, self._no_jobs]
         self._rows: dict[str, _JobRow] = {}
+        self._shown: list[str] = []  # the ids of the rows, in the table's order
         self._bars: list[widgets.HTML] = []
         self._capacity: tuple[float, float | None] = (0.0, None)  # (when asked, GPUs)
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.refreshes = 0  # successful ones, for people and tests
-        super().__init__([widgets.HTML("<b>GPU share</b>"), self.status, self.slice_line,
+        super().__init__([widgets.HTML(f"{STYLE}<b>GPU share</b>"), self.status, self.slice_line,
                           self.quota_box, self.jobs_box, self.logs], **kwargs)
         self._parts.append(self.children[0])
 
@@ -379,8 +450,10 @@ class Panel(widgets.VBox):
                 self.status.value = status_html(str(e), self.interval)
                 return False
             self._show_bars(project_bars(quota, capacity))
-            self._show_jobs(job_rows(jobs, time.time()))
-            self.status.value = f"Updated {time.strftime('%H:%M:%S')}."
+            now = time.time()
+            self._show_jobs(job_rows(jobs, now))
+            self.status.value = (f'<span title="{time.strftime("%H:%M:%S")}">Updated '
+                                 f'{when(now, now)}.</span>')
             self.refreshes += 1
             return True
 
@@ -423,10 +496,19 @@ class Panel(widgets.VBox):
             if row["id"] not in self._rows:
                 self._rows[row["id"]] = _JobRow(self, row["id"])
             self._rows[row["id"]].update(row)
-        children = (self.header, *(self._rows[r["id"]].box for r in rows)) if rows else \
-            (self._no_jobs,)
-        if tuple(map(id, children)) != tuple(map(id, self.jobs_box.children)):
-            self.jobs_box.children = children
+        self._shown = [r["id"] for r in rows]
+        cells = self.header + tuple(w for r in rows for w in self._rows[r["id"]].widgets)
+        if tuple(map(id, cells)) != tuple(map(id, self.table.children)):
+            self.table.children = cells
+        shown = (self.table,) if rows else (self._no_jobs,)
+        if shown[0] is not self.jobs_box.children[0]:
+            self.jobs_box.children = shown
+
+    @property
+    def rows(self) -> list[_JobRow]:
+        """The job table's rows as shown, top to bottom."""
+        with self._lock:
+            return [self._rows[job_id] for job_id in self._shown]
 
     # -- the buttons --
 

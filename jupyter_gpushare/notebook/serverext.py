@@ -36,7 +36,8 @@ from traitlets import Float, Instance, Integer, Unicode, default
 from traitlets.config import LoggingConfigurable
 
 from .. import client as pool_client
-from ..client import ClientError, NoCredentials, PoolClient, PoolError
+from ..client import (RETRY_PAUSE_MAX_S, ClientError, NoCredentials, PoolClient, PoolError,
+                      PoolUnreachable)
 from ..gpus import Inventory, NVMLInventory
 from .activity import KernelActivity
 from .watchdog import BuildSlice, SliceWatchdog
@@ -110,10 +111,10 @@ class GPUShareExtension(LoggingConfigurable):
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
+        # Retries wait in GPUShareHandler.pool, on the event loop, not in the client's thread.
         self.client = PoolClient(self.pool_url or None, self.pool_token or None,
-                                 timeout=self.request_timeout, retry_s=self.retry_timeout,
-                                 on_retry=lambda sentence: self.log.warning("gpushare: %s",
-                                                                            sentence))
+                                 timeout=self.request_timeout, retry_s=0)
+        self.told_retrying = False
         self.executor = ThreadPoolExecutor(8, thread_name_prefix="gpushare-pool")
         self.following = 0  # streams of followed logs now
         self._following_lock = threading.Lock()
@@ -208,14 +209,32 @@ class GPUShareHandler(APIHandler):
     def gpushare(self) -> GPUShareExtension:
         return self.settings["gpushare"]
 
-    async def pool(self, call):
-        """``call(client)`` in a thread; the client's errors become answers."""
-        client = self.gpushare.client
-        try:
-            return await asyncio.get_running_loop().run_in_executor(
-                self.gpushare.executor, lambda: call(client))
-        except ClientError as e:
-            raise failure(e) from None
+    async def pool(self, call, retry: bool = True):
+        """``call(client)`` in a thread; the client's errors become answers. While the pool
+        service is not answering (it is back within seconds of a crash), a read or a submit
+        is tried again for up to ``retry_timeout``, waiting here on the event loop rather
+        than in a thread: a server being stopped leaves no thread behind to wait for."""
+        ext = self.gpushare
+        loop = asyncio.get_running_loop()
+        deadline, pause = loop.time() + (ext.retry_timeout if retry else 0.0), 0.1
+        while True:
+            try:
+                answer = await loop.run_in_executor(ext.executor, lambda: call(ext.client))
+                ext.told_retrying = False
+                return answer
+            except PoolUnreachable as e:
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise failure(e) from None
+                if not ext.told_retrying:  # once per outage
+                    ext.log.warning("gpushare: the pool service is not answering (it may be "
+                                    "restarting); trying again for up to %g s",
+                                    ext.retry_timeout)
+                    ext.told_retrying = True
+                await asyncio.sleep(min(pause, left))
+                pause = min(pause * 2, RETRY_PAUSE_MAX_S)
+            except ClientError as e:
+                raise failure(e) from None
 
     def reply(self, obj, status: int = 200):
         self.set_status(status)
@@ -298,7 +317,7 @@ class JobHandler(GPUShareHandler):
     @web.authenticated
     @authorized(message="cancelling a job changes it, and you may only read here")
     async def delete(self, job_id):
-        self.reply(await self.pool(lambda c: c.cancel(job_id)))
+        self.reply(await self.pool(lambda c: c.cancel(job_id), retry=False))
 
 
 class LogsHandler(GPUShareHandler):

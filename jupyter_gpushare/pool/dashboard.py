@@ -110,15 +110,16 @@ class DashboardHandler(HubOAuthenticated, PoolHandler):
                            f"{self.who.name}. Your own jobs, quota and GPU use are in "
                            f"JupyterLab's GPU share panel, %gpushare and gpushare usage.")
         try:
-            window = self.window(time.time())
+            window = await self.window(time.time())
         except (Invalid, BadWindow) as e:
             self.fail(400, f"{str(e)[:1].upper()}{str(e)[1:]}.")
         xsrf = self.xsrf_token  # also sets the _xsrf cookie on a page view
         self.finish(render(await gather(self, window), nonce=self.nonce,
                            xsrf=xsrf.decode() if isinstance(xsrf, bytes) else xsrf))
 
-    def window(self, now: float):
-        """``?window=6h``, or ``?since=…&until=…`` as api/usage reads them."""
+    async def window(self, now: float):
+        """``?window=6h``, or ``?since=…&until=…`` as api/usage reads them; neither, a window
+        that the pool's readings fill (``choose_window``)."""
         unknown = sorted(set(self.request.query_arguments) - {"window", "since", "until"})
         if unknown:
             raise Invalid(f"unknown parameter(s) {', '.join(unknown)[:80]}; the dashboard "
@@ -126,7 +127,11 @@ class DashboardHandler(HubOAuthenticated, PoolHandler):
         since, until = self.get_argument("since", None), self.get_argument("until", None)
         since = None if since is None else parse_time(since, now, "since")
         until = None if until is None else parse_time(until, now, "until")
-        window = choose_window(self.get_argument("window", None), now, since, until)
+        name = self.get_argument("window", None)
+        first = None
+        if not name and since is None and until is None:
+            first = await self.usage.meter.first_reading()
+        window = choose_window(name, now, since, until, first)
         if window.span > MAX_WINDOW:
             raise Invalid(f"the period may be at most {MAX_WINDOW // 86400} days; ask for less")
         return window

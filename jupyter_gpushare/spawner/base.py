@@ -40,6 +40,10 @@ def refusal(message: str, reason: str, log_message: str = "") -> SpawnException:
     return exc
 
 
+def _read_at_start(spawner, user_options) -> None:
+    """user_options are applied by the spawner's start(), not by this hook."""
+
+
 class GPUShareSpawnerBase(Spawner):
     """The build-slice lifecycle shared by ``LocalGPUShareSpawner`` and
     ``GPUShareKubeSpawner``; options set on this class apply to both."""
@@ -120,6 +124,13 @@ class GPUShareSpawnerBase(Spawner):
         imported. The notebook environment needs jupyter-gpushare installed; without it
         kernels start as usual.
         """).tag(config=True)
+
+    @default("apply_user_options")
+    def _options_read_at_start(self):
+        # JupyterHub (5.3+) warns of user_options that no hook applies. Ours are read by
+        # start(): the build profile, checked there with a sentence for the spawn page
+        # (KubeSpawner reads its profile_list options there too).
+        return _read_at_start
 
     @default("server_token_scopes")
     def _default_server_token_scopes(self):

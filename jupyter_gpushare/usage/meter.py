@@ -314,6 +314,14 @@ class UsageMeter:
             _add(pools, key[1:], t)
         return sums, pools, s_sums, s_pools
 
+    async def first_reading(self) -> float | None:
+        """When the oldest reading kept began (a minute's, hour's or day's start); None before
+        any."""
+        kept = await asyncio.to_thread(lambda: [self.rows.oldest(s) for s in (MINUTE, HOUR, DAY)])
+        held = [t.start for t in [*self._closed, *([self.tally] if self.tally else [])]]
+        starts = [t for t in kept + held if t is not None]
+        return min(starts) if starts else None
+
     def open_rows(self, since: int, until: int) -> list[tuple[int, RowKey, Totals]]:
         """Rows not written yet (the open minute, closed ones waiting) within [since, until)."""
         out = []

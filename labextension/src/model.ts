@@ -3,8 +3,11 @@
  * no DOM and no JupyterLab imports, so that they are unit tested under plain Node.
  *
  * GPU amounts arrive from the pool in GPUs (the pool counts milli-GPUs inside and divides by
- * 1000), so they are compared in milli-GPUs here too, never as floats.
+ * 1000), so they are compared in milli-GPUs here too, never as floats. Times and durations are
+ * written by format.ts.
  */
+
+import { ago, clockTime, duration } from './format';
 
 export type JobState = 'pending' | 'running' | 'succeeded' | 'failed' | 'cancelled';
 
@@ -135,17 +138,12 @@ export function size(bytes: number | null | undefined): string {
   return `${Math.round(bytes / MiB)} MiB`;
 }
 
-/** "idle 25 min", "idle 3 h", "idle 2 d"; empty when not idle or idle less than a minute. */
+/** "idle 25m 10s", "idle 3h 05m"; empty when not idle or idle less than a minute. */
 export function idleText(seconds: number | null | undefined): string {
   if (seconds === null || seconds === undefined || seconds < SHOW_IDLE_AFTER_S) {
     return '';
   }
-  const minutes = Math.floor(seconds / 60);
-  if (minutes < 120) {
-    return `idle ${minutes} min`;
-  }
-  const hours = Math.floor(minutes / 60);
-  return hours < 48 ? `idle ${hours} h` : `idle ${Math.floor(hours / 24)} d`;
+  return `idle ${duration(seconds)}`;
 }
 
 /** "SM 93% (1h 88%), 11 GiB": SM utilization now and over the last hour, and memory now. */
@@ -174,7 +172,9 @@ export function minuteValues(minutes: Usage['minutes'], now: number, count = 60)
 /**
  * A sparkline's shapes for `values` (0 to `top`, oldest first) across `width` × `height`:
  * `runs` the polylines' points between gaps, `dots` the values alone between gaps, `last`
- * the newest value (drawn bigger). The same rules as jupyter_gpushare/charts.py.
+ * the newest value (drawn bigger), `start` the x of the oldest value (null: none), before
+ * which the axis is drawn as "not read yet" (a young server's hour is mostly that). The same
+ * rules as jupyter_gpushare/charts.py.
  */
 export interface Spark {
   width: number;
@@ -182,6 +182,7 @@ export interface Spark {
   runs: string[];
   dots: [number, number][];
   last: [number, number] | null;
+  start: number | null;
 }
 
 const coordinate = (x: number): string => String(Math.round(x * 10) / 10);
@@ -192,7 +193,7 @@ export function sparkline(values: (number | null)[], width = 80, height = 18, to
     const c = Math.min(Math.max(v, 0), top);
     return [1.5 + i * step, height - 1.5 - (c / top) * (height - 3)];
   };
-  const spark: Spark = { width, height, runs: [], dots: [], last: null };
+  const spark: Spark = { width, height, runs: [], dots: [], last: null, start: null };
   let run: [number, number][] = [];
   const close = (): void => {
     if (run.length === 1) {
@@ -208,37 +209,20 @@ export function sparkline(values: (number | null)[], width = 80, height = 18, to
     } else {
       run.push(point(i, v));
       spark.last = point(i, v);
+      spark.start ??= spark.last[0];
     }
   });
   close();
   return spark;
 }
 
-/** "45 s", "12 min", "3 h" (as the pool's culling sentences say it). */
-export function roughDuration(seconds: number): string {
-  const s = Math.max(0, seconds);
-  if (s < 120) {
-    return `${Math.round(s)} s`;
-  }
-  if (s < 7200) {
-    return `${Math.round(s / 60)} min`;
-  }
-  return `${Math.round(s / 3600)} h`;
-}
-
-/** A time as the browser's clock shows it: "14:05". */
-export function hhmm(t: number): string {
-  const d = new Date(t * 1000);
-  return `${String(d.getHours()).padStart(2, '0')}:${String(d.getMinutes()).padStart(2, '0')}`;
-}
-
 /** The culling warning: short for the status bar, a sentence for the panel and the tooltip. */
 export function cullWarning(cull: Cull, now: number): { short: string; sentence: string } {
-  const left = roughDuration(cull.cull_at - now);
+  const left = duration(cull.cull_at - now);
   return {
     short: `idle: stops in ${left}`,
     sentence:
-      `This server will be stopped at ${hhmm(cull.cull_at)} (in ${left}): its slice has shown no ` +
+      `This server will be stopped at ${clockTime(cull.cull_at, now)} (in ${left}): its slice has shown no ` +
       'GPU use and the hub no activity from it. Use it (run a cell) to keep it.'
   };
 }
@@ -275,22 +259,6 @@ export function fraction(gpus: number): string {
   return gpuAmount(gpus);
 }
 
-/** A duration in seconds, short: "45s", "2m 05s", "1h 02m", "3d 4h". */
-export function duration(seconds: number): string {
-  const s = Math.max(0, Math.floor(seconds));
-  if (s < 60) {
-    return `${s}s`;
-  }
-  const pad = (n: number): string => String(n).padStart(2, '0');
-  if (s < 3600) {
-    return `${Math.floor(s / 60)}m ${pad(s % 60)}s`;
-  }
-  if (s < 86400) {
-    return `${Math.floor(s / 3600)}h ${pad(Math.floor((s % 3600) / 60))}m`;
-  }
-  return `${Math.floor(s / 86400)}d ${Math.floor((s % 86400) / 3600)}h`;
-}
-
 /**
  * How long a job has been at it, `now` in seconds since the epoch: running since it
  * started, waiting since it was submitted, or how long it ran once it ended.
@@ -306,6 +274,18 @@ export function elapsed(job: Job, now: number): string {
   return job.started === null ? '–' : duration(end - job.started);
 }
 
+/** "Submitted 2 min ago, started just now": the moments behind the job's time. */
+export function times(job: Job, now: number): string {
+  const parts = [`submitted ${ago(job.submitted, now)}`];
+  if (job.started !== null) {
+    parts.push(`started ${ago(job.started, now)}`);
+  }
+  if (job.finished !== null) {
+    parts.push(`ended ${ago(job.finished, now)}`);
+  }
+  return sentence(parts.join(', '));
+}
+
 /** One row of the job table, every cell as text. */
 export interface JobRow {
   id: string;
@@ -315,6 +295,8 @@ export interface JobRow {
   position: string;
   reason: string;
   elapsed: string;
+  /** When it was submitted, started and ended, for the time's tooltip. */
+  times: string;
   attempt: string;
   cancellable: boolean;
   followable: boolean;
@@ -340,6 +322,7 @@ export function jobRow(job: Job, now: number): JobRow {
     position: job.state === 'pending' && job.queue_position !== null ? `#${job.queue_position}` : '',
     reason: job.reason,
     elapsed: elapsed(job, now),
+    times: times(job, now),
     attempt: String(job.attempt),
     cancellable: live,
     followable: job.state !== 'pending' || job.attempt > 1,

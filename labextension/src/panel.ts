@@ -7,6 +7,7 @@
 import { showErrorMessage } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
 
+import { ago } from './format';
 import {
   Job,
   Usage,
@@ -24,9 +25,13 @@ import { GpushareModel } from './poller';
 
 const SVG = 'http://www.w3.org/2000/svg';
 
-/** A sparkline of the last hour's SM utilization, drawn from model.ts's shapes. */
+/**
+ * A sparkline of the last hour's SM utilization, drawn from model.ts's shapes: the whole hour
+ * always, now at the right; the axis is dotted where nothing was read (a server younger than
+ * an hour).
+ */
 function sparkSvg(values: (number | null)[]): SVGSVGElement {
-  const spark = sparkline(values, 48, 14);
+  const spark = sparkline(values, 60, 16);
   const svg = document.createElementNS(SVG, 'svg');
   svg.setAttribute('class', 'jp-GpusharePanel-spark');
   svg.setAttribute('width', String(spark.width));
@@ -34,12 +39,23 @@ function sparkSvg(values: (number | null)[]): SVGSVGElement {
   svg.setAttribute('viewBox', `0 0 ${spark.width} ${spark.height}`);
   const title = document.createElementNS(SVG, 'title');
   title.textContent = 'SM utilization, last hour';
-  const base = document.createElementNS(SVG, 'line');
-  for (const [k, v] of [['x1', 0], ['y1', spark.height - 0.5], ['x2', spark.width], ['y2', spark.height - 0.5]] as const) {
-    base.setAttribute(k, String(v));
+  // The axis: solid where the hour was read, dotted before the first reading.
+  const start = spark.start ?? spark.width;
+  const axis = (x1: number, x2: number, className: string): void => {
+    const line = document.createElementNS(SVG, 'line');
+    const y = String(spark.height - 0.5);
+    line.setAttribute('x1', String(x1));
+    line.setAttribute('x2', String(x2));
+    line.setAttribute('y1', y);
+    line.setAttribute('y2', y);
+    line.setAttribute('class', className);
+    svg.append(line);
+  };
+  svg.append(title);
+  if (start > 0) {
+    axis(0, start, 'jp-GpusharePanel-sparkUnread');
   }
-  base.setAttribute('class', 'jp-GpusharePanel-sparkBase');
-  svg.append(title, base);
+  axis(start, spark.width, 'jp-GpusharePanel-sparkBase');
   for (const points of spark.runs) {
     const line = document.createElementNS(SVG, 'polyline');
     line.setAttribute('points', points);
@@ -59,7 +75,11 @@ function sparkSvg(values: (number | null)[]): SVGSVGElement {
   return svg;
 }
 
-const COLUMNS = ['Job', 'State', 'GPUs', 'Time'];
+const COLUMNS = ['State', 'GPUs', 'Time'];
+
+const EMPTY =
+  'No train jobs yet. Run one from a notebook with a %%train cell, from a terminal with ' +
+  'gpushare submit, or right-click a .py file in the file browser: "Run as train job…".';
 
 function el<K extends keyof HTMLElementTagNameMap>(
   tag: K,
@@ -81,11 +101,19 @@ export class GpusharePanel extends Widget {
     super();
     this.id = 'jupyter-gpushare-panel';
     this.addClass('jp-GpusharePanel');
-    this.title.caption = 'GPU share: quotas, queue and train jobs';
+    // The side bar shows the label, turned, under the icon (JupyterLab's sidebar tab labels).
+    this.title.label = 'GPU';
+    this.title.caption = 'GPU share: your build slice, quotas, queue and train jobs';
     const header = el('header', 'jp-GpusharePanel-header');
     header.append(el('h2', '', 'GPU share'), this._line);
     this._line.className = 'jp-GpusharePanel-line';
     this._table.className = 'jp-GpusharePanel-jobs';
+    // Fixed column widths (style/base.css): the name's row spans them and ends in an ellipsis.
+    const group = el('colgroup');
+    for (const column of COLUMNS) {
+      group.append(el('col', `jp-GpusharePanel-col${column}`));
+    }
+    this._table.prepend(group);
     const head = this._table.createTHead().insertRow();
     for (const column of COLUMNS) {
       head.append(el('th', '', column));
@@ -134,7 +162,7 @@ export class GpusharePanel extends Widget {
     } else if (quota === null) {
       this._line.textContent = 'Asking the gpushare pool…';
     } else {
-      const when = updated ? new Date(updated * 1000).toLocaleTimeString() : '';
+      const when = updated ? ago(updated) : '';
       let build = slice ? `this server holds ${gpuAmount(slice.gpus)} of a build GPU` : 'no build GPU slice';
       if (slice?.over) {
         build += ` (${slice.message || 'using more GPU memory than its slice'})`;
@@ -151,7 +179,7 @@ export class GpusharePanel extends Widget {
   private _usage(usage: Usage | null | undefined, now: number): HTMLElement {
     const line = el('div', 'jp-GpusharePanel-usage');
     if (usage) {
-      line.append(sparkSvg(minuteValues(usage.minutes, now)));
+      line.append(sparkSvg(minuteValues(usage.minutes, now)), el('span', 'jp-GpusharePanel-sparkLabel', 'last hour'));
     }
     line.append(el('span', 'jp-GpusharePanel-usageText', usageText(usage)));
     const idle = idleText(usage?.idle_for_s);
@@ -204,8 +232,8 @@ export class GpusharePanel extends Widget {
     }
   }
 
-  // A side bar is narrow: each job is a group of two rows, its fields in four columns and
-  // then, across the width, why it waits and what can be done with it.
+  // A side bar is narrow: each job is a group of three rows, its name across the width, its
+  // fields in three columns, then why it waits and what can be done with it.
   private _renderJobs(): void {
     const now = Date.now() / 1000;
     while (this._table.tBodies.length) {
@@ -214,7 +242,8 @@ export class GpusharePanel extends Widget {
     if (this.model.jobs.length === 0) {
       const cell = this._table.createTBody().insertRow().insertCell();
       cell.colSpan = COLUMNS.length;
-      cell.textContent = this.model.quota ? 'No train jobs yet: right-click a .py file, "Run as train job…".' : '';
+      cell.className = 'jp-GpusharePanel-empty';
+      cell.textContent = this.model.quota ? EMPTY : '';
     }
     for (const job of this.model.jobs) {
       const row = jobRow(job, now);
@@ -222,8 +251,12 @@ export class GpusharePanel extends Widget {
       group.dataset.job = job.id;
       group.dataset.state = job.state;
       group.classList.toggle('jp-mod-selected', job.id === this._shown);
+      const name = el('div', 'jp-GpusharePanel-name', row.name);
+      name.title = row.name === row.id ? row.id : `${row.name} (${row.id})`;
+      const nameCell = group.insertRow().insertCell();
+      nameCell.colSpan = COLUMNS.length;
+      nameCell.append(name);
       const fields = group.insertRow();
-      fields.insertCell().append(el('div', 'jp-GpusharePanel-name', row.name));
       const state = fields.insertCell();
       state.append(el('div', 'jp-GpusharePanel-state', row.state));
       if (row.position) {
@@ -231,7 +264,9 @@ export class GpusharePanel extends Widget {
       }
       state.append(el('div', 'jp-GpusharePanel-attempt', `attempt ${row.attempt}`));
       fields.insertCell().append(el('span', 'jp-GpusharePanel-gpus', row.gpus));
-      fields.insertCell().append(el('span', 'jp-GpusharePanel-elapsed', row.elapsed));
+      const time = el('span', 'jp-GpusharePanel-elapsed', row.elapsed);
+      time.title = row.times;
+      fields.insertCell().append(time);
       const detail = group.insertRow().insertCell();
       detail.colSpan = COLUMNS.length;
       if (job.state === 'running') {

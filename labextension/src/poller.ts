@@ -1,7 +1,9 @@
 /**
- * What the status bar and the panel show, fetched together on one schedule. While the pool
- * cannot be reached, `error` says so in one sentence and the poll keeps trying, backing off
- * to at most 30 s between tries.
+ * What the status bar and the panel show, fetched together on one schedule: every 3 s, every
+ * second while one of the user's jobs is queued or running (so that a `%%train` cell's job is
+ * seen ending as the cell does), and at once when the browser tab is shown again. While the
+ * pool cannot be reached, `error` says so in one sentence and the poll keeps trying, backing
+ * off to at most 30 s between tries.
  */
 import { Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
@@ -9,14 +11,18 @@ import { ISignal, Signal } from '@lumino/signaling';
 import { GpushareAPI, GpushareError } from './api';
 import { BuildSlice, Job, Quota, sentence, sortJobs } from './model';
 
+const IDLE_MS = 3000;
+const LIVE_MS = 1000;
+
 export class GpushareModel {
   constructor(readonly api: GpushareAPI) {
     this._poll = new Poll({
       factory: () => this._fetch(),
-      frequency: { interval: 3000, backoff: true, max: 30000 },
+      frequency: { interval: IDLE_MS, backoff: true, max: 30000 },
       name: 'jupyter-gpushare',
       standby: 'when-hidden'
     });
+    document.addEventListener('visibilitychange', this._onVisible);
   }
 
   quota: Quota | null = null;
@@ -40,6 +46,7 @@ export class GpushareModel {
   }
 
   dispose(): void {
+    document.removeEventListener('visibilitychange', this._onVisible);
     this._poll.dispose();
     Signal.clearData(this);
   }
@@ -51,6 +58,8 @@ export class GpushareModel {
       const [quota, jobs] = await Promise.all([this.api.quota(), this.api.jobs()]);
       this.quota = quota;
       this.jobs = sortJobs(jobs);
+      const live = jobs.some(j => j.state === 'pending' || j.state === 'running');
+      this._poll.frequency = { interval: live ? LIVE_MS : IDLE_MS, backoff: true, max: 30000 };
       this.error = null;
       this.updated = Date.now() / 1000;
     } catch (error) {
@@ -63,6 +72,13 @@ export class GpushareModel {
     this.slice = await slice;
     this._changed.emit();
   }
+
+  // Back in the tab: what changed meanwhile at once, not a poll later.
+  private _onVisible = (): void => {
+    if (document.visibilityState === 'visible') {
+      void this.refresh();
+    }
+  };
 
   private _poll: Poll;
   private _changed = new Signal<this, void>(this);

@@ -12,12 +12,10 @@ import {
   barScale,
   buildSlice,
   cullWarning,
-  duration,
   elapsed,
   errorMessage,
   fraction,
   gpuAmount,
-  hhmm,
   idleText,
   jobRow,
   minuteValues,
@@ -25,16 +23,17 @@ import {
   percent,
   quotaBar,
   retrying,
-  roughDuration,
   sentence,
   size,
   sortJobs,
   sparkline,
   statusText,
   statusTitle,
+  times,
   trainSpec,
   usageText
 } from '../src/model';
+import { ago, clockTime, duration } from '../src/format';
 
 function project(name: string, quota: number, inUse: number, extra: Partial<Project> = {}): Project {
   return {
@@ -97,7 +96,9 @@ describe('durations', () => {
     assert.equal(duration(0), '0s');
     assert.equal(duration(-5), '0s');
     assert.equal(duration(59.9), '59s');
+    assert.equal(duration(70), '1m 10s');
     assert.equal(duration(125), '2m 05s');
+    assert.equal(duration(2 * 3600 + 5 * 60 + 30), '2h 05m');
     assert.equal(duration(3600 + 120), '1h 02m');
     assert.equal(duration(3 * 86400 + 4 * 3600 + 59), '3d 4h');
   });
@@ -107,6 +108,34 @@ describe('durations', () => {
     assert.equal(elapsed(job({ state: 'pending' }), 1005), 'waiting 5s');
     assert.equal(elapsed(job({ state: 'succeeded', started: 1000, finished: 1042 }), 9999), '42s');
     assert.equal(elapsed(job({ state: 'cancelled', finished: 1003 }), 9999), '–');
+  });
+});
+
+describe('times', () => {
+  // 2024-03-12 14:05:00 UTC
+  const T = Date.UTC(2024, 2, 12, 14, 5) / 1000;
+  const utc = { locale: 'en-GB', timeZone: 'UTC' };
+
+  test('recent events are relative, older ones a clock time in the locale', () => {
+    assert.equal(ago(T, T + 59, utc), 'just now');
+    assert.equal(ago(T, T - 5, utc), 'just now'); // a clock a little ahead
+    assert.equal(ago(T, T + 60, utc), '1 min ago');
+    assert.equal(ago(T, T + 3599, utc), '59 min ago');
+    assert.equal(ago(T, T + 3600, utc), '14:05');
+    assert.equal(ago(T, T + 86400, utc), '12 Mar, 14:05');
+  });
+
+  test('the clock time is hour and minute as the locale writes them', () => {
+    assert.equal(clockTime(T, T, utc), '14:05');
+    assert.equal(clockTime(T, T, { locale: 'en-US', timeZone: 'UTC' }), '2:05 PM');
+    assert.equal(clockTime(T, T, { locale: 'en-GB', timeZone: 'Asia/Tokyo' }), '23:05');
+  });
+
+  test("a job's moments for its time's tooltip", () => {
+    const now = 100000;
+    assert.equal(times(job({ submitted: now - 30 }), now), 'Submitted just now.');
+    const ended = job({ state: 'succeeded', submitted: now - 600, started: now - 540, finished: now - 20 });
+    assert.equal(times(ended, now), 'Submitted 10 min ago, started 9 min ago, ended just now.');
   });
 });
 
@@ -208,11 +237,10 @@ describe('GPU use in words, as gpushare jobs and %gpushare say it', () => {
   test('percentages, sizes and idle flags', () => {
     assert.deepEqual([0.934, 0, 1, null, undefined].map(percent), ['93%', '0%', '100%', '-', '-']);
     assert.deepEqual([11 * 2 ** 30, 1.5 * 2 ** 30, 300 * 2 ** 20, null].map(size), ['11 GiB', '1.5 GiB', '300 MiB', '-']);
-    assert.deepEqual([null, 59, 60, 1500, 7200, 3 * 86400].map(idleText), ['', '', 'idle 1 min', 'idle 25 min', 'idle 2 h', 'idle 3 d']);
+    assert.deepEqual([null, 59, 60, 1500, 7200, 3 * 86400].map(idleText), ['', '', 'idle 1m 00s', 'idle 25m 00s', 'idle 2h 00m', 'idle 3d 0h']);
     assert.equal(usageText(USAGE), 'SM 93% (1h 88%), 11 GiB');
     assert.equal(usageText({ ...USAGE, sm_now: null, sm_last_hour: null }), 'SM - (1h -), 11 GiB');
     assert.equal(usageText(null), 'not measured yet');
-    assert.deepEqual([45, 119.6, 720, 10800].map(roughDuration), ['45 s', '120 s', '12 min', '3 h']);
   });
 
   test('the last hour minute by minute, gaps where nothing was read', () => {
@@ -228,25 +256,26 @@ describe('GPU use in words, as gpushare jobs and %gpushare say it', () => {
       height: 10,
       runs: ['10,7.1 14.3,5.7 18.5,1.5'],
       dots: [[1.5, 5]],
-      last: [18.5, 1.5]
+      last: [18.5, 1.5],
+      start: 1.5
     });
-    assert.deepEqual(sparkline([null, null]), { width: 80, height: 18, runs: [], dots: [], last: null });
+    assert.deepEqual(sparkline([null, null]), { width: 80, height: 18, runs: [], dots: [], last: null, start: null });
   });
 
   test('the culling warning: short in the status bar, a sentence in the panel', () => {
     const cull = { warned_at: NOW - 60, cull_at: NOW + 480, reason: 'no GPU use and no activity for 31 min' };
     assert.deepEqual(cullWarning(cull, NOW), {
-      short: 'idle: stops in 8 min',
+      short: 'idle: stops in 8m 00s',
       sentence:
-        `This server will be stopped at ${hhmm(NOW + 480)} (in 8 min): its slice has shown no GPU ` +
+        `This server will be stopped at ${clockTime(NOW + 480, NOW)} (in 8m 00s): its slice has shown no GPU ` +
         'use and the hub no activity from it. Use it (run a cell) to keep it.'
     });
     const q = quota([project('vision', 2, 0)]);
-    assert.equal(statusText(quarter({ cull }), q, null, NOW), 'GPU ¼ · ⚠ idle: stops in 8 min · vision 0/2');
+    assert.equal(statusText(quarter({ cull }), q, null, NOW), 'GPU ¼ · ⚠ idle: stops in 8m 00s · vision 0/2');
     const title = statusTitle(quarter({ cull, usage: { ...USAGE, idle_for_s: 1860 } }), q, null, NOW).split('\n');
     assert.deepEqual(title.slice(0, 3), [
       'This notebook server holds 0.25 of a build GPU.',
-      'GPU use: SM 93% (1h 88%), 11 GiB, idle 31 min.',
+      'GPU use: SM 93% (1h 88%), 11 GiB, idle 31m 00s.',
       cullWarning(cull, NOW).sentence
     ]);
   });

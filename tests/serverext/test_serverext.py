@@ -434,9 +434,11 @@ async def test_the_watchdog_reports_the_servers_memory_over_its_slice(
     panel = Panel(client=PoolClient(hub.pool_url, hub.token("alice")), server=server)
     assert await asyncio.to_thread(panel.refresh)
     assert panel.slice_line.value.startswith(
-        f'<div style="color:#c62828">Build slice: ¼ GPU of {uuid}. This server&#x27;s processes '
-        f'use 5.0 GiB of GPU memory, more than the slice&#x27;s 4.0 GiB')
-    assert 'width:100.0%;height:100%;background:#c62828' in panel.slice_line.value
+        f'<div style="color:var(--jp-error-color1, #c62828)">Build slice: ¼ GPU of {uuid}. '
+        f'This server&#x27;s processes use 5.0 GiB of GPU memory, more than the slice&#x27;s '
+        f'4.0 GiB')
+    assert ('width:100.0%;height:100%;background:var(--jp-error-color1, #c62828)'
+            in panel.slice_line.value)
     panel.close()
     gpu_inventory.set_process_memory(uuid, os.getpid(), GiB)
     await report(False)

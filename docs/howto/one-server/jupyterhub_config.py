@@ -4,6 +4,8 @@
 import sys
 from pathlib import Path
 
+from jupyter_gpushare.dashboard import HUB_TEMPLATES
+
 gpushare_dir = Path(__file__).resolve().parent  # where gpushare_config.py and the token are
 
 # Every notebook server gets a build slice, through the gpushare spawner (a
@@ -24,13 +26,17 @@ c.JupyterHub.services.extend([
      "command": [sys.executable, "-m", "jupyter_gpushare.pool.supervisor",
                  f"--PoolService.config_file={gpushare_dir / 'gpushare_config.py'}",
                  "--PoolService.state_dir=/var/lib/gpushare"],
-     "display": True,                 # the admin dashboard, in the hub's Services menu
+     # Not in the hub's Services menu: it would list the service to every user (their
+     # servers access it) and non-admins would land on a refusal; pool admins get "GPU pool"
+     # in the hub's navigation bar instead (HUB_TEMPLATES, below).
+     "display": False,
      "oauth_no_confirm": True,        # no "authorize access" question for the dashboard
      "oauth_client_allowed_scopes": ["custom:gpushare:admin"]},
     # The identity the spawner reserves build slices with: users never reserve them.
     {"name": "gpushare-spawner",
      "api_token": (gpushare_dir / "gpushare-spawner-token").read_text().strip()},
 ])
+c.JupyterHub.template_paths.insert(0, HUB_TEMPLATES)
 c.JupyterHub.custom_scopes.update({
     "custom:gpushare:admin": {"description": "Administer the gpushare pool."},
 })
