@@ -24,6 +24,7 @@ own homes).
 import os
 import secrets
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -39,8 +40,52 @@ STATE.mkdir(mode=0o700, parents=True, exist_ok=True)
 os.chmod(STATE, 0o700)  # the hub's database, cookie secret, tokens and password
 DEMO_USERS = {"alice": "vision", "bob": "nlp", "admin": None}
 AS_ROOT = os.geteuid() == 0
-PORT = int(os.environ.get("GPUSHARE_DEMO_PORT", "8000"))
-SERVICE_PORT = int(os.environ.get("GPUSHARE_SERVICE_PORT", "10101"))
+
+
+def _port(variable: str, default: int) -> int:
+    value = os.environ.get(variable) or str(default)
+    if not (value.isdigit() and 1 <= int(value) <= 65535):
+        sys.exit(f"gpushare demo: {variable}={value!r} is not a port; give a number from 1 to "
+                 f"65535 (the default is {default}).")
+    return int(value)
+
+
+PORT = _port("GPUSHARE_DEMO_PORT", 8000)
+SERVICE_PORT = _port("GPUSHARE_SERVICE_PORT", 10101)
+HUB_PORT = _port("GPUSHARE_DEMO_HUB_PORT", 8081)
+PROXY_API_PORT = _port("GPUSHARE_DEMO_PROXY_API_PORT", 8001)
+
+
+def _taken(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def _proxy_of_ours_alive() -> bool:
+    """The proxy a hub of this state folder left running (the hub takes it over)."""
+    try:
+        os.kill(int((STATE / "jupyterhub-proxy.pid").read_text().strip()), 0)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+# A port another program holds would fail later, in the proxy's or the service's log: say it
+# first, with the setting that moves it.
+for _variable, _number, _ours in (("GPUSHARE_DEMO_PORT", PORT, "proxy"),
+                                ("GPUSHARE_DEMO_PROXY_API_PORT", PROXY_API_PORT, "proxy"),
+                                ("GPUSHARE_DEMO_HUB_PORT", HUB_PORT, ""),
+                                ("GPUSHARE_SERVICE_PORT", SERVICE_PORT, "")):
+    if _taken(_number) and not (_ours and _proxy_of_ours_alive()):
+        sys.exit(f"gpushare demo: port {_number} on 127.0.0.1 is taken by another program; "
+                 f"stop it, or give the demo another port, e.g. "
+                 f"{_variable}={_number % 60000 + 10} before the command "
+                 f"(docs/tutorials/demo.md lists the ports).")
 
 
 def _secret_file(path: Path, make) -> str:
@@ -64,9 +109,8 @@ c = get_config()  # noqa: F821 (JupyterHub provides it)
 
 c.JupyterHub.ip = "127.0.0.1"
 c.JupyterHub.port = PORT
-c.JupyterHub.hub_port = int(os.environ.get("GPUSHARE_DEMO_HUB_PORT", "8081"))
-c.ConfigurableHTTPProxy.api_url = \
-    f"http://127.0.0.1:{int(os.environ.get('GPUSHARE_DEMO_PROXY_API_PORT', '8001'))}"
+c.JupyterHub.hub_port = HUB_PORT
+c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{PROXY_API_PORT}"
 c.JupyterHub.db_url = f"sqlite:///{STATE / 'jupyterhub.sqlite'}"
 c.JupyterHub.cookie_secret_file = str(STATE / "jupyterhub_cookie_secret")
 c.ConfigurableHTTPProxy.pid_file = str(STATE / "jupyterhub-proxy.pid")

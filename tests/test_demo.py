@@ -73,6 +73,35 @@ def demo(tmp_path_factory):
         shutil.rmtree(top, ignore_errors=True)
 
 
+@pytest.mark.parametrize("variable", ["GPUSHARE_DEMO_PORT", "GPUSHARE_SERVICE_PORT"])
+def test_a_port_another_program_holds_is_said_with_the_setting_that_moves_it(tmp_path,
+                                                                                variable):
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        env = {**os.environ, "GPUSHARE_DEMO_STATE": str(tmp_path / "state"),
+               "GPUSHARE_DEMO_PORT": str(free_port()),
+               "GPUSHARE_DEMO_HUB_PORT": str(free_port()),
+               "GPUSHARE_DEMO_PROXY_API_PORT": str(free_port()),
+               "GPUSHARE_SERVICE_PORT": str(free_port()), variable: str(port)}
+        done = subprocess.run([str(Path(sys.executable).with_name("jupyterhub")), "-f",
+                               "hub_config/jupyterhub_config.py"], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert f"gpushare demo: port {port} on 127.0.0.1 is taken by another program; stop it, " \
+           f"or give the demo another port, e.g. {variable}=" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    env[variable] = "http"
+    done = subprocess.run([str(Path(sys.executable).with_name("jupyterhub")), "-f",
+                           "hub_config/jupyterhub_config.py"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+    assert f"gpushare demo: {variable}='http' is not a port" in done.stderr, done.stderr
+
+
 def _wait_for(url, hub, state, timeout):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -203,8 +232,8 @@ def test_alice_trains_on_two_gpus_as_herself_and_her_terminal_finds_gpushare(dem
 
 
 def test_the_admin_sees_the_pool_dashboard(demo):
-    """As the README says: admin logs in, and the hub's Services menu leads to the dashboard
-    (its login through the hub's OAuth asks nothing more)."""
+    """As the README says: admin logs in, and "GPU pool" in the hub's navigation bar leads to
+    the dashboard (its login through the hub's OAuth asks nothing more)."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
@@ -215,7 +244,8 @@ def test_the_admin_sees_the_pool_dashboard(demo):
         page.fill("#password_input", demo["admin_password"])
         page.click("#login_submit")
         page.wait_for_load_state()
-        page.goto(demo["url"] + "/services/gpushare/")
+        page.goto(demo["url"] + "/hub/home")
+        page.get_by_role("link", name="GPU pool").click()
         page.wait_for_selector("#pool-map", timeout=60_000)
         assert page.url.endswith("/services/gpushare/dashboard")
         nodes = page.locator("#pool-map .node h3").all_inner_texts()

@@ -210,10 +210,17 @@ def test_idle_sessions_are_culled_and_busy_or_followed_ones_spared(hub):
     assert not running(hub, "alice", "exp"), "alice's idle named server was not culled"
     assert warned and warned["cull_at"] - warned["warned_at"] == 3, warned
     assert warned["reason"].startswith("no GPU use and no activity for")
+    # alice's slice goes when her server's stop is done (ready is false from the stop's start)
+    deadline, users = time.monotonic() + 30, None
+    while time.monotonic() < deadline:
+        status, body = hub.request("GET", hub.pool_url + "api/slices", SPAWNER)
+        users = sorted(s["user"] for s in body["slices"])
+        if "alice" not in users:
+            break
+        time.sleep(0.2)
+    assert users == ["bob", "carol"], users  # alice's released, the others kept
     time.sleep(3)  # the others had as long, and longer
     assert running(hub, "bob") and running(hub, "carol")
-    status, body = hub.request("GET", hub.pool_url + "api/slices", SPAWNER)
-    assert sorted(s["user"] for s in body["slices"]) == ["bob", "carol"]  # alice's released
     status, pool = hub.api("GET", "api/pool", "admin")
     kinds = [(e["kind"], e["user"], e["server"]) for e in pool["culling"]["events"]]
     assert ("warn", "alice", "exp") in kinds and ("cull", "alice", "exp") in kinds
