@@ -464,6 +464,22 @@ async def test_non_root_service_refuses_jobs_unless_allowed(make_backend, launch
         await backend.start(launch("x", "true"))
 
 
+def test_jobs_run_as_the_service_user_keep_checkpoints_in_its_home(make_backend, tmp_path):
+    # alice may have an account here whose home the service's user cannot write (the demo
+    # was once run as root): her job, run as the service's user, checkpoints in its home.
+    from jupyter_gpushare.pool.launch import Launcher
+
+    own = pwd.getpwuid(os.getuid()).pw_dir
+    backend = make_backend(NonRootBackend, run_as_service_user=True)
+    launcher = Launcher(backend, "{home}/.gpushare/checkpoints/{job_id}", str(tmp_path))
+    for user in ("nobody", "root", "no-such-user-xyz"):
+        assert launcher.home_of(user) == own
+    if IS_ROOT:  # a root service: the user's own account's home
+        real = make_backend(run_as_service_user=True)
+        assert Launcher(real, "{home}", str(tmp_path)).home_of("nobody") == \
+            pwd.getpwnam("nobody").pw_dir
+
+
 @pytest.mark.asyncio
 async def test_a_command_that_cannot_run_says_why_in_its_exit(backend, launch):
     # The sentence travels with the exit, so `--wait` and the cell can show it, not a code.

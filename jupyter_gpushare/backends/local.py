@@ -295,6 +295,14 @@ class LocalBackend(Backend):
         pw = pwd.getpwuid(os.getuid())
         return _Account(pw.pw_name, pw.pw_uid, pw.pw_gid, pw.pw_dir, pw.pw_shell, False)
 
+    def user_home(self, user: str) -> str | None:
+        """A job that runs as the service's user (``run_as_service_user``) keeps its
+        checkpoints in that user's home, which it may write, not in the home of an account
+        of the same name; a root service's jobs use their users' own homes."""
+        if self.run_as_service_user and not self._service_is_root():
+            return pwd.getpwuid(os.getuid()).pw_dir
+        return None
+
     def _choose(self, placement) -> dict[str, list[str]]:
         """Free devices for the placement: the lowest-numbered GPUs no running attempt uses."""
         inventory = self._gpus()
