@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import time
 
 from tornado import web
 from tornado.iostream import StreamClosedError
@@ -20,15 +19,15 @@ from ..backends.local import SIMULATED_LABEL
 from ..backends.ranks import world_size
 from ..policy import SliceRefused
 from ..policy.model import GPU
-from ..policy.quotas import overbooking
 from ..trainjob import ACTIVE, PENDING, STATES, BadField, default_project
 from . import api_usage, metrics
+from .admin import change_project
 from .api_usage import pool_gpus
 from .handlers import ID, Rendered, ServiceHandler
 from .joblists import list_key
 from .models import JobRow, ProjectRow
 from .openapi import SPEC
-from .projects import ProjectSpec, changes, project_name
+from .projects import project_name
 from .validate import Invalid, job_spec, request_id
 from .views import job_json, job_says, project_json, slice_json
 
@@ -330,23 +329,9 @@ class ProjectHandler(PoolHandler):
         if not self.who.admin:
             self.fail(403, "only admins can change projects")
         try:
-            project_name(name)
-            row = self.store.project(name)
-            current = None if row is None else ProjectSpec.of(row)
-            fields = changes(self.body(), current)
+            row = change_project(self.store, self.scheduler, name, self.body())
         except Invalid as e:
             self.fail(e.status, str(e))
-        if "quota" in fields:
-            quotas = [p.quota for p in self.store.projects() if p.name != name]
-            problem = overbooking([*quotas, fields["quota"]], self.scheduler.train_capacity())
-            if problem:
-                self.fail(409, f"{problem}: lower another project's quota first")
-        if current:
-            row = self.store.update_project(name, fields, time.time())
-        else:
-            self.store.add_missing_projects([ProjectSpec(name, **fields).row()])
-            row = self.store.project(name)
-        self.scheduler.wake()
         self.reply(self.project_json(row))
 
 
