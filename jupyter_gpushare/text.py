@@ -294,6 +294,27 @@ def format_pool(pool: dict) -> str:
     return line + "\n" + table(headers, rows, numeric=numeric)
 
 
+def format_audit(entries: list[dict], now: float | None = None) -> str:
+    """The audit trail as a table: when, who, what, target, before → after, via."""
+    if not entries:
+        return "no audit entries (in this window)"
+    rows = [[when(e.get("at"), now), e.get("who", ""), e.get("action", ""),
+             _cut(e.get("target") or "-", 40), _cut(_change(e.get("before"), e.get("after")), 70),
+             e.get("via", "")] for e in entries]
+    return table(["WHEN", "WHO", "WHAT", "TARGET", "BEFORE → AFTER", "VIA"], rows)
+
+
+def _change(before, after) -> str:
+    """``quota=2 → quota=4``; a new thing: ``→ …``; a thing gone: ``… → -``."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        keys = [k for k in after if before.get(k) != after.get(k)] or list(after)
+        before = {k: before.get(k) for k in keys if k in before}
+        after = {k: after[k] for k in keys}
+    left = _plain(before) if before else "-"
+    right = _plain(after) if after else "-"
+    return f"{left} → {right}"
+
+
 def _plain(value) -> str:
     """Any JSON value as short text for a table cell."""
     if value is None:
