@@ -134,16 +134,15 @@ async def set_drained(store, scheduler, node: str, body, who: str, via: str,
     drained, requeue = drain_body(body)
     if node not in {n.name for n in scheduler.backend.nodes() if n.pool == TRAIN}:
         raise Invalid(f"there is no train node {node!r}; gpushare pool lists them", 404)
-    before = _drain_json(scheduler.drained.get(node))
+    was = node in scheduler.drained
     stopped: list[str] = []
     if drained:
         row, stopped = await scheduler.drain(node, who, requeue)
-        after = _drain_json(row)
     else:
+        row = None
         await scheduler.undrain(node)
-        after = _drain_json(None)
-    if before != after or stopped:
-        action = "drain node" if drained else "undrain node"
-        record(store, who, action, node, before,
-               {**after, **({"requeued": stopped} if requeue else {})}, via, address)
-    return {"name": node, **after, "requeued": stopped}
+    if was != drained or stopped:
+        after = {"drained": drained, **({"requeued": stopped} if requeue else {})}
+        record(store, who, "drain node" if drained else "undrain node", node,
+               {"drained": was}, after, via, address)
+    return {"name": node, **_drain_json(row), "requeued": stopped}
