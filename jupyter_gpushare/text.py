@@ -287,11 +287,16 @@ def format_pool(pool: dict) -> str:
     for node in nodes:
         keys += [k for k in node if k not in keys]
     headers = [k.replace("_", " ").upper() for k in keys]
-    rows = [[_cut(_plain(node.get(k)), 40) for k in keys] for node in nodes]
-    numeric = {h for h, k in zip(headers, keys)
-               if all(isinstance(n.get(k), (int, float)) and not isinstance(n.get(k), bool)
+    rows = [[_cut(_node_cell(k, node.get(k)), 40) for k in keys] for node in nodes]
+    numeric = {h for h, k in zip(headers, keys) if not k.endswith("_since")
+               and all(isinstance(n.get(k), (int, float)) and not isinstance(n.get(k), bool)
                       for n in nodes if n.get(k) is not None)}
     return line + "\n" + table(headers, rows, numeric=numeric)
+
+
+def _node_cell(key: str, value) -> str:
+    """A node's field for the table; a moment (``drained_since``) as people read it."""
+    return when(value) if key.endswith("_since") and value is not None else _plain(value)
 
 
 def format_audit(entries: list[dict], now: float | None = None) -> str:

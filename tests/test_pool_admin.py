@@ -152,6 +152,10 @@ def test_a_drained_node_starts_nothing_and_requeue_moves_its_jobs(hub):
     status, pool = hub.api("GET", "api/pool", "admin")
     node = next(n for n in pool["nodes"] if n["name"] == "sim-node-0")
     assert node["drained"] and node["drained_by"] == "admin" and node["drained_since"]
+    table = gpushare(hub, "alice", "pool").stdout.splitlines()
+    assert table[1].split() == ["NAME", "GPUS", "POOL", "LABELS", "DRAINED", "DRAINED", "BY",
+                                "DRAINED", "SINCE"]
+    assert table[2].split()[4:7] == ["yes", "admin", "just"]
     first = hub.api("POST", "api/jobs", "alice", {"gpus": 2, "source": LONG})[1]
     job = hub.wait_job("alice", first["id"], ("running",))
     assert job["placement"] == {"sim-node-1": 2}
