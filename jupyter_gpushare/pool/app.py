@@ -9,7 +9,8 @@ HTTP handlers each part by name, and runs them. What the parts do is theirs: the
 (``store.py``), the backend (``backends/``), the build pool (``build.py``), projects
 (``projects.py``), the scheduling loop (``loop.py``), submits (``intake.py``) and launches
 (``launch.py``), GPU use (``usage_service.py``), the hub (``hub.py``, ``directory.py``), the
-API (``api.py``, ``api_usage.py``, ``api_admin.py``, ``joblists.py``) and the dashboard (``dashboard.py``).
+API (``api.py``, ``api_usage.py``, ``api_admin.py``, ``joblists.py``), what admins change and
+its audit trail (``admin.py``) and the dashboard (``dashboard.py``).
 """
 
 from __future__ import annotations
