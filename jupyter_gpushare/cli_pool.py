@@ -1,5 +1,5 @@
 """The ``gpushare`` commands that talk to the pool service: submit, jobs, logs, cancel, quota,
-pool, usage.
+pool, usage; and for admins audit, drain and undrain.
 
 Each command is argument parsing, one or two calls of :class:`~.client.PoolClient`, and text for
 people (or ``--json`` for scripts). The client's errors become one line and an exit status:
@@ -20,7 +20,8 @@ import time
 from .cli_base import CommandError, UsageError
 from .client import (DEFAULT_RETRY_S, InvalidInput, NoCredentials, PoolClient, PoolError,
                      PoolUnreachable, add_job_options, argument_type, job_spec)
-from .text import describe, format_jobs, format_pool, format_quota, format_usage, no_jobs
+from .text import (describe, format_audit, format_jobs, format_pool, format_quota, format_usage,
+                   no_jobs)
 from .trainjob import ACTIVE, CANCELLED, RUNNING, STATES, SUCCEEDED
 
 # The option that gives each job-spec field, for sentences about a bad value.
@@ -116,6 +117,35 @@ def add_pool_commands(sub) -> None:
                    help="at most N rows, 1 to 1000 (default 100)")
     p.set_defaults(func=cmd_usage)
 
+    p = sub.add_parser("audit", parents=[connection, as_json], help="who changed what in the "
+                       "pool, and when (admins)",
+                       description="The audit trail, newest first: project changes, cancels of "
+                       "other users' jobs, drained nodes and culled servers, with who did it, "
+                       "through which door (api, dashboard, cli, config or culling) and the "
+                       "values before and after.")
+    p.add_argument("--since", metavar="WHEN", help="only entries from then on: 7d (7 days "
+                   "ago), 24h, 30m, epoch seconds or 2026-11-20T09:00 (default: all kept)")
+    p.add_argument("--limit", type=argument_type(_limit), metavar="N",
+                   help="the newest N entries, 1 to 1000 (default 100)")
+    p.set_defaults(func=cmd_audit)
+
+    p = sub.add_parser("drain", parents=[connection], help="start no new jobs on a node "
+                       "(admins)", description="Drain a train node before maintenance: no new "
+                       "train job starts there; the jobs that run there finish, or with "
+                       "--requeue are stopped as a preemption stops them (their grace period, "
+                       "then requeued to resume from their checkpoints on other nodes). "
+                       "gpushare undrain NODE gives the node back.")
+    p.add_argument("node", metavar="NODE", help="the node's name, as gpushare pool lists it")
+    p.add_argument("--requeue", action="store_true", help="stop the jobs that run there now "
+                   "and requeue them")
+    p.set_defaults(func=cmd_drain)
+
+    p = sub.add_parser("undrain", parents=[connection], help="let new jobs start on a drained "
+                       "node again (admins)", description="Undrain a train node: new train "
+                       "jobs may start there again.")
+    p.add_argument("node", metavar="NODE", help="the node's name, as gpushare pool lists it")
+    p.set_defaults(func=cmd_undrain)
+
 
 def _retry(text):
     try:
@@ -152,7 +182,7 @@ def _pool_command(run):
         client = PoolClient(args.url or None, args.token or None, retry_s=args.retry,
                             on_retry=lambda sentence: print(f"gpushare {args.command}: "
                                                             f"{sentence}", file=sys.stderr,
-                                                            flush=True))
+                                                            flush=True), via="cli")
         try:
             return run(args, client)
         except InvalidInput as e:
@@ -259,6 +289,31 @@ def cmd_usage(args, client) -> int:
     answer = client.usage(since=args.since, until=args.until, by=args.by, sort=args.sort,
                           limit=args.limit)
     print(json.dumps(answer, indent=2) if args.json else format_usage(answer))
+    return 0
+
+
+@_pool_command
+def cmd_audit(args, client) -> int:
+    answer = client.audit(since=args.since, limit=args.limit)
+    print(json.dumps(answer, indent=2) if args.json else format_audit(answer["entries"]))
+    return 0
+
+
+@_pool_command
+def cmd_drain(args, client) -> int:
+    node = client.set_drained(args.node, True, requeue=args.requeue)
+    line = f"node {node['name']} is drained: no new jobs start there"
+    if node.get("requeued"):
+        line += f"; {len(node['requeued'])} job(s) are being requeued: " + \
+            ", ".join(node["requeued"])
+    print(line)
+    return 0
+
+
+@_pool_command
+def cmd_undrain(args, client) -> int:
+    node = client.set_drained(args.node, False)
+    print(f"node {node['name']} takes new jobs again")
     return 0
 
 

@@ -258,12 +258,15 @@ class PoolClient:
     """
 
     def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0,
-                 retry_s: float | None = None, on_retry: Callable[[str], None] | None = None):
+                 retry_s: float | None = None, on_retry: Callable[[str], None] | None = None,
+                 via: str | None = None):
         """``retry_s``: how long reads and submits keep trying while the service cannot be
         reached (a restart takes a few seconds), with a pause that grows from 0.1 s to
         ``RETRY_PAUSE_MAX_S``; 0 tries once; default ``$GPUSHARE_RETRY``, else 60.
         ``on_retry(sentence)`` hears, once per outage, that the service is not answering
-        and is being tried again."""
+        and is being tried again. ``via``: "cli" from the gpushare command, so that the
+        audit trail says which door an admin's change came through."""
+        self.via = via
         self._url_from = "the URL" if url else URL_VARIABLE
         self._url = url if url else os.environ.get(URL_VARIABLE, "")
         self._token = token if token else os.environ.get(TOKEN_VARIABLE, "")
@@ -364,6 +367,21 @@ class PoolClient:
         """Change a project (admins): ``quota``, ``over_quota_weight``, ``limit``, ``priority``,
         ``groups``. Quotas are in GPUs; ``limit=None`` removes the limit."""
         return self._json("PUT", f"api/projects/{_segment(name)}", body=fields)
+
+    # -- the admins' console: the audit trail, drained nodes ----------------------------------
+    def audit(self, since: str | None = None, limit: int | None = None,
+              before: int | None = None) -> dict:
+        """The audit trail, newest first (admins): ``entries`` and ``next``, the ``before``
+        that asks for the page after this one (None: there is none)."""
+        query = {"since": since, "limit": None if limit is None else str(limit),
+                 "before": None if before is None else str(before)}
+        return self._json("GET", "api/audit", query=query)
+
+    def set_drained(self, node: str, drained: bool, requeue: bool = False) -> dict:
+        """Drain a train node (no new job starts there; with ``requeue``, the jobs that run
+        there are preempted and requeued) or undrain it (admins)."""
+        body = {"drained": drained, **({"requeue": True} if requeue else {})}
+        return self._json("PUT", f"api/nodes/{_segment(node)}", body=body)
 
     # -- build slices (the hub's spawner) ----------------------------------------------------
     def reserve_slice(self, user: str, gpus: float, server: str) -> dict:
@@ -476,7 +494,7 @@ class PoolClient:
         if query:
             url += "?" + urllib.parse.urlencode(query)
         headers = {"Accept": "application/json", "User-Agent": f"jupyter-gpushare/{__version__}",
-                   **(headers or {})}
+                   **({"Gpushare-Via": self.via} if self.via else {}), **(headers or {})}
         if auth:
             headers["Authorization"] = f"token {self._checked_token()}"
         data = None

@@ -287,11 +287,37 @@ def format_pool(pool: dict) -> str:
     for node in nodes:
         keys += [k for k in node if k not in keys]
     headers = [k.replace("_", " ").upper() for k in keys]
-    rows = [[_cut(_plain(node.get(k)), 40) for k in keys] for node in nodes]
-    numeric = {h for h, k in zip(headers, keys)
-               if all(isinstance(n.get(k), (int, float)) and not isinstance(n.get(k), bool)
+    rows = [[_cut(_node_cell(k, node.get(k)), 40) for k in keys] for node in nodes]
+    numeric = {h for h, k in zip(headers, keys) if not k.endswith("_since")
+               and all(isinstance(n.get(k), (int, float)) and not isinstance(n.get(k), bool)
                       for n in nodes if n.get(k) is not None)}
     return line + "\n" + table(headers, rows, numeric=numeric)
+
+
+def _node_cell(key: str, value) -> str:
+    """A node's field for the table; a moment (``drained_since``) as people read it."""
+    return when(value) if key.endswith("_since") and value is not None else _plain(value)
+
+
+def format_audit(entries: list[dict], now: float | None = None) -> str:
+    """The audit trail as a table: when, who, what, target, before → after, via."""
+    if not entries:
+        return "no audit entries (in this window)"
+    rows = [[when(e.get("at"), now), e.get("who", ""), e.get("action", ""),
+             _cut(e.get("target") or "-", 40), _cut(_change(e.get("before"), e.get("after")), 70),
+             e.get("via", "")] for e in entries]
+    return table(["WHEN", "WHO", "WHAT", "TARGET", "BEFORE → AFTER", "VIA"], rows)
+
+
+def _change(before, after) -> str:
+    """``quota=2 → quota=4``; a new thing: ``→ …``; a thing gone: ``… → -``."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        keys = [k for k in after if before.get(k) != after.get(k)] or list(after)
+        before = {k: before.get(k) for k in keys if k in before}
+        after = {k: after[k] for k in keys}
+    left = _plain(before) if before else "-"
+    right = _plain(after) if after else "-"
+    return f"{left} → {right}"
 
 
 def _plain(value) -> str:

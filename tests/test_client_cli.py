@@ -174,7 +174,11 @@ def test_job_spec_checks_like_the_server():
     (["logs", "j1", "--attempt", "0"], "argument --attempt: must be 1 or more, not '0'"),
     (["logs", "j1", "--rank", "-1"], "argument --rank: must be a whole number from 0, not '-1'"),
     (["cancel"], "the following arguments are required: JOB"),
-], ids=["state", "limit", "attempt", "rank", "no-job"])
+    (["audit", "--limit", "1001"], "argument --limit: must be a whole number from 1 to 1000"),
+    (["drain"], "the following arguments are required: NODE"),
+    (["undrain", "n0", "--requeue"], "unrecognized arguments: --requeue"),
+], ids=["state", "limit", "attempt", "rank", "no-job", "audit-limit", "drain-no-node",
+        "undrain-requeue"])
 def test_bad_arguments_of_the_other_commands(capsys, env, argv, words):
     code, err = refused(capsys, *argv)
     assert code == 2 and words in err and err.count("\n") == 1
@@ -342,6 +346,25 @@ def test_each_method_calls_its_path(service):
     assert service.requests[7]["body"] == {"quota": 4, "limit": None}
     assert all(r["headers"]["Authorization"] == f"token {TOKEN}" for r in service.requests[:-1])
     assert "Authorization" not in service.requests[-1]["headers"]
+
+
+def test_the_admins_console_calls_its_paths_and_says_its_door(service):
+    service.routes.update({
+        ("GET", "api/audit"): (200, {"entries": [], "next": None}),
+        ("PUT", "api/nodes/n%2F0"): (200, {"name": "n/0", "drained": True, "requeued": []}),
+    })
+    client = PoolClient(service.url, TOKEN, via="cli")
+    assert client.audit(since="7d", limit=5, before=9) == {"entries": [], "next": None}
+    assert client.set_drained("n/0", True, requeue=True)["drained"]
+    client.set_drained("n/0", False)
+    assert [(r["method"], r["path"]) for r in service.requests] == [
+        ("GET", "api/audit"), ("PUT", "api/nodes/n%2F0"), ("PUT", "api/nodes/n%2F0")]
+    assert service.requests[0]["query"] == {"since": ["7d"], "limit": ["5"], "before": ["9"]}
+    assert [r["body"] for r in service.requests[1:]] == [{"drained": True, "requeue": True},
+                                                         {"drained": False}]
+    assert all(r["headers"]["Gpushare-Via"] == "cli" for r in service.requests)
+    PoolClient(service.url, TOKEN).audit()  # the API's own callers say no door
+    assert "Gpushare-Via" not in service.requests[-1]["headers"]
 
 
 def test_followed_logs_arrive_as_they_are_sent(service):

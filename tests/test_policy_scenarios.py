@@ -720,3 +720,39 @@ def test_a_cycle_is_not_paused_by_the_garbage_collector():
         gc.set_threshold(*threshold)
         gc.callbacks.remove(callback)
     assert len(result.preemptions) == 16 and collections == []
+
+
+# -- drained nodes: no new job starts there, what runs there runs on ------------------------
+
+def drained(snap, *names):
+    return replace(snap, nodes=tuple(replace(n, drained=n.name in names) for n in snap.nodes))
+
+
+@pytest.mark.parametrize("jobs, starts, waiting", [
+    pytest.param([pending("j1", "joe", 2), pending("j2", "joe", 2)], {"j1": {"n1": milli(2)},
+                 "j2": {"n1": milli(2)}}, [], id="new-jobs-go-to-the-node-that-takes-them"),
+    pytest.param([pending("j1", "joe", 4), pending("j2", "joe", 1)], {"j1": {"n1": milli(4)}},
+                 ["j2"], id="the-drained-nodes-idle-gpus-are-not-given"),
+    pytest.param([pending("big", "joe", 8)], {}, ["big"], id="a-gang-that-needs-it-waits"),
+])
+def test_a_drained_node_takes_no_new_jobs(jobs, starts, waiting):
+    snap = drained(cluster(nodes=2, gpus_per_node=4).projects(project("joe").quota(8))
+                   .jobs(*jobs).at(0), "n0")
+    result = cycle(snap)
+    assert {s.job: dict(s.placement) for s in result.starts} == starts
+    assert sorted(w.job for w in result.waits) == waiting
+    assert not result.unschedulable  # a drain is for a while: nothing is told it never fits
+
+
+def test_jobs_on_a_drained_node_run_on_and_its_freed_gpus_are_not_reclaimed_for():
+    """Joe's job within quota reclaims from Susan's borrowers on the node that takes jobs,
+    never on the drained one, whose jobs keep running (though the newest started there)."""
+    snap = (cluster(nodes=2, gpus_per_node=4)
+            .projects(project("joe").quota(4), project("susan").quota(0))
+            .jobs(running("newest", "susan", 4, 50, node="n0"),
+                  running("older", "susan", 4, 0, node="n1"),
+                  pending("j1", "joe", gpus=4, submitted=100)).at(100))
+    assert [p.job for p in cycle(snap).preemptions] == ["newest"]
+    result = cycle(drained(snap, "n0"))
+    assert [p.job for p in result.preemptions] == ["older"]
+    assert not result.starts

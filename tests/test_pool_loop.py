@@ -112,6 +112,38 @@ async def test_killed_at_the_end_of_the_grace_is_requeued(pool):
     assert [a.outcome for a in store.attempts(victim.id)][:1] == ["preempted"]
 
 
+@pytest.mark.asyncio
+async def test_a_drained_node_starts_nothing_new_and_requeue_preempts_what_runs(pool):
+    store, backend, scheduler = pool
+    running = submit(store, "y", "trap 'echo checkpoint; exit 143' TERM; echo ready; "
+                                 "while :; do sleep 0.05; done")
+    await until(scheduler, lambda: b"ready" in _log(backend, running.id))
+    await scheduler.drain("sim-node-0", "admin", requeue=False)
+    await scheduler.tick()
+    assert store.job(running.id).state == "running"  # what runs there runs on
+    _, stopped = await scheduler.drain("sim-node-0", "admin", requeue=True)
+    assert stopped == [running.id]
+    await until(scheduler, lambda: store.job(running.id).attempt == 2)
+    row = store.job(running.id)
+    assert row.state == "pending" and b"checkpoint" in _log(backend, running.id)
+    assert "node sim-node-0 was drained by admin" in store.events(running.id)[-2].detail
+    for _ in range(3):  # it waits, and is told why
+        await scheduler.tick()
+    assert store.job(running.id).state == "pending"
+    assert "2 GPUs on drained node sim-node-0 take no new jobs" in \
+        scheduler.explained.reasons[running.id]
+    assert [n.drained for n in scheduler.explained.nodes] == [True]
+    # A restart finds the node drained; undrained, the job resumes as its next attempt.
+    again = Scheduler(store, backend, PolicyConfig(), grace_s=3.0,
+                      launch_for=scheduler.launch_for, log=logging.getLogger("test"))
+    assert list(again.drained) == ["sim-node-0"] and again.drained["sim-node-0"].by == "admin"
+    await again.tick()
+    assert store.job(running.id).state == "pending"
+    assert (await again.undrain("sim-node-0")).by == "admin"
+    await until(again, lambda: b"ready" in _log(backend, running.id, 2))
+    assert store.job(running.id).attempt == 2 and store.drained() == {}
+
+
 @pytest.mark.parametrize("code, outcome", [
     (0, SUCCEEDED), (143, PREEMPTED), (137, PREEMPTED), (None, PREEMPTED), (1, FAILED),
     (2, FAILED), (130, FAILED), (255, FAILED)])

@@ -125,3 +125,62 @@ def test_counts_are_not_capped_by_list_limits(tmp_path):
     assert store.pending_counts() == {"a": 3}
     assert store.state_counts("ann") == {"pending": 3, "succeeded": 1}
     assert len(store.jobs(user="ann", limit=2)) == 2
+
+
+def test_an_0006_database_is_upgraded_with_its_data_kept(tmp_path):
+    """The audit trail and drained nodes (0007) come to a database an older version made,
+    and its projects and jobs stay."""
+    from alembic import command
+    from alembic.config import Config
+
+    from jupyter_gpushare.pool.store import MIGRATIONS, make_engine
+
+    url = f"sqlite:///{tmp_path / 'pool.sqlite'}"
+    engine = make_engine(url)
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0006")
+        conn.exec_driver_sql(
+            "INSERT INTO projects (name, quota, over_quota_weight, priority, groups, updated, "
+            "job_priority_min, job_priority_max) VALUES ('vision', 2000, 1, 0, '[]', 0, -100, 0)")
+        conn.exec_driver_sql(
+            "INSERT INTO jobs (id, user, project, name, gpus, priority, command, env, per_gpu, "
+            "checkpoint_dir, state, attempt, submitted, pending_since, placement, handle, "
+            "preempting, cancel_requested, message) VALUES ('j-1', 'ann', 'vision', '', 1000, "
+            "0, '[\"true\"]', '{}', 0, '', 'pending', 1, 1, 1, '{}', '{}', 0, 0, '')")
+    engine.dispose()
+    store = Store(url)
+    assert store.project("vision").quota == 2000 and store.job("j-1").user == "ann"
+    assert store.audit() == [] and store.drained() == {}
+    assert schema_diff(store) == []
+    with store.engine.connect() as conn:
+        assert MigrationContext.configure(conn).get_current_heads() == ("0007",)
+
+
+def test_the_audit_trail_pages_newest_first_and_forgets_old_entries(tmp_path):
+    url = f"sqlite:///{tmp_path / 'pool.sqlite'}"
+    store = Store(url)
+    for i in range(5):
+        store.add_audit(1000.0 + i, "admin", "change project", "vision", {"quota": i},
+                        {"quota": i + 1}, "api", "10.0.0.1")
+    newest = store.audit(limit=2)
+    assert [e.before["quota"] for e in newest] == [4, 3]
+    assert [e.before["quota"] for e in store.audit(before_id=newest[-1].id, limit=2)] == [2, 1]
+    assert [e.at for e in store.audit(since=1003.0)] == [1004.0, 1003.0]
+    assert store.prune_audit(1002.0) == 2
+    again = Store(url)  # kept across a restart, the pruned ones gone
+    assert [e.at for e in again.audit()] == [1004.0, 1003.0, 1002.0]
+    assert again.audit()[0].address == "10.0.0.1" and again.audit()[0].via == "api"
+
+
+def test_a_drain_is_kept_until_undrained(tmp_path):
+    url = f"sqlite:///{tmp_path / 'pool.sqlite'}"
+    store = Store(url)
+    store.drain("node-1", "admin", 100.0)
+    store.drain("node-1", "other", 200.0)  # drained already: who and since stay
+    row = Store(url).drained()["node-1"]
+    assert (row.by, row.since) == ("admin", 100.0)
+    assert store.undrain("node-1").by == "admin" and store.undrain("node-1") is None
+    assert Store(url).drained() == {}

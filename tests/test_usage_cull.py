@@ -226,6 +226,12 @@ def test_idle_sessions_are_culled_and_busy_or_followed_ones_spared(hub):
     assert ("warn", "alice", "exp") in kinds and ("cull", "alice", "exp") in kinds
     assert not any(user in ("bob", "carol") and kind == "cull" for kind, user, _ in kinds)
     assert pool["culling"]["culled"] == 1
+    status, audit = hub.api("GET", "api/audit", "admin")
+    [culled] = [e for e in audit["entries"] if e["action"] == "cull server"]
+    assert (culled["who"], culled["target"], culled["via"]) == \
+        ("gpushare (culling)", "alice/exp", "culling")
+    assert culled["before"]["reason"].startswith("no GPU use") and \
+        culled["after"] == {"server": "stopped"}
     status, mine = hub.api("GET", "api/pool", "bob")
     assert all(e["user"] == "bob" for e in mine["culling"]["events"])
     log = (hub.dir / "hub.log").read_text()

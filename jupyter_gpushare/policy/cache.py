@@ -2,6 +2,9 @@
 
 Built once per cycle from the snapshot. A job being preempted still holds its GPUs
 (``releasing``) until its grace period ends, but no longer counts as its project's usage.
+A drained node's GPUs stay in the pool's capacity (a drain is for a while: a gang that
+needs them waits instead of being told it can never run), but none of them, free or
+releasing, is given to a new job: the placement sees only the nodes that take jobs.
 """
 
 from __future__ import annotations
@@ -46,8 +49,9 @@ class Cluster:
     @classmethod
     def from_snapshot(cls, snap: Snapshot, view: QueueView) -> "Cluster":
         nodes = {n.name: n.milli for n in snap.nodes if n.pool == TRAIN}
+        taking = {n.name: n.milli for n in snap.nodes if n.pool == TRAIN and not n.drained}
         allocated, releasing = view.allocated, view.releasing
-        free = {name: max(0, size - allocated.get(name, 0)) for name, size in nodes.items()}
+        free = {name: max(0, size - allocated.get(name, 0)) for name, size in taking.items()}
         projects = {p.name: p for p in snap.projects}
         for name in (*view.pending, *view.usage):
             if name not in projects:  # a job outlives its project: it only borrows
@@ -59,7 +63,7 @@ class Cluster:
             capacity=sum(nodes.values()),
             node_size=node_size,
             free=FreeMap(free, node_size),
-            releasing={name: a for name, a in releasing.items() if a and name in nodes},
+            releasing={name: a for name, a in releasing.items() if a and name in taking},
             usage=usage,
             projects=projects,
             all_running=view.running,

@@ -50,12 +50,15 @@ class JobState(str, enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Node:
-    """A machine with ``gpus`` whole GPUs in one pool (``train`` or ``build``)."""
+    """A machine with ``gpus`` whole GPUs in one pool (``train`` or ``build``). A ``drained``
+    node takes no new jobs; what runs there runs on (an admin drains a node before
+    maintenance)."""
 
     name: str
     gpus: int
     pool: str = TRAIN
     labels: Mapping[str, str] = field(default_factory=dict)
+    drained: bool = False
 
     def __post_init__(self):
         if self.gpus < 0:

@@ -130,3 +130,10 @@ class BehindReservation(Reason):
     def __str__(self):
         return (f"waiting for {_where(self.gpus, self.nodes)}; the free GPUs are reserved for "
                 f"job {self.holder}, which has waited longest")
+
+
+def drained_note(nodes: list[str], idle: int) -> str:
+    """Said after a waiting job's reason while drained nodes have idle GPUs."""
+    return (f"; {gpus_text(idle)} on drained node{'s' if len(nodes) > 1 else ''} "
+            f"{', '.join(nodes)} take no new jobs until an admin undrains "
+            f"{'them' if len(nodes) > 1 else 'it'}")

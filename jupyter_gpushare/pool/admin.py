@@ -1,15 +1,41 @@
-"""What pool admins change, whatever asks for it: the REST API (``api.py``) and the dashboard's
-forms (``dashboard.py``) call these, so that both check the same rules and say the same
-sentences (``Invalid``, with the HTTP status to answer)."""
+"""What pool admins change, whatever asks for it: the REST API (``api.py``, ``api_admin.py``)
+and the dashboard's forms (``dashboard.py``) call these, so that both check the same rules, say
+the same sentences (``Invalid``, with the HTTP status to answer) and leave the same entry in
+the audit trail: who changed what, when, through which door (``via``), before and after."""
 
 from __future__ import annotations
 
 import time
 
+from ..policy.model import GPU, TRAIN
 from ..policy.quotas import overbooking
-from .models import ProjectRow
+from ..trainjob import ACTIVE
+from .models import DrainRow, JobRow, ProjectRow
 from .projects import ProjectSpec, changes, project_name
 from .validate import Invalid
+
+VIA = ("api", "dashboard", "cli", "config", "culling")  # the doors a change comes through
+CONFIGURATION = "configuration"  # who changes projects through PoolService.projects
+CULLING = "gpushare (culling)"  # who stops idle notebook servers
+
+
+def record(store, who: str, action: str, target: str, before: dict | None,
+           after: dict | None, via: str, address: str = "") -> None:
+    """One entry of the audit trail."""
+    if via not in VIA:
+        raise ValueError(f"via must be one of {', '.join(VIA)}, not {via!r}")
+    store.add_audit(time.time(), who, action, target, before, after, via, address)
+
+
+def _shown(spec: ProjectSpec, keys) -> dict:
+    """A project's fields as admins set them: GPUs, not milli-GPUs."""
+    out = {}
+    for key in sorted(keys):
+        value = getattr(spec, key)
+        if key in ("quota", "limit") and value is not None:
+            value = value / GPU
+        out[key] = list(value) if isinstance(value, tuple) else value
+    return out
 
 
 def project_changes(store, scheduler, name: str, body) -> tuple[ProjectSpec | None, dict]:
@@ -27,13 +53,96 @@ def project_changes(store, scheduler, name: str, body) -> tuple[ProjectSpec | No
     return current, fields
 
 
-def change_project(store, scheduler, name: str, body) -> ProjectRow:
-    """Create or change project ``name`` as ``body`` asks (``PUT api/projects/{name}``)."""
+def change_project(store, scheduler, name: str, body, who: str, via: str,
+                   address: str = "") -> ProjectRow:
+    """Create or change project ``name`` as ``body`` asks (``PUT api/projects/{name}``), by
+    ``who`` through ``via`` (from ``address``), noted in the audit trail."""
     current, fields = project_changes(store, scheduler, name, body)
     if current:
         row = store.update_project(name, fields, time.time())
+        after = ProjectSpec.of(row)
+        changed = {k for k in fields if getattr(current, k) != getattr(after, k)}
+        if changed:
+            record(store, who, "change project", name, _shown(current, changed),
+                   _shown(after, changed), via, address)
     else:
         store.add_missing_projects([ProjectSpec(name, **fields).row()])
         row = store.project(name)
+        record(store, who, "create project", name, None, _project(row), via, address)
     scheduler.wake()
     return row
+
+
+def _project(row: ProjectRow) -> dict:
+    spec = ProjectSpec.of(row)
+    return _shown(spec, [k for k in vars(spec) if k != "name"])
+
+
+def configured_projects(store, projects) -> list[str]:
+    """Create the projects of ``PoolService.projects`` the store does not have yet (those it
+    has keep what admins set since), each noted as the configuration's doing."""
+    created = store.add_missing_projects(p.row() for p in projects)
+    for name in created:
+        record(store, CONFIGURATION, "create project", name, None,
+               _project(store.project(name)), "config")
+    return created
+
+
+async def cancel_job(store, scheduler, row: JobRow, who: str, owner: bool, via: str,
+                     address: str = "") -> JobRow:
+    """Cancel a job (``DELETE api/jobs/{id}``); an admin's cancel of someone else's job
+    (``owner`` False) is noted in the audit trail."""
+    if row.state not in ACTIVE:
+        raise Invalid(f"job {row.id} has already ended ({row.state})", 409)
+    before = {"state": row.state, "user": row.user, "project": row.project}
+    done = await scheduler.cancel(row)
+    if not owner:
+        record(store, who, "cancel job", row.id, before, {"state": done.state}, via, address)
+    return done
+
+
+def drain_body(body) -> tuple[bool, bool]:
+    """``{"drained": true|false, "requeue": false}`` checked: (drained, requeue)."""
+    if not isinstance(body, dict) or "drained" not in body:
+        raise Invalid('the body must be a JSON object like {"drained": true}, with "requeue": '
+                      'true to requeue the jobs that run there now')
+    unknown = sorted(set(body) - {"drained", "requeue"})
+    if unknown:
+        raise Invalid(f"unknown field(s) {', '.join(unknown)}; the fields are drained and "
+                      f"requeue")
+    drained, requeue = body["drained"], body.get("requeue", False)
+    if not isinstance(drained, bool):
+        raise Invalid(f"drained must be true or false, not {drained!r}")
+    if not isinstance(requeue, bool):
+        raise Invalid(f"requeue must be true or false, not {requeue!r}")
+    if requeue and not drained:
+        raise Invalid("requeue goes with drained: true (it stops the jobs on a node being "
+                      "drained); leave it out to undrain")
+    return drained, requeue
+
+
+def _drain_json(row: DrainRow | None) -> dict:
+    return {"drained": False} if row is None else \
+        {"drained": True, "by": row.by, "since": row.since}
+
+
+async def set_drained(store, scheduler, node: str, body, who: str, via: str,
+                      address: str = "") -> dict:
+    """Drain or undrain train node ``node`` as ``body`` asks (``PUT api/nodes/{node}``),
+    noted in the audit trail; the node as ``api/pool`` shows its drain, and the jobs told to
+    stop (with ``requeue``)."""
+    drained, requeue = drain_body(body)
+    if node not in {n.name for n in scheduler.backend.nodes() if n.pool == TRAIN}:
+        raise Invalid(f"there is no train node {node!r}; gpushare pool lists them", 404)
+    was = node in scheduler.drained
+    stopped: list[str] = []
+    if drained:
+        row, stopped = await scheduler.drain(node, who, requeue)
+    else:
+        row = None
+        await scheduler.undrain(node)
+    if was != drained or stopped:
+        after = {"drained": drained, **({"requeued": stopped} if requeue else {})}
+        record(store, who, "drain node" if drained else "undrain node", node,
+               {"drained": was}, after, via, address)
+    return {"name": node, **_drain_json(row), "requeued": stopped}

@@ -20,8 +20,8 @@ from ..backends.ranks import world_size
 from ..policy import SliceRefused
 from ..policy.model import GPU
 from ..trainjob import ACTIVE, PENDING, STATES, BadField, default_project
-from . import api_usage, metrics
-from .admin import change_project
+from . import api_admin, api_usage, metrics
+from .admin import cancel_job, change_project
 from .api_usage import pool_gpus
 from .handlers import ID, Rendered, ServiceHandler
 from .joblists import list_key
@@ -64,12 +64,20 @@ class PoolInfoHandler(PoolHandler):
 def pool_json(handler: PoolHandler) -> dict:
     """``api/pool`` as the caller may see it (the dashboard shows the same)."""
     ex = handler.scheduler.explained
-    nodes = [{"name": n.name, "gpus": n.gpus, "pool": n.pool, "labels": dict(n.labels)}
-             for n in ex.nodes]
+    drained = handler.scheduler.drained
+    nodes = [{"name": n.name, "gpus": n.gpus, "pool": n.pool, "labels": dict(n.labels),
+              **_drained(drained.get(n.name))} for n in ex.nodes]
     return {"capacity": sum(n.gpus for n in ex.nodes), "nodes": nodes,
             "in_use": sum(ex.usage.values()) / GPU,
             "simulated": any(n.labels.get(SIMULATED_LABEL) for n in ex.nodes),
             "build": handler.build.summary(), **pool_gpus(handler)}
+
+
+def _drained(row) -> dict:
+    """A node's drain as ``api/pool`` shows it: who drained it and since when."""
+    if row is None:
+        return {"drained": False}
+    return {"drained": True, "drained_by": row.by, "drained_since": row.since}
 
 
 class QuotaHandler(PoolHandler):
@@ -210,9 +218,12 @@ class JobHandler(PoolHandler):
 
     async def delete(self, job_id):
         row = self.own_job(job_id)
-        if row.state not in ACTIVE:
-            self.fail(409, f"job {job_id} has already ended ({row.state})")
-        row = await self.scheduler.cancel(row)
+        try:
+            row = await cancel_job(self.store, self.scheduler, row, self.who.name,
+                                   self.who.is_user(row.user), self.via(),
+                                   self.client_address())
+        except Invalid as e:
+            self.fail(e.status, str(e))
         self.reply(self.job_json(row, True))
 
 
@@ -329,7 +340,8 @@ class ProjectHandler(PoolHandler):
         if not self.who.admin:
             self.fail(403, "only admins can change projects")
         try:
-            row = change_project(self.store, self.scheduler, name, self.body())
+            row = change_project(self.store, self.scheduler, name, self.body(), self.who.name,
+                                 self.via(), self.client_address())
         except Invalid as e:
             self.fail(e.status, str(e))
         self.reply(self.project_json(row))
@@ -413,9 +425,10 @@ class OpenAPIHandler(web.RequestHandler):
 
 
 def routes(prefix: str) -> list:
-    """Every path of the REST API (this module's and ``api_usage``'s), as openapi.py has them."""
+    """Every path of the REST API (this module's, ``api_usage``'s and ``api_admin``'s), as
+    openapi.py has them."""
     p = prefix.rstrip("/")
-    return api_usage.routes(prefix) + [
+    return api_usage.routes(prefix) + api_admin.routes(prefix) + [
         (rf"{p}/api/pool", PoolInfoHandler),
         (rf"{p}/api/quota", QuotaHandler),
         (rf"{p}/api/jobs", JobsHandler),

@@ -9,7 +9,8 @@ HTTP handlers each part by name, and runs them. What the parts do is theirs: the
 (``store.py``), the backend (``backends/``), the build pool (``build.py``), projects
 (``projects.py``), the scheduling loop (``loop.py``), submits (``intake.py``) and launches
 (``launch.py``), GPU use (``usage_service.py``), the hub (``hub.py``, ``directory.py``), the
-API (``api.py``, ``api_usage.py``, ``joblists.py``) and the dashboard (``dashboard.py``).
+API (``api.py``, ``api_usage.py``, ``api_admin.py``, ``joblists.py``), what admins change and
+its audit trail (``admin.py``) and the dashboard (``dashboard.py``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from ..backends.local import SIMULATED_LABEL, LocalBackend
 from ..policy.model import DEFAULT_MIN_RUNTIME_S, GPU, TRAIN, PolicyConfig
 from ..policy.quotas import overbooking
 from . import api, dashboard
+from .admin import configured_projects
 from .build import BuildPool
 from .directory import HubDirectory, HubTokens
 from .follows import Follows
@@ -42,7 +44,7 @@ from .launch import Launcher
 from .loop import Scheduler
 from .projects import configured
 from .store import Store, StoreError
-from .sweep import release_stale
+from .sweep import prune_audit, release_stale
 from .usage_service import GPUUsage
 from .validate import Invalid
 
@@ -167,6 +169,15 @@ class PoolService(Application):
                                       "directory of a job, the same for all its attempts; "
                                       "{home} is the user's home, {user} and {job_id} too.").tag(config=True)
 
+    audit_retention_days = Integer(365, min=1, help="""Days the audit trail keeps each entry
+        (who changed a project, cancelled someone else's job, drained a node, or which idle
+        server culling stopped, and when): older entries are forgotten by the service's periodic
+        sweep (every audit_sweep_interval seconds).
+        Read them with ``gpushare audit`` or ``GET api/audit`` (admins).""").tag(config=True)
+    audit_sweep_interval = Float(3600.0, min=1.0, help="Seconds between sweeps that forget "
+                                 "audit entries older than audit_retention_days."
+                                 ).tag(config=True)
+
     @default("log_level")
     def _log_level(self):
         return logging.INFO  # as JupyterHub's own: what the service did is worth a line
@@ -270,7 +281,7 @@ class PoolService(Application):
         if problem:
             self._refuse(f"{problem[:1].upper()}{problem[1:]}: lower PoolService.projects "
                          f"quotas.")
-        created = self.store.add_missing_projects(p.row() for p in self.projects.values())
+        created = configured_projects(self.store, self.projects.values())
         if created:
             self.log.info("created project(s) %s from the configuration", ", ".join(created))
 
@@ -341,7 +352,10 @@ class PoolService(Application):
                                                   f.exception()))
         # The loop adopts what still runs first (reconcile), while the API already answers.
         running = asyncio.ensure_future(self.scheduler.run(self.cycle_interval))
-        beside = [asyncio.ensure_future(c) for c in self.usage.coroutines()]
+        beside = [asyncio.ensure_future(c) for c in (
+            *self.usage.coroutines(),
+            prune_audit(self.store, self.audit_retention_days, self.log,
+                        self.audit_sweep_interval))]
         try:
             await asyncio.wait([running, stopping], return_when=asyncio.FIRST_COMPLETED)
             if stopping.done():

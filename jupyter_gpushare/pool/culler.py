@@ -4,7 +4,8 @@ Every little while: gather the evidence for each server that holds a slice (the 
 time of its slice, the hub's activity record of the server, the server extension's word on its
 kernels, open follows of its user's train jobs), decide, then warn (logged; the slice's
 ``cull`` in ``api/slices`` says when it will be stopped) or stop the server through the hub's
-API. Every warning, stop and reprieve is logged and kept for ``api/pool``.
+API. Every warning, stop and reprieve is logged and kept for ``api/pool``; every stop is in the
+audit trail too (``api/audit``).
 The service's role needs the scopes ``read:users`` (activity), ``read:servers`` and
 ``servers`` (to stop them).
 """
@@ -20,6 +21,7 @@ from datetime import datetime
 from urllib.parse import quote
 
 from ..usage.cull import CullSettings, Evidence, decide
+from .admin import CULLING, record
 from .hub import HubAPI, HubError
 from .store import Store
 
@@ -96,6 +98,10 @@ class SliceCuller:
             elif await self._stop(e.user, e.server):
                 self.warned.pop(e.slice_id, None)
                 self.culled += 1
+                record(self.store, CULLING, "cull server",
+                       f"{e.user}/{e.server}" if e.server else e.user,
+                       {"server": "running", "slice": e.slice_id, "reason": d.reason},
+                       {"server": "stopped"}, "culling")
                 self.log.warning("Culling: stopped %s (slice %s): %s", who, e.slice_id,
                                  d.reason)
             else:

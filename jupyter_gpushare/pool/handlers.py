@@ -96,6 +96,11 @@ class ServiceHandler(HubAuthenticated, web.RequestHandler):
         forwarded = self.request.headers.get("X-Forwarded-For", "")
         return forwarded.rsplit(",", 1)[-1].strip()[:64] or self.request.remote_ip or ""
 
+    def via(self) -> str:
+        """The door an admin's change came through, for the audit trail: "cli" where the
+        gpushare command says so (its Gpushare-Via header), else "api"."""
+        return "cli" if self.request.headers.get("Gpushare-Via") == "cli" else "api"
+
     def write_error(self, status_code, **kwargs):
         exc = kwargs.get("exc_info", (None, None))[1]
         if isinstance(exc, web.HTTPError) and exc.reason:

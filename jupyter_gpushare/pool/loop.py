@@ -13,8 +13,9 @@ from dataclasses import dataclass, field, replace
 from ..backends.base import LOST, Backend, BackendError, Exit, Handle
 from ..policy import TRAIN, JobState, Node, PolicyConfig, Project, Snapshot, TrainJob, cycle
 from ..policy.outcome import FAILED, PREEMPTED, SUCCEEDED, after_stop
+from ..policy.reasons import drained_note
 from ..trainjob import CANCELLED, PENDING, RUNNING
-from .models import JobRow
+from .models import DrainRow, JobRow
 from .store import Store
 
 
@@ -46,7 +47,8 @@ class Scheduler:
         self.launch_for, self.idle_jobs = launch_for, idle_jobs
         self.log = log or logging.getLogger("gpushare.pool")
         # What the pool looks like before the first cycle says more (api/pool answers at once).
-        self.explained = Explanation(nodes=backend.nodes())
+        self.drained: dict[str, DrainRow] = store.drained()  # kept here and in the store
+        self.explained = Explanation(nodes=self.nodes())
         self.reserved: dict[str, tuple[str, ...]] = {}
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()
@@ -54,6 +56,40 @@ class Scheduler:
     def train_capacity(self) -> int:
         """Milli-GPUs of the train pool now."""
         return sum(n.milli for n in self.backend.nodes() if n.pool == TRAIN)
+
+    def nodes(self) -> list[Node]:
+        """The backend's nodes, each drained one marked so (no new job starts there)."""
+        return [replace(n, drained=True) if n.name in self.drained else n
+                for n in self.backend.nodes()]
+
+    async def drain(self, node: str, by: str, requeue: bool) -> tuple[DrainRow, list[str]]:
+        """Start no new job on ``node``; with ``requeue``, stop the jobs that run there the
+        way a preemption does (their grace period, then requeued to resume from their
+        checkpoints elsewhere). Returns the drain and the ids of the jobs told to stop."""
+        async with self._lock:
+            now = time.time()
+            row = self.store.drain(node, by, now)
+            self.drained[node] = row
+            stopped = []
+            if requeue:
+                for job in self.store.active():
+                    if job.state == RUNNING and node in (job.placement or {}) and \
+                            not (job.preempting or job.cancel_requested):
+                        job = self.store.mark(job.id, now, preempting=True,
+                                              detail=f"node {node} was drained by {by}; "
+                                                     f"requeued to resume from its checkpoint")
+                        await self.backend.stop(job.id, job.attempt, self.grace_s)
+                        stopped.append(job.id)
+        self.wake()
+        return row, stopped
+
+    async def undrain(self, node: str) -> DrainRow | None:
+        """New jobs may start on ``node`` again; the drain it had, or None."""
+        async with self._lock:
+            row = self.store.undrain(node)
+            self.drained.pop(node, None)
+        self.wake()
+        return row
 
     def wake(self) -> None:
         """Run a cycle soon (a job was submitted or cancelled)."""
@@ -123,7 +159,7 @@ class Scheduler:
         async with self._lock:
             now = time.time()
             self._apply_exits(await self.backend.poll(), now)
-            nodes = self.backend.nodes()
+            nodes = self.nodes()
             rows = self.store.active()
             projects = tuple(Project(p.name, p.quota, p.over_quota_weight, p.limit, p.priority)
                              for p in self.store.projects())
@@ -136,11 +172,12 @@ class Scheduler:
             self.reserved = ({result.reservation.job: result.reservation.reserved}
                              if result.reservation else {})
             waits = result.waits
+            note = _drained_note(nodes, rows)
             # Explained before the starts are recorded (their commits wait in a worker
             # thread): a job shown running is counted in its project's use at once.
             self._explain(Explanation(
                 positions={w.job: w.position for w in waits},
-                reasons={w.job: str(w.reason) for w in waits},
+                reasons={w.job: str(w.reason) + note for w in waits},
                 deserved=dict(result.deserved), usage=dict(result.usage), nodes=nodes,
                 starting=self.backend.reasons(), at=now))
             await self._start_all([(s.job, dict(s.placement)) for s in result.starts], now)
@@ -201,8 +238,10 @@ class Scheduler:
             # (finished by its exit code, never run again): policy/outcome.py.
             outcome = PREEMPTED if ex.state == LOST else after_stop(ex.exit_code)
             if outcome == PREEMPTED:
+                drained = sorted(n for n in row.placement or {} if n in self.drained)
+                why = f"node {', '.join(drained)} was drained" if drained else "preempted"
                 self.store.requeue(row.id, now, PREEMPTED,
-                                   "preempted; requeued to resume from its checkpoint",
+                                   f"{why}; requeued to resume from its checkpoint",
                                    ex.exit_code)
             elif outcome == SUCCEEDED:
                 self.store.finish(row.id, now, SUCCEEDED, 0,
@@ -225,3 +264,17 @@ class Scheduler:
                         start_time=row.started if running else None,
                         preempting=row.preempting or row.cancel_requested,
                         reserved=self.reserved.get(row.id, ()), idle=idle and running)
+
+
+def _drained_note(nodes: list[Node], rows: list[JobRow]) -> str:
+    """What a waiting job is told of drained nodes while GPUs there sit idle ("" if none)."""
+    drained = {n.name: n.milli for n in nodes if n.drained}
+    if not drained:
+        return ""
+    for row in rows:
+        if row.state == RUNNING:
+            for name, milli in (row.placement or {}).items():
+                if name in drained:
+                    drained[name] -= milli
+    idle = sum(max(0, m) for m in drained.values())
+    return drained_note(sorted(drained), idle) if idle else ""

@@ -127,3 +127,31 @@ class UsageRow(Base):
     memory_total: Mapped[int] = mapped_column(BigInteger, default=0)
 
     __table_args__ = (Index("ix_usage_step_kind_t", "step", "kind", "t"),)
+
+
+class AuditRow(Base):
+    """One thing an admin (or the configuration, or culling) changed: who, when, what, through
+    which door (``via``: api, dashboard, cli, config or culling), and the values before and
+    after (None: there was none, or there is none now)."""
+
+    __tablename__ = "audit"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[float] = mapped_column(Float, index=True)
+    who: Mapped[str] = mapped_column(String(255))
+    action: Mapped[str] = mapped_column(String(64))
+    target: Mapped[str] = mapped_column(String(255), default="")
+    before: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    after: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    via: Mapped[str] = mapped_column(String(16))
+    address: Mapped[str] = mapped_column(String(64), default="")  # the client's, where known
+
+
+class DrainRow(Base):
+    """A drained train node: no new job starts there; what runs finishes (or was requeued)."""
+
+    __tablename__ = "drained_nodes"
+
+    node: Mapped[str] = mapped_column(String(255), primary_key=True)
+    by: Mapped[str] = mapped_column(String(255))
+    since: Mapped[float] = mapped_column(Float)

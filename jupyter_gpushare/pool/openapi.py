@@ -42,6 +42,12 @@ REQUEST_ID = {"type": "string", "pattern": f"^{REQUEST_ID_PATTERN}$",
                              "with the same key returns the job the first try made (200) "
                              "instead of making a second one"}
 SLICE_ID = {"name": "slice_id", "in": "path", "required": True, "schema": {"type": "string"}}
+VIA = {"name": "Gpushare-Via", "in": "header", "schema": {"type": "string"},
+       "description": "cli from the gpushare command: the audit trail notes the door an "
+                      "admin's change came through (anything else: api)"}
+_AUDIT_VALUES = {"type": "object", "nullable": True, "additionalProperties": True,
+                 "description": "the fields changed, as admins set them (GPUs); null where "
+                                "there was none before (a new project) or is none after"}
 _RATIO = {"type": "number", "nullable": True}
 _FIGURES = {
     "allocated_gpu_seconds": {"type": "number"}, "utilized_gpu_seconds": {"type": "number"},
@@ -199,7 +205,7 @@ SPEC = {
                                                     "build"], "properties": {
                 "capacity": {"type": "number"}, "in_use": {"type": "number"},
                 "simulated": {"type": "boolean"},
-                "nodes": {"type": "array", "items": {"type": "object"}},
+                "nodes": {"type": "array", "items": {"$ref": "#/components/schemas/PoolNode"}},
                 "build": {"type": "object"},
                 "gpus": {"type": "array", "items": {"$ref": "#/components/schemas/PoolGPU"},
                          "description": "the pool map: every GPU read, by node and index"},
@@ -213,6 +219,45 @@ SPEC = {
                                 "after": {"type": "number"}, "warning": {"type": "number"},
                                 "culled": {"type": "integer"},
                                 "events": {"type": "array", "items": {"type": "object"}}}}}},
+            "PoolNode": {"type": "object", "required": ["name", "gpus", "pool", "drained"],
+                         "properties": {
+                "name": {"type": "string"}, "gpus": {"type": "integer"},
+                "pool": {"type": "string"}, "labels": {"type": "object"},
+                "drained": {"type": "boolean", "description": "no new job starts there "
+                            "(PUT api/nodes/{node})"},
+                "drained_by": {"type": "string", "description": "the admin who drained it"},
+                "drained_since": {"type": "number"}}},
+            "NodeDrain": {"type": "object", "additionalProperties": False,
+                          "required": ["drained"], "properties": {
+                "drained": {"type": "boolean", "description": "true: no new job starts on "
+                            "the node (what runs there finishes); false: it takes jobs again"},
+                "requeue": {"type": "boolean", "default": False, "description": "with "
+                            "drained: stop the jobs that run there as a preemption does (their "
+                            "grace period, then requeued to resume from their checkpoints)"}}},
+            "NodeState": {"type": "object", "required": ["name", "drained", "requeued"],
+                          "properties": {
+                "name": {"type": "string"}, "drained": {"type": "boolean"},
+                "by": {"type": "string"}, "since": {"type": "number"},
+                "requeued": {"type": "array", "items": {"type": "string"},
+                             "description": "the jobs told to stop (with requeue)"}}},
+            "AuditEntry": {"type": "object", "required": ["id", "at", "who", "action", "target",
+                                                          "before", "after", "via"],
+                           "properties": {
+                "id": {"type": "integer"}, "at": {"type": "number"},
+                "who": {"type": "string", "description": "the admin; configuration; "
+                        "gpushare (culling)"},
+                "action": {"type": "string", "description": "create project, change project, "
+                           "cancel job, drain node, undrain node, cull server"},
+                "target": {"type": "string"},
+                "before": _AUDIT_VALUES, "after": _AUDIT_VALUES,
+                "via": {"type": "string", "enum": ["api", "dashboard", "cli", "config",
+                                                   "culling"]},
+                "address": {"type": "string", "nullable": True,
+                            "description": "the client's address, where there was one"}}},
+            "AuditList": {"type": "object", "required": ["entries", "next"], "properties": {
+                "entries": {"type": "array", "items": {"$ref": "#/components/schemas/AuditEntry"}},
+                "next": {"type": "integer", "nullable": True, "description": "before= this "
+                         "for the next page; null on the last"}}},
             "PoolGPU": {"type": "object", "properties": {
                 "node": {"type": "string"}, "index": {"type": "integer"},
                 "uuid": {"type": "string"}, "pool": {"type": "string"},
@@ -330,7 +375,8 @@ SPEC = {
         "/api/jobs/{job_id}": {
             "get": {"summary": "One of your jobs", "parameters": [JOB_ID],
                     "responses": {"200": _ok("Job"), **_errors(400, 404)}},
-            "delete": {"summary": "Cancel one of your jobs", "parameters": [JOB_ID],
+            "delete": {"summary": "Cancel one of your jobs (admins: anyone's, noted in the "
+                                  "audit trail)", "parameters": [JOB_ID, VIA],
                        "responses": {"200": _ok("Job"), **_errors(400, 404, 409)}},
         },
         "/api/jobs/{job_id}/logs": {
@@ -355,10 +401,35 @@ SPEC = {
             "put": {"summary": "Change or create a project (admins); quotas may not exceed the "
                                "train pool",
                     "parameters": [{"name": "name", "in": "path", "required": True,
-                                    "schema": {"type": "string"}}],
+                                    "schema": {"type": "string"}}, VIA],
                     "requestBody": {"required": True, "content": {"application/json": {
                         "schema": {"$ref": "#/components/schemas/ProjectUpdate"}}}},
                     "responses": {"200": _ok("Project"), **_errors(400, 409, 413)}},
+        },
+        "/api/nodes/{node}": {
+            "put": {"summary": "Drain a train node (admins): no new job starts there; with "
+                               "requeue, the jobs that run there are preempted and requeued. "
+                               "drained false undrains it. Noted in the audit trail",
+                    "parameters": [{"name": "node", "in": "path", "required": True,
+                                    "schema": {"type": "string"}}, VIA],
+                    "requestBody": {"required": True, "content": {"application/json": {
+                        "schema": {"$ref": "#/components/schemas/NodeDrain"}}}},
+                    "responses": {"200": _ok("NodeState"), **_errors(400, 404, 413)}},
+        },
+        "/api/audit": {
+            "get": {"summary": "The audit trail, newest first (admins): project changes, "
+                               "cancels of other users' jobs, drained nodes, culled servers; "
+                               "kept PoolService.audit_retention_days",
+                    "parameters": [
+                        {"name": "since", "in": "query", "description": "only entries from "
+                         "then on: 7d, 24h, 30m, epoch seconds or ISO 8601",
+                         "schema": {"type": "string"}},
+                        {"name": "limit", "in": "query", "schema": {
+                            "type": "integer", "minimum": 1, "maximum": 1000, "default": 100}},
+                        {"name": "before", "in": "query", "description": "entries older than "
+                         "this id: the next of the answer before",
+                         "schema": {"type": "integer", "minimum": 0}}],
+                    "responses": {"200": _ok("AuditList"), **_errors(400)}},
         },
         "/api/slices": {
             "get": {"summary": "Build slices: yours, or all for admins and the spawner (the "

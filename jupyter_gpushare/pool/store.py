@@ -19,14 +19,14 @@ from alembic import command
 from alembic.config import Config
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import create_engine, event, func, make_url, select
+from sqlalchemy import create_engine, delete, event, func, make_url, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import sessionmaker
 
 from ..trainjob import ACTIVE, PENDING, RUNNING
 from .book import JobBook
-from .models import AttemptRow, EventRow, JobRow, ProjectRow, SliceRow
+from .models import AttemptRow, AuditRow, DrainRow, EventRow, JobRow, ProjectRow, SliceRow
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 
@@ -392,6 +392,58 @@ class Store:
     def remove_slice(self, slice_id: str) -> SliceRow | None:
         with self.session() as s:
             row = s.get(SliceRow, slice_id)
+            if row is not None:
+                s.delete(row)
+                s.commit()
+            return row
+
+    # -- the audit trail ------------------------------------------------------------------
+    def add_audit(self, at: float, who: str, action: str, target: str, before: dict | None,
+                  after: dict | None, via: str, address: str = "") -> AuditRow:
+        """Note one change: ``who`` did ``action`` to ``target`` through ``via``."""
+        with self.session() as s:
+            row = AuditRow(at=at, who=who[:255], action=action, target=target[:255],
+                           before=before, after=after, via=via, address=(address or "")[:64])
+            s.add(row)
+            s.commit()
+            return row
+
+    def audit(self, since: float | None = None, before_id: int | None = None,
+              limit: int = 100) -> list[AuditRow]:
+        """Entries newest first: from ``since`` on, older than entry ``before_id``."""
+        q = select(AuditRow)
+        if since is not None:
+            q = q.where(AuditRow.at >= since)
+        if before_id is not None:
+            q = q.where(AuditRow.id < before_id)
+        with self.session() as s:
+            return list(s.scalars(q.order_by(AuditRow.id.desc()).limit(limit)))
+
+    def prune_audit(self, older_than: float) -> int:
+        """Forget the entries made before ``older_than``; returns how many."""
+        with self.session() as s:
+            gone = s.execute(delete(AuditRow).where(AuditRow.at < older_than)).rowcount
+            s.commit()
+        return gone
+
+    # -- drained nodes --------------------------------------------------------------------
+    def drained(self) -> dict[str, DrainRow]:
+        with self.session() as s:
+            return {r.node: r for r in s.scalars(select(DrainRow))}
+
+    def drain(self, node: str, by: str, since: float) -> DrainRow:
+        """Mark ``node`` drained (kept as it was if it already is)."""
+        with self.session() as s:
+            row = s.get(DrainRow, node)
+            if row is None:
+                row = DrainRow(node=node, by=by, since=since)
+                s.add(row)
+                s.commit()
+            return row
+
+    def undrain(self, node: str) -> DrainRow | None:
+        with self.session() as s:
+            row = s.get(DrainRow, node)
             if row is not None:
                 s.delete(row)
                 s.commit()

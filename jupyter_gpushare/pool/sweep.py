@@ -1,4 +1,5 @@
-"""Build slices of servers that no longer run, released when the pool service starts.
+"""What the pool service sweeps: build slices of servers that no longer run, released when
+it starts; and, every hour while it runs, audit entries older than their retention.
 
 JupyterHub stops its services before its notebook servers, so the spawners of a stopping hub
 cannot release their slices: the pool keeps them. When the pool starts again:
@@ -15,7 +16,9 @@ error): a running server must keep its slice. Its spawner releases it at its nex
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 
 from .hub import HubAPI, HubError, HubNotFound
 from .models import SliceRow
@@ -60,3 +63,18 @@ async def release_stale(store: Store, hub: HubAPI, log: logging.Logger) -> list[
         log.info("Released build slice %s of %s's server %r, which no longer runs",
                  row.id, row.user, row.server)
     return gone
+
+
+async def prune_audit(store: Store, retention_days: float, log: logging.Logger,
+                      every_s: float = 3600.0) -> None:
+    """Forget audit entries older than ``retention_days``, now and every ``every_s``."""
+    while True:
+        try:
+            gone = await asyncio.to_thread(store.prune_audit,
+                                           time.time() - retention_days * 86400)
+            if gone:
+                log.info("Forgot %d audit entries older than %g days "
+                         "(PoolService.audit_retention_days)", gone, retention_days)
+        except Exception:  # noqa: BLE001 - the next sweep tries again
+            log.exception("pruning the audit trail failed; trying again later")
+        await asyncio.sleep(every_s)

@@ -1,0 +1,73 @@
+"""REST handlers of the admins' console: ``GET api/audit`` (the audit trail) and
+``PUT api/nodes/{node}`` (drain a train node), admins only (paths and shapes: openapi.py).
+What they change goes through ``admin.py``, as the dashboard's forms do."""
+
+from __future__ import annotations
+
+import time
+
+from .admin import set_drained
+from .api_usage import parse_time
+from .handlers import ServiceHandler
+from .models import AuditRow
+from .validate import Invalid
+
+MAX_ENTRIES = 1000
+
+
+def audit_json(row: AuditRow) -> dict:
+    return {"id": row.id, "at": row.at, "who": row.who, "action": row.action,
+            "target": row.target, "before": row.before, "after": row.after, "via": row.via,
+            "address": row.address or None}
+
+
+def audit_query(args: dict[str, str], now: float) -> dict:
+    """The checked query of ``GET api/audit`` (``Invalid`` with one sentence otherwise)."""
+    unknown = sorted(set(args) - {"since", "limit", "before"})
+    if unknown:
+        raise Invalid(f"unknown parameter(s) {', '.join(unknown)}; the parameters are since, "
+                      f"limit and before")
+    since = parse_time(args["since"], now, "since") if args.get("since") else None
+    limit = args.get("limit", "100")
+    if not limit.isdigit() or not 1 <= int(limit) <= MAX_ENTRIES:
+        raise Invalid(f"limit must be a whole number from 1 to {MAX_ENTRIES}, not "
+                      f"{limit[:40]!r}")
+    before = args.get("before")
+    if before is not None and (not before.isdigit() or len(before) > 18):
+        raise Invalid(f"before must be an entry's id (the next of the last answer), not "
+                      f"{before[:40]!r}")
+    return {"since": since, "limit": int(limit),
+            "before_id": None if before is None else int(before)}
+
+
+class AuditHandler(ServiceHandler):
+    def get(self):
+        if not self.who.admin:
+            self.fail(403, "only admins can read the audit trail")
+        args = {k: self.get_argument(k) for k in self.request.query_arguments}
+        try:
+            q = audit_query(args, time.time())
+        except Invalid as e:
+            self.fail(e.status, str(e))
+        rows = self.store.audit(q["since"], q["before_id"], q["limit"] + 1)
+        more = len(rows) > q["limit"]
+        rows = rows[:q["limit"]]
+        self.reply({"entries": [audit_json(r) for r in rows],
+                    "next": rows[-1].id if more else None})
+
+
+class NodeHandler(ServiceHandler):
+    async def put(self, node):
+        if not self.who.admin:
+            self.fail(403, "only admins can drain or undrain nodes")
+        try:
+            answer = await set_drained(self.store, self.scheduler, node, self.body(),
+                                       self.who.name, self.via(), self.client_address())
+        except Invalid as e:
+            self.fail(e.status, str(e))
+        self.reply(answer)
+
+
+def routes(prefix: str) -> list:
+    p = prefix.rstrip("/")
+    return [(rf"{p}/api/audit", AuditHandler), (rf"{p}/api/nodes/([^/]+)", NodeHandler)]
