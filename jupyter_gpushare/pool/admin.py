@@ -7,7 +7,8 @@ from __future__ import annotations
 import time
 
 from ..policy.quotas import overbooking
-from .models import ProjectRow
+from ..trainjob import ACTIVE
+from .models import JobRow, ProjectRow
 from .projects import ProjectSpec, changes, project_name
 from .validate import Invalid
 
@@ -37,3 +38,16 @@ def change_project(store, scheduler, name: str, body) -> ProjectRow:
         row = store.project(name)
     scheduler.wake()
     return row
+
+
+async def cancel_job(scheduler, row: JobRow) -> JobRow:
+    """Cancel a job that has not ended (``DELETE api/jobs/{id}``, the dashboard's cancel);
+    whoever asks must own it or be an admin (the caller checks); an ended job: 409."""
+    cancellable(row)
+    return await scheduler.cancel(row)
+
+
+def cancellable(row: JobRow) -> None:
+    """Refuses (409) a job that has ended: there is nothing left to cancel."""
+    if row.state not in ACTIVE:
+        raise Invalid(f"job {row.id} has already ended ({row.state})", 409)

@@ -21,7 +21,7 @@ from ..policy import SliceRefused
 from ..policy.model import GPU
 from ..trainjob import ACTIVE, PENDING, STATES, BadField, default_project
 from . import api_usage, metrics
-from .admin import change_project
+from .admin import cancel_job, change_project
 from .api_usage import pool_gpus
 from .handlers import ID, Rendered, ServiceHandler
 from .joblists import list_key
@@ -210,9 +210,10 @@ class JobHandler(PoolHandler):
 
     async def delete(self, job_id):
         row = self.own_job(job_id)
-        if row.state not in ACTIVE:
-            self.fail(409, f"job {job_id} has already ended ({row.state})")
-        row = await self.scheduler.cancel(row)
+        try:
+            row = await cancel_job(self.scheduler, row)
+        except Invalid as e:
+            self.fail(e.status, str(e))
         self.reply(self.job_json(row, True))
 
 
