@@ -47,6 +47,9 @@ button.quiet{background:#fff;color:var(--accent)}button.danger{background:var(--
 .problem{border-left:4px solid var(--bad);background:#ffebee;padding:6px 10px}
 .done{border-left:4px solid #2e7d32;background:#e8f5e9;padding:6px 10px}
 .preview{border-left:4px solid var(--accent);background:#e3f2fd;padding:6px 10px}
+a{color:var(--accent)}a.cancel{font-size:12px}
+dl.job{display:grid;grid-template-columns:90px 1fr;gap:2px 12px;margin:6px 0}
+dl.job dt{font-weight:600}dl.job dd{margin:0}
 """
 
 
@@ -192,7 +195,8 @@ def project_form(base: str, user: str, xsrf: str, name: str | None, values: dict
                  '</span></div></fieldset>')
     parts.append('<div class="actions"><button type="submit" name="step" value="preview">'
                  'Preview the change</button>'
-                 f'<a href="{escape(base)}dashboard">Cancel</a></div></form></section>')
+                 f'<a href="{escape(base)}dashboard">Back without saving</a></div></form>'
+                 '</section>')
     return f"GPU share: {title}", _frame(base, title, "".join(parts), user)
 
 
@@ -208,7 +212,8 @@ def preview_page(base: str, user: str, xsrf: str, change: Change, values: dict[s
             f'<form method="post" action="{escape(base)}dashboard/project">{keep}'
             f'<div class="actions"><button type="submit" name="step" value="save" autofocus>'
             f'Save</button><button type="submit" class="quiet" name="step" value="edit">'
-            f'Change again</button><a href="{escape(base)}dashboard">Cancel</a></div>'
+            f'Change again</button><a href="{escape(base)}dashboard">Back without saving</a>'
+            f'</div>'
             f'</form></section>')
     return f"GPU share: preview of {change.name}", _frame(base, f"project {change.name}", body,
                                                             user)

@@ -18,6 +18,7 @@ the form again with the sentence and the values as typed; nothing is stored.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 
 from tornado import web
@@ -30,6 +31,8 @@ from .dashboard import DashboardHandler
 from .hub import HubError
 from .projects import ProjectSpec, project_name
 from .validate import Invalid
+
+log = logging.getLogger("gpushare.pool")
 
 
 def sentence(text: str) -> str:
@@ -102,7 +105,7 @@ class ProjectFormHandler(AdminFormHandler):
             row = change_project(self.store, self.scheduler, name, body)
         except Invalid as e:  # the form again, as typed, with the sentence; nothing stored
             return await self.show_form(name, values, groups, new, sentence(e), e.status)
-        self.log.info("%s changed project %s in the dashboard: %s", self.who.name, name,
+        log.info("%s changed project %s in the dashboard: %s", self.who.name, name,
                       forms.change_words(change))
         self.show(forms.saved_page(self.base, self.who.name, change, self.project_json(row)))
 
@@ -126,14 +129,14 @@ class ProjectFormHandler(AdminFormHandler):
                             self.scheduler.train_capacity() / GPU)
 
     async def hub_groups(self) -> list[str] | None:
-        """The hub's groups to offer (the service's role has read:groups), or None."""
+        """The hub's groups to offer, or None (the service's role needs list:groups)."""
         hub = self.directory.hub
         if not hub:
             return None
         try:
             answer = await hub.get("groups")
         except HubError as e:
-            self.log.warning("the project form offers no groups: %s", e)
+            log.warning("the project form offers no groups (the service's role needs list:groups): %s", e)
             return None
         items = answer.get("items", []) if isinstance(answer, dict) else answer
         return sorted(g["name"] for g in items if isinstance(g, dict) and g.get("name"))
@@ -171,7 +174,7 @@ class CancelJobHandler(AdminFormHandler):
             return self.show(forms.cancel_page(self.base, self.who.name, self.xsrf,
                                                self.job_json(row, False), sentence(e)),
                              e.status)
-        self.log.info("%s cancelled job %s in the dashboard", self.who.name, row.id)
+        log.info("%s cancelled job %s in the dashboard", self.who.name, row.id)
         self.show(forms.cancelled_page(self.base, self.who.name, self.job_json(row, False)))
 
 
