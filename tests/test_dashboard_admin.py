@@ -235,6 +235,7 @@ def test_no_admin_no_xsrf_no_change(hub, browser):
 def test_the_forms_look(hub, browser):
     """The form the docs show, with its labels and groups."""
     page = log_in(browser, hub, "admin")
+    page.locator("#settings").screenshot(path=str(ARTIFACTS / "settings.png"))
     page.goto(hub.pool_url + "dashboard/project?name=vision")
     page.wait_for_selector("form.edit")
     page.screenshot(path=str(ARTIFACTS / "project-form.png"), full_page=True)
