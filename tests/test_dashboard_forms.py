@@ -19,8 +19,8 @@ def test_a_preview_says_what_changes_and_what_the_pool_then_promises():
     change = forms.Change("vision", VISION, {**VISION, "limit": 8.0, "groups": ["cv", "vision"],
                                              "job_priority_max": 10}, 8, 12)
     assert forms.change_words(change) == (
-        "vision: limit none → 8, highest job priority 0 → 10, groups vision → cv, vision; the "
-        "pool is then 8 of 12 GPUs promised")
+        "vision: limit none → 8, highest job priority 0 → 10, groups vision → cv, vision; "
+        "the pool is then 8 of 12 GPUs promised")
     assert forms.change_words(forms.Change("vision", VISION, dict(VISION), 8, 12)) == \
         "vision: nothing changes; the pool is then 8 of 12 GPUs promised"
     assert forms.change_words(forms.Change("cv", None, {**VISION, "quota": 0.5,

@@ -3,12 +3,12 @@ the gathering of what ``jupyter_gpushare/dashboard/`` draws (the API's own answe
 
 Routes under the service's prefix: ``dashboard`` (``?window=1h|6h|24h|7d|30d``, or
 ``?since=…&until=…`` as ``api/usage`` reads them; the admin's forms under it are
-``dashboard_forms.py``'s), the prefix itself (a redirect there: the hub's Services menu links to it), and ``oauth_callback``, where
-the hub sends the browser back after login. The service must be an OAuth client of the hub: a
-JupyterHub service with a ``url`` is one (the redirect URI defaults to
-``/services/<name>/oauth_callback``); ``oauth_no_confirm`` spares admins the hub's "authorize
-access" page, and ``oauth_client_allowed_scopes: ["custom:gpushare:admin"]`` lets pool admins
-who are not hub admins in (docs/howto/utilization.md, "The admin dashboard").
+``dashboard_forms.py``'s), the prefix itself (a redirect there: the hub's Services menu
+links to it), and ``oauth_callback``, where the hub sends the browser back after login.
+The service must be an OAuth client of the hub: a JupyterHub service with a ``url`` is one
+(the redirect URI defaults to ``/services/<name>/oauth_callback``); ``oauth_no_confirm``
+spares admins the hub's "authorize access" page, and ``oauth_client_allowed_scopes:
+["custom:gpushare:admin"]`` lets pool admins who are not hub admins in (docs/howto/utilization.md, "The admin dashboard").
 """
 
 from __future__ import annotations

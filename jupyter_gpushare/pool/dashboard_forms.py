@@ -136,7 +136,8 @@ class ProjectFormHandler(AdminFormHandler):
         try:
             answer = await hub.get("groups")
         except HubError as e:
-            log.warning("the project form offers no groups (the service's role needs list:groups): %s", e)
+            log.warning("the project form offers no groups (the service's role needs "
+                        "list:groups): %s", e)
             return None
         items = answer.get("items", []) if isinstance(answer, dict) else answer
         return sorted(g["name"] for g in items if isinstance(g, dict) and g.get("name"))
