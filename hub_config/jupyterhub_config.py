@@ -141,7 +141,7 @@ c.JupyterHub.load_roles = [
     # read:servers: which servers the hub runs (stale slices), their activity (culling);
     # servers: culling stops idle build sessions
     {"name": "gpushare-service", "services": ["gpushare"],
-     "scopes": ["read:users", "read:groups", "read:servers", "servers"]},
+     "scopes": ["read:users", "read:groups", "list:groups", "read:servers", "servers"]},
     # the spawner reserves build slices at the pool as a service of its own
     {"name": "gpushare-spawner", "services": ["gpushare-spawner"],
      "scopes": ["access:services!service=gpushare"]},

@@ -40,7 +40,7 @@ c.JupyterHub.load_groups = {groups!r}
 c.JupyterHub.custom_scopes = {{"custom:gpushare:admin": {{"description": "pool admin"}}}}
 c.JupyterHub.load_roles = [
     {{"name": "user", "scopes": ["self", "access:services!service=gpushare"]}},
-    {{"name": "gpushare-service", "services": ["gpushare"], "scopes": ["read:users", "read:groups", "read:servers"]}},
+    {{"name": "gpushare-service", "services": ["gpushare"], "scopes": ["read:users", "read:groups", "list:groups", "read:servers"]}},
     {{"name": "tester", "services": ["tester"],
       "scopes": ["admin:users", "tokens", "read:users", "access:services!service=gpushare"]}},
 ]

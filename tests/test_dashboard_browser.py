@@ -209,6 +209,9 @@ def test_an_admin_logs_in_through_the_hub_and_sees_the_pool(hub, played, browser
     idle = page.locator(tile(played["gpus"]["bob"][0]))
     assert "idle" in idle.get_attribute("class").split()  # held, under 5 % of it
     assert "job bert · bob · nlp · SM 2%" in idle.inner_text()
+    # an admin may cancel it from its tile (test_dashboard_admin.py follows such a link)
+    assert idle.get_by_role("link", name="Cancel job bert").get_attribute("href") == \
+        f"/services/gpushare/dashboard/jobs/{played['jobs']['bob'][0]}/cancel"
     build = page.locator("#pool-map .gpu[data-gpu='sim-build-0/0']").inner_text()
     assert "¼ slice · alice · SM 80%" in build and "carol" not in build  # hers was culled
     assert "played by the NVML stand-in" in page.locator("#pool-map .source").inner_text()

@@ -375,8 +375,17 @@ def check(page: str) -> Checker:
 def test_the_page_has_every_section_nothing_from_outside_and_escapes_what_people_typed():
     page = render(sample(), nonce="n0nce")
     c = check(page)
-    assert c.ids == ["refresh-note", "summary", "pool-map", "projects", "idle", "queue", "culls"]
-    assert c.links == ["?window=1h", "?window=6h", "?window=24h", "?window=7d", "?window=30d"]
+    assert c.ids == ["refresh-note", "summary", "pool-map", "projects", "idle", "settings",
+                     "new-project", "queue", "culls"]
+    windows = ["?window=1h", "?window=6h", "?window=24h", "?window=7d", "?window=30d"]
+    # the admin's forms (forms.py): a cancel for each job holding a GPU (resnet holds two)
+    # and each waiting one; a change for each project, and a new one
+    assert c.links == windows + [
+        "dashboard/jobs/j-1/cancel", "dashboard/jobs/j-1/cancel", "dashboard/jobs/j-2/cancel",
+        "dashboard/project?name=nlp", "dashboard/project?name=vision", "dashboard/project",
+        "dashboard/jobs/j-3/cancel", "dashboard/jobs/j-4/cancel"]
+    based = check(render({**sample(), "base": "/services/gpushare/"}))
+    assert based.links[5] == "/services/gpushare/dashboard/jobs/j-1/cancel"
     assert c.scripts == [{"nonce": "n0nce"}]
     assert "bert &lt;b&gt;" in page and "bert <b>" not in page
     text = " ".join(" ".join(c.text).split())

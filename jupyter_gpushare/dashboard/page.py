@@ -7,7 +7,9 @@
   ``pool`` (``api/pool`` as an admin reads it), ``projects`` (``api/projects``' list),
   ``usage`` (``api/usage?by=project&step=…`` over the window), ``idle_jobs`` and
   ``idle_slices`` (the rows of ``api/usage?by=job|slice&sort=idle``), ``jobs`` (running and
-  waiting jobs as ``api/jobs`` shows them) and ``slices`` (``api/slices``' list).
+  waiting jobs as ``api/jobs`` shows them) and ``slices`` (``api/slices``' list);
+  ``base`` (the service's prefix, ``/services/gpushare/``): where the links to the admin's
+  forms (``forms.py``) point, each project's settings and each job's cancel.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from html import escape
 
 from ..text import percent
 from ..trainjob import PENDING, RUNNING
-from . import poolmap, tables, usage
+from . import forms, poolmap, tables, usage
 from .markup import clock, day_clock
 from .window import WINDOWS, Window
 
@@ -94,7 +96,8 @@ SCRIPT = """
 def _document(title: str, body: str, script: str = "", nonce: str = "") -> str:
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">"
-            f"<title>{escape(title)}</title><style>{STYLE}</style></head><body>{body}"
+            f"<title>{escape(title)}</title><style>{STYLE}{forms.FORM_STYLE}</style></head>"
+            f"<body>{body}"
             + (f'<script nonce="{escape(nonce)}">{script}</script>' if script else "")
             + "</body></html>\n")
 
@@ -132,6 +135,7 @@ def render(data: dict, nonce: str = "", xsrf: str = "") -> str:
     now, offset, window = data["now"], data.get("offset", 0.0), data["window"]
     pool, jobs, slices = data["pool"], data.get("jobs") or [], data.get("slices") or []
     running = {j["id"]: j for j in jobs}
+    base = data.get("base", "")  # the service's prefix, for the links to the admin's forms
     nav = "".join(f'<a href="?window={name}"{" class=on" if name == window.name else ""}>'
                   f"{name}</a>" for name in WINDOWS)
     threshold = (data.get("usage") or {}).get("idle_threshold") or 0.05
@@ -148,7 +152,7 @@ def render(data: dict, nonce: str = "", xsrf: str = "") -> str:
         f'{percent(threshold)}.</p>'
         f'<section id="summary">{summary(pool, jobs)}</section>'
         f'<section id="pool-map"><h2>Pool map: every GPU now</h2>'
-        f'{poolmap.pool_map(pool, running, threshold)}</section>'
+        f'{poolmap.pool_map(pool, running, threshold, cancel=base)}</section>'
         f'<section id="projects"><h2>Allocation and utilization per project, {words}</h2>'
         f'{usage.pools_line(data.get("usage") or {})}'
         f'{usage.charts(data.get("usage") or {}, data.get("projects") or [], pool.get("capacity") or 0, window, offset)}'
@@ -158,12 +162,20 @@ def render(data: dict, nonce: str = "", xsrf: str = "") -> str:
         f'<h3>Build slices</h3>'
         f'{usage.idle_slices_table(data.get("idle_slices") or [], {s["id"]: s for s in slices}, offset)}'
         f'</section>'
-        f'<section id="queue"><h2>Queue</h2>{tables.queue_table(jobs, now)}</section>'
+        f'<section id="settings"><h2>Projects: quotas and members</h2>'
+        f'{forms.settings_table(base, data.get("projects") or [])}</section>'
+        f'<section id="queue"><h2>Queue</h2>{tables.queue_table(jobs, now, cancel=base)}'
+        f'</section>'
         f'<section id="culls"><h2>Culls of idle build sessions</h2>'
         f'{tables.culls(pool.get("culling"), slices, offset)}</section></main>')
     return _document("GPU share: pool dashboard", header + body,
                      SCRIPT % (int(data.get("refresh_s", 15)),
                                json.dumps(xsrf).replace("</", "<\\/")), nonce)
+
+
+def form_page(title_and_body: tuple[str, str]) -> str:
+    """A page of the admin's forms (``forms.py`` makes its title and body); no script."""
+    return _document(*title_and_body)
 
 
 def refusal(status: int, sentence: str, home: str = "/hub/home") -> str:

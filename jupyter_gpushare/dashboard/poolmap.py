@@ -6,6 +6,7 @@ from __future__ import annotations
 from html import escape
 
 from ..text import idle_text, percent, size
+from .forms import cancel_link
 from .markup import fraction
 
 SOURCES = {
@@ -16,8 +17,10 @@ SOURCES = {
 }
 
 
-def pool_map(pool: dict, jobs: dict[str, dict], idle_threshold: float) -> str:
-    """``jobs``: running jobs by id (their names); ``idle_threshold`` 0–1 of a holder's share."""
+def pool_map(pool: dict, jobs: dict[str, dict], idle_threshold: float,
+             cancel: str | None = None) -> str:
+    """``jobs``: running jobs by id (their names); ``idle_threshold`` 0–1 of a holder's share;
+    ``cancel``: the service's prefix, for a cancel link on each job (None: none)."""
     readings = {(g["node"], g["index"]): g for g in pool.get("gpus") or ()}
     nodes = [(n["name"], n["gpus"], "train") for n in pool.get("nodes") or ()] + \
         [(n["name"], n["gpus"], "build") for n in (pool.get("build") or {}).get("nodes") or ()]
@@ -35,7 +38,7 @@ def pool_map(pool: dict, jobs: dict[str, dict], idle_threshold: float) -> str:
         indices = range(count) if isinstance(count, int) else count
         held = sum(1 for i in indices if (readings.get((name, i)) or {}).get("held"))
         label = f"{kind} pool · " if kind else ""
-        tiles = "".join(gpu_tile(readings.get((name, i)), name, i, jobs, idle_threshold)
+        tiles = "".join(gpu_tile(readings.get((name, i)), name, i, jobs, idle_threshold, cancel)
                         for i in indices)
         parts.append(f'<div class="node" data-node="{escape(name)}"><h3>{escape(name)} '
                      f'<span class="muted">{label}{len(indices)} GPU'
@@ -45,7 +48,7 @@ def pool_map(pool: dict, jobs: dict[str, dict], idle_threshold: float) -> str:
 
 
 def gpu_tile(g: dict | None, node: str, index: int, jobs: dict[str, dict],
-             idle_threshold: float) -> str:
+             idle_threshold: float, cancel: str | None = None) -> str:
     where = f"{node}/{index}"
     if g is None:
         return (f'<div class="gpu unread" data-gpu="{escape(where)}"><div class="gpu-head">'
@@ -65,7 +68,7 @@ def gpu_tile(g: dict | None, node: str, index: int, jobs: dict[str, dict],
     used, total = g.get("memory_used_bytes"), g.get("memory_total_bytes")
     width = 0 if util is None else max(0.0, min(1.0, util)) * 100
     title = f'{g.get("name") or "GPU"} {g.get("uuid") or ""}'.strip()
-    rows = [holder_line(h, jobs) for h in holders] or ['<li class="muted">free</li>']
+    rows = [holder_line(h, jobs, cancel) for h in holders] or ['<li class="muted">free</li>']
     outside = g.get("outside") or {}
     if outside.get("processes"):
         n = outside["processes"]
@@ -93,7 +96,7 @@ def _idle(h: dict, threshold: float) -> bool:
     return share is not None and share < threshold
 
 
-def holder_line(h: dict, jobs: dict[str, dict]) -> str:
+def holder_line(h: dict, jobs: dict[str, dict], cancel: str | None = None) -> str:
     share = _share(h)
     flag = idle_text(h.get("idle_for_s"))
     if h.get("kind") == "job":
@@ -104,5 +107,8 @@ def holder_line(h: dict, jobs: dict[str, dict]) -> str:
     else:
         who = f'{fraction(h.get("gpus"))} slice · <b>{escape(h.get("user") or "?")}</b>'
     use = "SM n/a" if share is None else f"SM {percent(share)}"
+    end = ""
+    if cancel is not None and h.get("kind") == "job" and h.get("job"):
+        end = " · " + cancel_link(cancel, {"id": h["job"], "name": name})
     return (f'<li class="{escape(h.get("kind") or "")}">{who} · {use}'
-            + (f' <span class="flag">{escape(flag)}</span>' if flag else "") + "</li>")
+            + (f' <span class="flag">{escape(flag)}</span>' if flag else "") + end + "</li>")

@@ -6,14 +6,16 @@ from html import escape
 
 from ..text import duration
 from ..trainjob import PENDING
+from .forms import cancel_link
 from .markup import clock, day_clock, fraction, table
 
 EVENTS = {"warn": "warned", "cull": "stopped", "spare": "no longer warned"}
 
 
-def queue_table(jobs: list[dict], now: float, most: int = 200) -> str:
+def queue_table(jobs: list[dict], now: float, most: int = 200, cancel: str | None = None) -> str:
     """Waiting jobs in queue order, each with the scheduler's reason in words (the first
-    ``most`` of them)."""
+    ``most`` of them); ``cancel``: the service's prefix, for a cancel link on each (None:
+    none)."""
     waiting = sorted((j for j in jobs if j.get("state") == PENDING),
                      key=lambda j: (j.get("queue_position") is None,
                                     j.get("queue_position") or 0, j.get("submitted") or 0,
@@ -29,9 +31,11 @@ def queue_table(jobs: list[dict], now: float, most: int = 200) -> str:
                       escape(j.get("user") or "?"), escape(j.get("project") or "?"),
                       f'{j.get("gpus", 0):g}',
                       escape(duration(max(0.0, now - (j.get("submitted") or now)))),
-                      escape(j.get("reason") or "")])
+                      escape(j.get("reason") or "")]
+                     + ([] if cancel is None else [cancel_link(cancel, j)]))
     more = len(waiting) - most
-    return table(["#", "Job", "User", "Project", "GPUs", "Waiting", "Why it waits"], cells,
+    headers = ["#", "Job", "User", "Project", "GPUs", "Waiting", "Why it waits"]
+    return table(headers + ([] if cancel is None else [""]), cells,
                  numeric={0, 4, 5}, empty="Nothing waits: every job that was submitted runs or "
                  "has ended.", cls="queue") + \
         (f'<p class="muted">… and {more} more waiting.</p>' if more > 0 else "")

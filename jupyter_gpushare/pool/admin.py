@@ -92,8 +92,7 @@ async def cancel_job(store, scheduler, row: JobRow, who: str, owner: bool, via: 
                      address: str = "") -> JobRow:
     """Cancel a job (``DELETE api/jobs/{id}``); an admin's cancel of someone else's job
     (``owner`` False) is noted in the audit trail."""
-    if row.state not in ACTIVE:
-        raise Invalid(f"job {row.id} has already ended ({row.state})", 409)
+    cancellable(row)
     before = {"state": row.state, "user": row.user, "project": row.project}
     done = await scheduler.cancel(row)
     if not owner:
@@ -146,3 +145,9 @@ async def set_drained(store, scheduler, node: str, body, who: str, via: str,
         record(store, who, "drain node" if drained else "undrain node", node,
                {"drained": was}, after, via, address)
     return {"name": node, **_drain_json(row), "requeued": stopped}
+
+
+def cancellable(row: JobRow) -> None:
+    """Refuses (409) a job that has ended: there is nothing left to cancel."""
+    if row.state not in ACTIVE:
+        raise Invalid(f"job {row.id} has already ended ({row.state})", 409)

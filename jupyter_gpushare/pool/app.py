@@ -32,7 +32,7 @@ from ..backends.base import Backend, private_dir
 from ..backends.local import SIMULATED_LABEL, LocalBackend
 from ..policy.model import DEFAULT_MIN_RUNTIME_S, GPU, TRAIN, PolicyConfig
 from ..policy.quotas import overbooking
-from . import api, dashboard
+from . import api, dashboard, dashboard_forms
 from .admin import configured_projects
 from .build import BuildPool
 from .directory import HubDirectory, HubTokens
@@ -306,7 +306,7 @@ class PoolService(Application):
     def make_app(self) -> web.Application:
         prefix = self.service_prefix
         return web.Application(
-            api.routes(prefix) + dashboard.routes(prefix),
+            api.routes(prefix) + dashboard.routes(prefix) + dashboard_forms.routes(prefix),
             # the parts handlers use, each by name (handlers.ServiceHandler)
             store=self.store, scheduler=self.scheduler, backend=self.backend,
             build=self.build, intake=self.intake, usage=self.usage,

@@ -2,13 +2,13 @@
 the gathering of what ``jupyter_gpushare/dashboard/`` draws (the API's own answers).
 
 Routes under the service's prefix: ``dashboard`` (``?window=1h|6h|24h|7d|30d``, or
-``?since=…&until=…`` as ``api/usage`` reads them), the prefix
-itself (a redirect there: the hub's Services menu links to it), and ``oauth_callback``, where
-the hub sends the browser back after login. The service must be an OAuth client of the hub: a
-JupyterHub service with a ``url`` is one (the redirect URI defaults to
-``/services/<name>/oauth_callback``); ``oauth_no_confirm`` spares admins the hub's "authorize
-access" page, and ``oauth_client_allowed_scopes: ["custom:gpushare:admin"]`` lets pool admins
-who are not hub admins in (docs/howto/utilization.md, "The admin dashboard").
+``?since=…&until=…`` as ``api/usage`` reads them; the admin's forms under it are
+``dashboard_forms.py``'s), the prefix itself (a redirect there: the hub's Services menu
+links to it), and ``oauth_callback``, where the hub sends the browser back after login.
+The service must be an OAuth client of the hub: a JupyterHub service with a ``url`` is one
+(the redirect URI defaults to ``/services/<name>/oauth_callback``); ``oauth_no_confirm``
+spares admins the hub's "authorize access" page, and ``oauth_client_allowed_scopes:
+["custom:gpushare:admin"]`` lets pool admins who are not hub admins in (docs/howto/utilization.md, "The admin dashboard").
 """
 
 from __future__ import annotations
@@ -47,7 +47,13 @@ class OAuthSettings:
 
 
 class DashboardHandler(HubOAuthenticated, PoolHandler):
-    """Token or browser login (HubOAuth); pages, not JSON."""
+    """Token or browser login (HubOAuth); pages, not JSON. ``base``: the service's prefix
+    (``/services/gpushare/``), where the pages link to one another."""
+
+    form_action = "'none'"  # where the page's forms may post (the CSP's form-action)
+
+    def initialize(self, base: str = "/"):
+        self.base = base
 
     @property
     def hub_auth(self):
@@ -69,7 +75,8 @@ class DashboardHandler(HubOAuthenticated, PoolHandler):
         self.set_header("X-Content-Type-Options", "nosniff")
         self.set_header("Content-Security-Policy", (
             f"default-src 'none'; style-src 'unsafe-inline'; script-src 'nonce-{self.nonce}'; "
-            f"connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; "
+            f"connect-src 'self'; img-src 'self' data:; base-uri 'none'; "
+            f"form-action {self.form_action}; "
             f"frame-ancestors 'self'"))
 
     async def prepare(self):
@@ -97,9 +104,12 @@ class DashboardHandler(HubOAuthenticated, PoolHandler):
         self.set_header("Content-Type", "text/html; charset=utf-8")
         self.finish(refusal(status_code, sentence))
 
-    @web.authenticated
-    async def get(self):
+    async def admin_only(self) -> None:
+        """Sets ``self.who``; refuses (403) anyone but a pool admin signed in as a person."""
         model = self.current_user
+        if model is None:  # a post whose login cookie came without the page's XSRF token
+            self.fail(403, "Sign in again: this request came without a JupyterHub login the "
+                           "dashboard can take.")
         if model.get("kind", "user") != "user":
             self.fail(403, "The dashboard is for people signed in to JupyterHub, not for "
                            "services.")
@@ -109,6 +119,10 @@ class DashboardHandler(HubOAuthenticated, PoolHandler):
                            f"and holders of custom:gpushare:admin); you are signed in as "
                            f"{self.who.name}. Your own jobs, quota and GPU use are in "
                            f"JupyterLab's GPU share panel, %gpushare and gpushare usage.")
+
+    @web.authenticated
+    async def get(self):
+        await self.admin_only()
         try:
             window = await self.window(time.time())
         except (Invalid, BadWindow) as e:
@@ -167,6 +181,7 @@ async def gather(handler: PoolHandler, window) -> dict:
     counts = store.pending_counts()
     offset, zone = _zone(now)
     return {"now": now, "offset": offset, "zone": zone, "user": handler.who.name,
+            "base": handler.base,
             "window": window, "refresh_s": REFRESH_S, "pool": pool_json(handler),
             "projects": [handler.project_json(p, counts) for p in store.projects()],
             "usage": usage, "idle_jobs": idle_jobs, "idle_slices": idle_slices,
@@ -175,8 +190,9 @@ async def gather(handler: PoolHandler, window) -> dict:
 
 
 def routes(prefix: str) -> list:
+    """The dashboard's paths (its admin's forms: ``dashboard_forms.routes``)."""
     p = prefix.rstrip("/")
-    return [(rf"{p}/?", RootHandler), (rf"{p}/dashboard", DashboardHandler),
+    return [(rf"{p}/?", RootHandler), (rf"{p}/dashboard", DashboardHandler, {"base": p + "/"}),
             (rf"{p}/oauth_callback", CallbackHandler)]
 
 

@@ -45,7 +45,7 @@ c.JupyterHub.load_roles.extend([
     {"name": "user", "scopes": ["self", "access:services!service=gpushare"]},
     # The service asks the hub who is an admin, who is in which group, and which servers run.
     {"name": "gpushare-service", "services": ["gpushare"],
-     "scopes": ["read:users", "read:groups", "read:servers"]},
+     "scopes": ["read:users", "read:groups", "list:groups", "read:servers"]},
     {"name": "gpushare-spawner", "services": ["gpushare-spawner"],
      "scopes": ["access:services!service=gpushare"]},
 ])

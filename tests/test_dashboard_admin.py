@@ -1,0 +1,243 @@
+"""The admin's forms in the dashboard, in real headless Chromium (Debian's, driven by
+Playwright) on a real hub with the real proxy: an admin raises vision's quota (a preview
+first, then save) and `gpushare quota` and `GET api/projects` show it; overbooking and a bad
+value are refused with the API's sentence, the form shown again as typed and nothing stored;
+an admin cancels a waiting job from the queue. bob, no admin, is refused the page and a
+forged post with his own valid XSRF pair; a post without the XSRF token is refused; the
+REST API still takes tokens without one. Screenshots are kept in
+tests/artifacts/dashboard-admin/ (the docs' picture: docs/images/dashboard-project-form.png)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from browser import CHROMIUM_ARGS, chromium, need_playwright
+from hubtest import running_hub
+
+ARTIFACTS = Path(__file__).parent / "artifacts" / "dashboard-admin"
+DOCS_IMAGE = Path(__file__).parent.parent / "docs" / "images" / "dashboard-project-form.png"
+
+POOL_CONFIG = """
+c = get_config()
+c.PoolService.projects = {"vision": {"quota": 4, "groups": ["vision"]},
+                          "nlp": {"quota": 4, "groups": ["nlp"]}}
+c.PoolService.cycle_interval = 0.2
+c.PoolService.grace_period = 2
+c.LocalBackend.simulated_nodes = 1
+c.LocalBackend.simulated_gpus_per_node = 12
+c.LocalBackend.env_keep = ["LANG", "LC_ALL"]
+"""
+JOB = "import time\ntime.sleep(600)\n"
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    need_playwright()
+    chromium()
+    d = tmp_path_factory.mktemp("adminhub")
+    with running_hub(d, {"vision": ["alice"], "nlp": ["bob"], "cv": []}, POOL_CONFIG) as hub:
+        yield hub
+
+
+@pytest.fixture(scope="module")
+def browser(hub):
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium(), headless=True, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+def log_in(browser, hub, user):
+    """A fresh browser logged in through the hub's page, on the dashboard (or its refusal)."""
+    context = browser.new_context(viewport={"width": 1200, "height": 900})
+    page = context.new_page()
+    page.errors = []
+    page.on("pageerror", lambda e: page.errors.append(str(e)))
+    page.goto(hub.url + "/services/gpushare/dashboard")
+    page.wait_for_selector("#username_input", timeout=30_000)
+    page.fill("#username_input", user)
+    page.fill("#password_input", "any")
+    with page.expect_navigation(url=re.compile(r".*/services/gpushare/dashboard.*"),
+                                timeout=30_000):
+        page.click("#login_submit")
+    return page
+
+
+def xsrf_of(page) -> str:
+    """The page's XSRF token: the _xsrf cookie the service set for this login."""
+    return next(c["value"] for c in page.context.cookies() if c["name"] == "_xsrf")
+
+
+def project(hub, name: str) -> dict:
+    status, body = hub.api("GET", "api/projects", "admin")
+    assert status == 200, body
+    return next(p for p in body["projects"] if p["name"] == name)
+
+
+def quota_command(hub, user: str) -> str:
+    env = {**os.environ, "GPUSHARE_URL": hub.pool_url, "JUPYTERHUB_API_TOKEN": hub.token(user)}
+    done = subprocess.run([sys.executable, "-m", "jupyter_gpushare", "quota"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_an_admin_raises_a_quota_after_a_preview(hub, browser):
+    page = log_in(browser, hub, "admin")
+    settings = page.locator("#settings table.settings")
+    assert "vision" in settings.inner_text()
+    page.get_by_role("link", name="Change project vision").click()
+    page.wait_for_selector("form.edit")
+    # labelled fields, filled with the project as it is; the hub's groups offered
+    assert page.get_by_label("Quota (GPUs)").input_value() == "4"
+    assert page.get_by_label("Limit (GPUs)").input_value() == ""
+    assert page.get_by_label("vision", exact=True).is_checked()
+    assert not page.get_by_label("nlp", exact=True).is_checked()
+    assert page.get_by_label("cv", exact=True).count() == 1  # a hub group no project has yet
+    # keyboard only: the quota field has the focus; type, then Enter sends the form
+    assert page.evaluate("document.activeElement.id") == "f-quota"
+    page.keyboard.press("Control+A")
+    page.keyboard.type("6")
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#preview")
+    assert page.locator("#preview").inner_text() == \
+        "vision: quota 4 → 6; the pool is then 10 of 12 GPUs promised"
+    assert project(hub, "vision")["quota"] == 4  # a preview stores nothing
+    page.screenshot(path=str(ARTIFACTS / "preview.png"), full_page=True)
+    page.get_by_role("button", name="Save").click()
+    page.wait_for_selector("#saved")
+    assert "Saved. vision: quota 4 → 6" in page.locator("#saved").inner_text()
+    row = page.locator("table.saved tbody tr td").all_inner_texts()
+    assert row[:3] == ["vision", "6", "none"], row
+    page.screenshot(path=str(ARTIFACTS / "saved.png"), full_page=True)
+    assert project(hub, "vision")["quota"] == 6
+    lines = quota_command(hub, "alice").splitlines()
+    assert lines[0].split()[:2] == ["PROJECT", "QUOTA"]
+    assert lines[1].split()[:2] == ["vision", "6"], lines
+    assert page.errors == []
+
+
+def test_overbooking_and_bad_values_are_refused_and_nothing_is_stored(hub, browser):
+    page = log_in(browser, hub, "admin")
+    page.goto(hub.pool_url + "dashboard/project?name=nlp")
+    before = project(hub, "nlp")
+    page.get_by_label("Quota (GPUs)").fill("9")
+    page.get_by_label("Limit (GPUs)").fill("10")
+    page.get_by_role("button", name="Preview the change").click()
+    page.wait_for_selector("#problem")
+    words = page.locator("#problem").inner_text()
+    assert "but the train pool has 12" in words and "lower another project's quota first" in words
+    # the form again, as typed
+    assert page.get_by_label("Quota (GPUs)").input_value() == "9"
+    assert page.get_by_label("Limit (GPUs)").input_value() == "10"
+    page.screenshot(path=str(ARTIFACTS / "overbooked.png"), full_page=True)
+    for field, value, sentence in (
+            ("Quota (GPUs)", "lots", "Quota must be a number of GPUs, not 'lots'."),
+            ("Over-quota weight", "2.5", "Over_quota_weight must be a whole number, not 2.5."),
+            ("Limit (GPUs)", "1", "Limit (1 GPUs) may not be below the quota (4 GPUs)")):
+        for label, valid in (("Quota (GPUs)", "4"), ("Limit (GPUs)", ""),
+                             ("Over-quota weight", "1")):
+            page.get_by_label(label).fill(valid)
+        page.get_by_label(field).fill(value)
+        with page.expect_navigation():
+            page.get_by_role("button", name="Preview the change").click()
+        assert sentence in page.locator("#problem").inner_text()
+        assert page.get_by_label(field).input_value() == value
+    assert project(hub, "nlp") == before
+    # the same sentence as the API's
+    status, body = hub.api("PUT", "api/projects/nlp", "admin", {"quota": 9})
+    assert status == 409 and body["error"][1:] in words
+    assert project(hub, "nlp") == before
+    assert page.errors == []
+
+
+def test_an_admin_creates_a_project(hub, browser):
+    page = log_in(browser, hub, "admin")
+    page.locator("#new-project").click()
+    page.wait_for_selector("form.edit")
+    page.get_by_label("Name").fill("cv")
+    page.get_by_label("Quota (GPUs)").fill("1")
+    page.get_by_label("cv", exact=True).check()
+    page.get_by_role("button", name="Preview the change").click()
+    page.wait_for_selector("#preview")
+    assert page.locator("#preview").inner_text().startswith("new project cv: quota 1, limit none")
+    page.get_by_role("button", name="Save").click()
+    page.wait_for_selector("#saved")
+    made = project(hub, "cv")
+    assert made["quota"] == 1 and made["groups"] == ["cv"]
+
+
+def test_an_admin_cancels_a_waiting_job(hub, browser):
+    # bob's job holds a GPU within nlp's quota; alice's 12-GPU job cannot take it: it waits
+    status, held = hub.api("POST", "api/jobs", "bob", {"gpus": 1, "source": JOB, "name": "held"})
+    assert status == 201, held
+    hub.wait_job("bob", held["id"], ("running",))
+    status, big = hub.api("POST", "api/jobs", "alice", {"gpus": 12, "source": JOB,
+                                                        "name": "big"})
+    assert status == 201, big
+    page = log_in(browser, hub, "admin")
+    page.wait_for_selector("#queue table.queue")
+    row = page.locator("#queue table.queue tbody tr", has_text="big")
+    row.get_by_role("link", name="Cancel job big").click()
+    page.wait_for_selector("#state")
+    assert page.locator("#state").inner_text() == "pending"
+    assert hub.api("GET", f"api/jobs/{big['id']}", "alice")[1]["state"] == "pending"
+    page.screenshot(path=str(ARTIFACTS / "cancel-confirm.png"), full_page=True)
+    page.get_by_role("button", name="Cancel the job").click()
+    page.wait_for_selector("#cancelled")
+    assert "It is cancelled." in page.locator("#cancelled").inner_text()
+    assert hub.api("GET", f"api/jobs/{big['id']}", "alice")[1]["state"] == "cancelled"
+    # once more: it has ended, the API's 409 sentence
+    answer = page.context.request.post(
+        hub.pool_url + f"dashboard/jobs/{big['id']}/cancel", form={"_xsrf": xsrf_of(page)})
+    assert answer.status == 409
+    assert f"Job {big['id']} has already ended (cancelled)." in answer.text()
+    status, body = hub.api("DELETE", f"api/jobs/{big['id']}", "alice")
+    assert status == 409 and body["error"] == f"job {big['id']} has already ended (cancelled)"
+    assert hub.api("DELETE", f"api/jobs/{held['id']}", "bob")[0] == 200
+
+
+def test_no_admin_no_xsrf_no_change(hub, browser):
+    before = project(hub, "vision")
+    bob = log_in(browser, hub, "bob")
+    assert "Only admins of the GPU pool" in bob.locator(".refusal").inner_text()
+    for path in ("dashboard/project?name=vision", "dashboard/project"):
+        assert bob.goto(hub.pool_url + path).status == 403
+    # a forged post: bob's own login and his valid XSRF pair, but bob is no admin
+    forged = bob.context.request.post(hub.pool_url + "dashboard/project", form={
+        "_xsrf": xsrf_of(bob), "name": "vision", "quota": "8", "step": "save"})
+    assert forged.status == 403 and "Only admins of the GPU pool" in forged.text()
+    # an admin's post without the XSRF token, and one with another login's token
+    admin = log_in(browser, hub, "admin")
+    for form in ({"name": "vision", "quota": "8", "step": "save"},
+                 {"_xsrf": xsrf_of(bob), "name": "vision", "quota": "8", "step": "save"}):
+        answer = admin.context.request.post(hub.pool_url + "dashboard/project", form=form)
+        assert answer.status == 403, form
+        assert "without the dashboard's XSRF token" in answer.text().replace("&#x27;", "'")
+    assert project(hub, "vision") == before
+    # the REST API takes a token, without XSRF
+    status, body = hub.api("PUT", "api/projects/vision", "admin", {"priority": 1})
+    assert status == 200 and body["priority"] == 1
+    assert hub.api("PUT", "api/projects/vision", "admin", {"priority": 0})[0] == 200
+    bob.screenshot(path=str(ARTIFACTS / "refused.png"))
+
+
+def test_the_forms_look(hub, browser):
+    """The form the docs show, with its labels and groups."""
+    page = log_in(browser, hub, "admin")
+    page.locator("#settings").screenshot(path=str(ARTIFACTS / "settings.png"))
+    page.goto(hub.pool_url + "dashboard/project?name=vision")
+    page.wait_for_selector("form.edit")
+    page.screenshot(path=str(ARTIFACTS / "project-form.png"), full_page=True)
+    DOCS_IMAGE.write_bytes((ARTIFACTS / "project-form.png").read_bytes())
