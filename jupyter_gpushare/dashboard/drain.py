@@ -38,7 +38,7 @@ def _node_lines(node: dict, jobs: list[dict], offset: float) -> str:
     return (f'<dl class="job"><dt>Node</dt><dd><b>{escape(node["name"])}</b> '
             f'<span class="muted">{node.get("gpus", 0):g} GPUs</span></dd>'
             f'<dt>State</dt><dd id="drain-state">{escape(state)}</dd>'
-            f'<dt>Jobs there now</dt><dd id="jobs-there">{running}</dd></dl>')
+            f'<dt>Jobs there</dt><dd id="jobs-there">{running}</dd></dl>')
 
 
 def drain_page(base: str, user: str, xsrf: str, node: dict, jobs: list[dict], offset: float,

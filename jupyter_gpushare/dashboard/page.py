@@ -66,7 +66,7 @@ svg.gpushare-chart{width:100%;height:auto;font-size:11px;fill:#424242}
 table{border-collapse:collapse;width:100%;margin:4px 0}
 th,td{text-align:left;padding:3px 8px;border-bottom:1px solid var(--line);vertical-align:top}
 th{font-weight:600;background:#f5f5f5}.num{text-align:right;white-space:nowrap}
-td .muted{white-space:nowrap}
+td .muted{white-space:nowrap}table.audit td:not(:nth-child(5)){white-space:nowrap}
 .event-cull{color:var(--bad);font-weight:600}.event-warn{color:var(--warn)}
 #refresh-note{color:var(--warn)}
 .refusal{max-width:640px;margin:60px auto;background:#fff;border:1px solid var(--line);

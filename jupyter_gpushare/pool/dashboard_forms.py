@@ -30,6 +30,7 @@ from tornado import web
 from ..dashboard import drain, forms
 from ..dashboard.page import form_page
 from ..policy.model import GPU, TRAIN
+from ..trainjob import RUNNING
 from .admin import cancel_job, cancellable, change_project, project_changes, set_drained
 from .api import pool_json
 from .dashboard import DashboardHandler, service_zone
@@ -215,9 +216,8 @@ class DrainNodeHandler(AdminFormHandler):
         if found is None:
             self.fail(404, sentence(f"there is no train node {node!r}; the pool map on the "
                                     f"dashboard shows them"))
-        there = {h["job"] for g in pool.get("gpus") or () if g.get("node") == node
-                 for h in g.get("holders") or () if h.get("kind") == "job" and h.get("job")}
-        jobs = [self.job_json(r, False) for r in self.store.active() if r.id in there]
+        jobs = [self.job_json(r, False) for r in self.store.active()
+                if r.state == RUNNING and node in (r.placement or {})]
         offset, _ = service_zone(time.time())
         self.show(drain.drain_page(self.base, self.who.name, self.xsrf, found, jobs, offset,
                                    problem), status)
