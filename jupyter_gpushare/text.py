@@ -127,13 +127,18 @@ def when(t, now: float | None = None) -> str:
     by the clock (:func:`clock_time`) before that; None → ``-``."""
     if t is None:
         return "-"
-    now = time.time() if now is None else now
+    return recently(t, time.time() if now is None else now) or clock_time(t)
+
+
+def recently(t: float, now: float) -> str | None:
+    """``just now`` or ``2 min ago`` for a moment within the hour; None for an older one
+    (which each reader says by its own clock: :func:`when`, the dashboard's zone)."""
     ago = now - t
     if ago < 60:
         return "just now"
     if ago < RECENT_S:
         return f"{int(ago // 60)} min ago"
-    return clock_time(t)
+    return None
 
 
 def gpus(value) -> str:
@@ -318,6 +323,31 @@ def _change(before, after) -> str:
     left = _plain(before) if before else "-"
     right = _plain(after) if after else "-"
     return f"{left} → {right}"
+
+
+def change_words(before, after) -> str:
+    """An audit entry's change in words: ``quota 4 → 6``, ``drained no → yes, requeued j-1``,
+    ``state pending → cancelled (user alice, project vision)``; a new thing: its values
+    (``quota 1, limit -``). Unchanged values kept for context follow in brackets."""
+    before = before if isinstance(before, dict) else {}
+    after = after if isinstance(after, dict) else {}
+    words = [f"{_key(k)} {_word(before[k])} → {_word(v)}" if k in before else
+             f"{_key(k)} {_word(v)}" for k, v in after.items() if before.get(k) != v or
+             k not in before]
+    kept = [f"{_key(k)} {_word(v)}" for k, v in before.items() if k not in after]
+    if not words and not after:
+        words = [f"was {', '.join(kept)}"] if kept else []
+        kept = []
+    return ", ".join(words or ["nothing"]) + (f" ({', '.join(kept)})" if kept else "")
+
+
+def _key(key: str) -> str:
+    """A field's name as words: ``over_quota_weight`` → ``over quota weight``."""
+    return key.replace("_", " ")
+
+
+def _word(value) -> str:
+    return "none" if value in ([], None) else _plain(value).replace(",", ", ")
 
 
 def _plain(value) -> str:

@@ -2,8 +2,10 @@
 Playwright) on a real hub with the real proxy: an admin raises vision's quota (a preview
 first, then save) and `gpushare quota` and `GET api/projects` show it; overbooking and a bad
 value are refused with the API's sentence, the form shown again as typed and nothing stored;
-an admin cancels a waiting job from the queue. bob, no admin, is refused the page and a
-forged post with his own valid XSRF pair; a post without the XSRF token is refused; the
+an admin cancels a waiting job from the queue; the audit trail on the dashboard shows the
+quota's change; an admin drains the train node from the pool map, requeueing the job there,
+and undrains it. bob, no admin, is refused the pages and forged posts with his own valid XSRF
+pair; a post without the XSRF token is refused; the
 REST API still takes tokens without one. Screenshots are kept in
 tests/artifacts/dashboard-admin/ (the docs' picture: docs/images/dashboard-project-form.png)."""
 
@@ -125,6 +127,29 @@ def test_an_admin_raises_a_quota_after_a_preview(hub, browser):
     lines = quota_command(hub, "alice").splitlines()
     assert lines[0].split()[:2] == ["PROJECT", "QUOTA"]
     assert lines[1].split()[:2] == ["vision", "6"], lines
+    # the audit trail on the dashboard: the newest entry is this change, in words
+    page.goto(hub.pool_url + "dashboard")
+    newest = page.locator("#audit table.audit tbody tr").first
+    assert newest.locator("td").all_inner_texts() == [
+        "just now", "admin", "change project", "vision", "quota 4 → 6", "dashboard"]
+    # the configuration's projects before it, and the same entries as api/audit's
+    status, trail = hub.api("GET", "api/audit?limit=5", "admin")
+    assert status == 200 and trail["entries"][0]["after"] == {"quota": 6.0}
+    targets = page.locator("#audit table.audit tbody tr td:nth-child(4)").all_inner_texts()
+    assert targets == [e["target"] for e in trail["entries"]][:len(targets)]
+    assert "configuration" in page.locator("#audit").inner_text()
+    page.locator("#audit").screenshot(path=str(ARTIFACTS / "audit.png"))
+    # older entries, a page at a time, as api/audit pages them (?before=next)
+    page.goto(hub.pool_url + "dashboard/audit?limit=1")
+    assert page.locator("table.audit tbody tr").count() == 1
+    page.locator("#older").click()
+    page.wait_for_selector("#newest")
+    assert f"before={trail['entries'][0]['id']}" in page.url
+    assert page.locator("table.audit tbody tr td:nth-child(4)").all_inner_texts() == \
+        [e["target"] for e in trail["entries"][1:]]
+    page.screenshot(path=str(ARTIFACTS / "audit-older.png"), full_page=True)
+    assert page.goto(hub.pool_url + "dashboard/audit?before=x").status == 400
+    assert "Before must be an entry's id" in page.locator(".refusal").inner_text()
     assert page.errors == []
 
 
@@ -208,6 +233,63 @@ def test_an_admin_cancels_a_waiting_job(hub, browser):
     assert hub.api("DELETE", f"api/jobs/{held['id']}", "bob")[0] == 200
 
 
+def train_node(hub) -> dict:
+    status, pool = hub.api("GET", "api/pool", "admin")
+    assert status == 200, pool
+    return next(n for n in pool["nodes"] if n["pool"] == "train")
+
+
+def test_an_admin_drains_a_node_from_the_pool_map_and_undrains_it(hub, browser):
+    status, job = hub.api("POST", "api/jobs", "bob", {"gpus": 1, "source": JOB, "name": "there"})
+    assert status == 201, job
+    hub.wait_job("bob", job["id"], ("running",))
+    node = train_node(hub)["name"]
+    page = log_in(browser, hub, "admin")
+    mapped = page.locator(f'#pool-map .node[data-node="{node}"]')
+    mapped.get_by_role("link", name=f"Drain node {node}").click()
+    page.wait_for_selector("#drain-state")
+    assert page.locator("#drain-state").inner_text() == "in service: new jobs may start there"
+    assert page.locator("#jobs-there").inner_text() == "there (bob, nlp)"
+    requeue = page.get_by_label("also requeue the jobs running there now (they resume from "
+                                "their checkpoints)")
+    requeue.check()
+    page.screenshot(path=str(ARTIFACTS / "drain-confirm.png"), full_page=True)
+    assert train_node(hub)["drained"] is False  # the page asks first
+    page.get_by_role("button", name="Drain the node").click()
+    page.wait_for_selector("#drain-done")
+    assert page.locator("#drain-done").inner_text() == (
+        f"Node {node} is drained: no new jobs start there; 1 job(s) are being requeued and "
+        f"resume from their checkpoints elsewhere: {job['id']}.")
+    drained = train_node(hub)
+    assert drained["drained"] is True and drained["drained_by"] == "admin"
+    hub.wait_job("bob", job["id"], ("pending",))  # requeued; the only node takes no new jobs
+    # the pool map says so, and the audit trail has it
+    page.get_by_role("link", name="Back to the pool dashboard").click()
+    mapped = page.locator(f'#pool-map .node.drained[data-node="{node}"]')
+    assert "drained by admin since" in mapped.locator("h3").inner_text()
+    newest = page.locator("#audit table.audit tbody tr").first
+    assert newest.locator("td").all_inner_texts() == [
+        "just now", "admin", "drain node", node, f"drained no → yes, requeued {job['id']}",
+        "dashboard"]
+    page.locator("#pool-map").screenshot(path=str(ARTIFACTS / "drained-node.png"))
+    # undrain: it asks too; the job starts again
+    mapped.get_by_role("link", name=f"Undrain node {node}").click()
+    page.wait_for_selector("#drain-state")
+    assert page.locator("#drain-state").inner_text().startswith("drained by admin since ")
+    page.get_by_role("button", name="Undrain the node").click()
+    page.wait_for_selector("#drain-done")
+    assert page.locator("#drain-done").inner_text() == f"Node {node} takes new jobs again."
+    assert train_node(hub)["drained"] is False
+    hub.wait_job("bob", job["id"], ("running",))
+    # an unknown node: the API's sentence
+    answer = page.context.request.post(hub.pool_url + "dashboard/nodes/nowhere/drain",
+                                       form={"_xsrf": xsrf_of(page), "drained": "1"})
+    assert answer.status == 404
+    assert "There is no train node" in answer.text().replace("&#x27;", "'")
+    assert hub.api("DELETE", f"api/jobs/{job['id']}", "bob")[0] == 200
+    assert page.errors == []
+
+
 def test_no_admin_no_xsrf_no_change(hub, browser):
     before = project(hub, "vision")
     bob = log_in(browser, hub, "bob")
@@ -226,6 +308,17 @@ def test_no_admin_no_xsrf_no_change(hub, browser):
         assert answer.status == 403, form
         assert "without the dashboard's XSRF token" in answer.text().replace("&#x27;", "'")
     assert project(hub, "vision") == before
+    # the drain page and a forged drain: refused to bob; a drain without the token too
+    node = train_node(hub)["name"]
+    assert bob.goto(hub.pool_url + f"dashboard/nodes/{node}/drain").status == 403
+    assert bob.goto(hub.pool_url + "dashboard/audit").status == 403
+    forged = bob.context.request.post(hub.pool_url + f"dashboard/nodes/{node}/drain",
+                                      form={"_xsrf": xsrf_of(bob), "drained": "1"})
+    assert forged.status == 403 and "Only admins of the GPU pool" in forged.text()
+    answer = admin.context.request.post(hub.pool_url + f"dashboard/nodes/{node}/drain",
+                                        form={"drained": "1"})
+    assert answer.status == 403
+    assert train_node(hub)["drained"] is False
     # the REST API takes a token, without XSRF
     status, body = hub.api("PUT", "api/projects/vision", "admin", {"priority": 1})
     assert status == 200 and body["priority"] == 1

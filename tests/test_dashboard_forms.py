@@ -5,7 +5,7 @@ real hub."""
 
 from test_dashboard_page import check
 
-from jupyter_gpushare.dashboard import forms
+from jupyter_gpushare.dashboard import drain, forms
 from jupyter_gpushare.dashboard.page import form_page
 
 VISION = {"quota": 4.0, "limit": None, "over_quota_weight": 1, "priority": 0,
@@ -77,3 +77,40 @@ def test_cancel_asks_first_and_says_why_it_cannot():
     assert forms.cancel_link("/s/", job) == (
         '<a class="cancel" href="/s/dashboard/jobs/j-1/cancel" aria-label="Cancel job big">'
         'cancel…</a>')
+
+
+NODE = {"name": "gpu-3", "gpus": 8, "pool": "train", "drained": False}
+
+
+def test_drain_asks_first_with_a_box_to_requeue_and_undrain_asks_too():
+    jobs = [{"id": "j-1", "name": "resnet", "user": "alice", "project": "vision"}]
+    page = form_page(drain.drain_page("/s/", "admin", "t<k>", NODE, jobs, 0))
+    c = check(page)
+    assert c.scripts == [] and 'action="/s/dashboard/nodes/gpu-3/drain"' in page
+    assert '<input type="hidden" name="_xsrf" value="t&lt;k&gt;">' in page
+    assert '<input type="hidden" name="drained" value="1">' in page
+    assert ('<label><input type="checkbox" name="requeue" value="1" id="f-requeue"> also '
+            'requeue the jobs running there now (they resume from their checkpoints)</label>'
+            ) in page
+    assert '<dd id="jobs-there">resnet (alice, vision)</dd>' in page
+    assert "in service: new jobs may start there" in page
+    drained = {**NODE, "drained": True, "drained_by": "admin", "drained_since": 1_763_650_000}
+    undrain = form_page(drain.drain_page("/s/", "admin", "t", drained, [], 0,
+                                         "There is no train node 'x'."))
+    assert '<input type="hidden" name="drained" value="0">' in undrain
+    assert "requeue" not in undrain and "Undrain the node" in undrain
+    assert "drained by admin since Nov 20 14:46" in undrain
+    assert '<dd id="jobs-there">none</dd>' in undrain and 'role="alert"' in undrain
+
+
+def test_drained_says_what_happened_to_the_jobs_there():
+    _, body = drain.drain_done_page("/s/", "admin", {"name": "gpu-3", "drained": True,
+                                                      "requeued": ["j-1", "j-2"]})
+    assert ("Node gpu-3 is drained: no new jobs start there; 2 job(s) are being requeued and "
+            "resume from their checkpoints elsewhere: j-1, j-2.") in body
+    _, body = drain.drain_done_page("/s/", "admin", {"name": "gpu-3", "drained": True,
+                                                      "requeued": []})
+    assert "what runs there runs to its end." in body
+    _, body = drain.drain_done_page("/s/", "admin", {"name": "gpu-3", "drained": False,
+                                                      "requeued": []})
+    assert "Node gpu-3 takes new jobs again." in body

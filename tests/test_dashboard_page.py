@@ -2,13 +2,16 @@
 whole (as the Kubernetes manifests are): the charts, the pool map, the tables, the page and
 the refusal page. The browser test (test_dashboard_browser.py) shows it in a real hub."""
 
+import re
+from html import unescape
 from html.parser import HTMLParser
 
 import pytest
 
 from jupyter_gpushare.charts import Frame, Series, line_chart, sparkline, stacked_chart, time_ticks
 from jupyter_gpushare.dashboard import WINDOWS, BadWindow, Window, choose_window, refusal, render
-from jupyter_gpushare.dashboard import poolmap, tables, usage
+from jupyter_gpushare.dashboard import audit, poolmap, tables, usage
+from jupyter_gpushare.dashboard.page import form_page
 
 GiB = 2**30
 NOW = 1_763_650_000.0  # 2025-11-20 14:46:40 UTC
@@ -41,7 +44,8 @@ def sample() -> dict:
     """What pool/dashboard.py gathers, for a pool of 4 train GPUs and 1 build GPU."""
     pool = {
         "capacity": 4, "in_use": 3.0, "simulated": True, "usage_source": "standin",
-        "nodes": [{"name": "sim-0", "gpus": 4, "pool": "train", "labels": {}}],
+        "nodes": [{"name": "sim-0", "gpus": 4, "pool": "train", "labels": {},
+                   "drained": False}],
         "build": {"capacity": 1, "in_use": 0.5, "allowance": 0.25,
                   "nodes": [{"name": "sim-build-0", "gpus": 1}]},
         "gpus": [gpu("sim-0", 0, "train", 0.9, [BUSY]),
@@ -112,7 +116,20 @@ def sample() -> dict:
                     "usage": {"idle_for_s": 700},
                     "cull": {"warned_at": NOW - 60, "cull_at": NOW + 240,
                              "reason": CULL_REASON}}],
+        "audit": AUDIT, "audit_next": 7,
     }
+
+
+# The newest entries of api/audit, as the dashboard gathers them
+AUDIT = [{"id": 9, "at": NOW - 30, "who": "admin", "action": "drain node", "target": "sim-0",
+          "before": {"drained": False}, "after": {"drained": True, "requeued": ["j-1", "j-2"]},
+          "via": "dashboard", "address": "10.0.0.1"},
+         {"id": 8, "at": NOW - 600, "who": "admin", "action": "change project",
+          "target": "vision", "before": {"quota": 4.0}, "after": {"quota": 6.0},
+          "via": "dashboard", "address": None},
+         {"id": 7, "at": NOW - 7200, "who": "root <x>", "action": "cancel job", "target": "j-9",
+          "before": {"state": "pending", "user": "alice", "project": "vision"},
+          "after": {"state": "cancelled"}, "via": "api", "address": None}]
 
 
 # -- charts ----------------------------------------------------------------------------------
@@ -223,6 +240,46 @@ def test_the_pool_map_shows_every_gpu_its_holders_and_their_use_now():
         # 20 % of the GPU is 80 % of a ¼ slice
         '<li class="slice">¼ slice · <b>alice</b> · SM 80%</li><li class="slice">¼ slice · '
         '<b>bob</b> · SM 0% <span class="flag">idle 11m</span></li></ul></div></div></div>')
+
+
+def test_a_drained_node_says_by_whom_and_since_when_and_admins_may_undrain_it():
+    pool = {"nodes": [{"name": "n 0/x", "gpus": 1, "pool": "train", "drained": True,
+                       "drained_by": "admin", "drained_since": NOW - 600},
+                      {"name": "n1", "gpus": 1, "pool": "train", "drained": False}],
+            "build": {"nodes": [{"name": "b0", "gpus": 1}]}, "gpus": []}
+    page = poolmap.pool_map(pool, {}, 0.05, base="/s/", offset=3600)
+    assert ('<div class="node drained" data-node="n 0/x"><h3>n 0/x <span class="muted">train '
+            'pool · 1 GPU, 0 held</span> <span class="flag drained">drained by admin since '
+            'Nov 20 15:36</span> <a class="drain" href="/s/dashboard/nodes/n%200%2Fx/drain" '
+            'aria-label="Undrain node n 0/x">undrain</a></h3>') in page
+    assert ('<h3>n1 <span class="muted">train pool · 1 GPU, 0 held</span> <a class="drain" '
+            'href="/s/dashboard/nodes/n1/drain" aria-label="Drain node n1">drain…</a></h3>'
+            ) in page
+    assert '<h3>b0 <span class="muted">build pool · 1 GPU, 0 held</span></h3>' in page
+    # without the admin's links (no base), the drain is still said
+    plain = poolmap.pool_map(pool, {}, 0.05)
+    assert "drained by admin since Nov 20 14:36" in plain and "<a" not in plain
+
+
+def test_the_audit_trail_says_who_changed_what_in_words():
+    section = audit.audit_section("/s/", AUDIT, 7, NOW, 0)
+    c = check(section)
+    rows = [" ".join(unescape(re.sub("<[^>]+>", " ", r)).split())
+            for r in re.findall("<tr>(.*?)</tr>", section)]
+    assert rows == [
+        "When Who What Target Before → after Via",
+        "just now admin drain node sim-0 drained no → yes, requeued j-1, j-2 dashboard",
+        "10 min ago admin change project vision quota 4 → 6 dashboard",
+        "Nov 20 12:46 root <x> cancel job j-9 state pending → cancelled (user alice, project "
+        "vision) api"]
+    assert c.links == ["/s/dashboard/audit?before=7"]
+    assert "root &lt;x&gt;" in audit.audit_table(AUDIT, NOW, 0)
+    assert audit.audit_section("/s/", AUDIT[:1], None, NOW, 0).endswith("</table>")
+    assert "Nothing recorded yet" in audit.audit_section("/s/", [], None, NOW, 0)
+    title, body = audit.audit_page("/s/", "admin", AUDIT[2:], None, 8, NOW, 0, "UTC")
+    page = check(form_page((title, body)))
+    assert page.links == ["/s/dashboard", "/s/dashboard/audit"]  # back, newest; no older
+    assert "Audit trail: entries before #8" in body and page.scripts == []
 
 
 def test_a_lost_gpu_and_one_free_say_so():
@@ -376,16 +433,18 @@ def test_the_page_has_every_section_nothing_from_outside_and_escapes_what_people
     page = render(sample(), nonce="n0nce")
     c = check(page)
     assert c.ids == ["refresh-note", "summary", "pool-map", "projects", "idle", "settings",
-                     "new-project", "queue", "culls"]
+                     "new-project", "queue", "culls", "audit", "older"]
     windows = ["?window=1h", "?window=6h", "?window=24h", "?window=7d", "?window=30d"]
-    # the admin's forms (forms.py): a cancel for each job holding a GPU (resnet holds two)
-    # and each waiting one; a change for each project, and a new one
+    # the admin's forms (forms.py, drain.py): a drain for the train node, a cancel for each
+    # job holding a GPU (resnet holds two) and each waiting one; a change for each project,
+    # and a new one; the audit trail's older entries
     assert c.links == windows + [
+        "dashboard/nodes/sim-0/drain",
         "dashboard/jobs/j-1/cancel", "dashboard/jobs/j-1/cancel", "dashboard/jobs/j-2/cancel",
         "dashboard/project?name=nlp", "dashboard/project?name=vision", "dashboard/project",
-        "dashboard/jobs/j-3/cancel", "dashboard/jobs/j-4/cancel"]
+        "dashboard/jobs/j-3/cancel", "dashboard/jobs/j-4/cancel", "dashboard/audit?before=7"]
     based = check(render({**sample(), "base": "/services/gpushare/"}))
-    assert based.links[5] == "/services/gpushare/dashboard/jobs/j-1/cancel"
+    assert based.links[5] == "/services/gpushare/dashboard/nodes/sim-0/drain"
     assert c.scripts == [{"nonce": "n0nce"}]
     assert "bert &lt;b&gt;" in page and "bert <b>" not in page
     text = " ".join(" ".join(c.text).split())

@@ -3,15 +3,18 @@
 
 What flows in: a plain dict of the pool as the REST API shows it to an admin (``api/pool``
 with its GPU map and culling, the projects, ``api/usage`` by project with a time series and
-by job and slice sorted by idle time, the running and waiting jobs, the slices), gathered by
+by job and slice sorted by idle time, the running and waiting jobs, the slices, the audit
+trail's newest entries), gathered by
 ``pool/dashboard.py``, the only part that does I/O.
 The steps, each a pure function of that dict returning HTML:
   1. the window asked for (``window.py``): how far back, in which buckets;
-  2. the pool map (``poolmap.py``): every GPU, who holds it, its utilization now;
+  2. the pool map (``poolmap.py``): every GPU, who holds it, its utilization now, and which
+     train nodes are drained (``drain.py``, also the pages that drain and undrain one);
   3. allocation and utilization per project over the window (``usage.py``, charts drawn by
      ``jupyter_gpushare/charts.py``), and the top idle-allocated jobs and slices;
   4. the queue with its reasons and the culls (``tables.py``);
-  5. the page around them (``page.py``), refreshed in place by a few lines of script.
+  5. the audit trail's newest entries, and a page of older ones (``audit.py``);
+  6. the page around them (``page.py``), refreshed in place by a few lines of script.
 What flows out: the page, or a refusal page with one sentence. No CDN, no external files:
 nothing outside the hub need be reachable from the browser.
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from html import escape
 
-from .markup import table
+from .markup import frame, hidden, table
 
 # The fields of PUT api/projects/{name}, as the form asks for them: (name, label, help).
 FIELDS = (
@@ -140,17 +140,6 @@ def chosen_groups(checked: list[str], other: str) -> list[str]:
 
 
 # -- the pages -----------------------------------------------------------------------------
-def _hidden(name: str, value: str) -> str:
-    return f'<input type="hidden" name="{escape(name)}" value="{escape(value)}">'
-
-
-def _frame(base: str, title: str, body: str, user: str) -> str:
-    return (f'<header><h1>GPU share: {escape(title)}</h1><nav aria-label="back">'
-            f'<a href="{escape(base)}dashboard">← Pool dashboard</a></nav>'
-            f'<span class="muted">signed in as {escape(user)}</span></header>'
-            f'<main>{body}</main>')
-
-
 def project_form(base: str, user: str, xsrf: str, name: str | None, values: dict[str, str],
                  groups: list[str], hub_groups: list[str] | None, problem: str = "",
                  new: bool = False) -> tuple[str, str]:
@@ -164,14 +153,14 @@ def project_form(base: str, user: str, xsrf: str, name: str | None, values: dict
     if problem:
         parts.append(f'<p class="problem" role="alert" id="problem">{escape(problem)}</p>')
     parts.append(f'<form class="edit" method="post" action="{escape(base)}dashboard/project">'
-                 + _hidden("_xsrf", xsrf) + _hidden("new", "1" if new else ""))
+                 + hidden("_xsrf", xsrf) + hidden("new", "1" if new else ""))
     if new:
         parts.append('<div class="field"><label for="f-name">Name</label>'
                      f'<input type="text" id="f-name" name="name" value="{escape(name or "")}" '
                      'required maxlength="100" autofocus><span class="help">Letters, digits, '
                      "'.', '_' or '-'.</span></div>")
     else:
-        parts.append(_hidden("name", name or ""))
+        parts.append(hidden("name", name or ""))
     for key, label, help_text in FIELDS:
         kind = 'type="text" inputmode="decimal"' if key in ("quota", "limit") else \
             'type="text" inputmode="numeric"'
@@ -197,15 +186,15 @@ def project_form(base: str, user: str, xsrf: str, name: str | None, values: dict
                  'Preview the change</button>'
                  f'<a href="{escape(base)}dashboard">Back without saving</a></div></form>'
                  '</section>')
-    return f"GPU share: {title}", _frame(base, title, "".join(parts), user)
+    return f"GPU share: {title}", frame(base, title, "".join(parts), user)
 
 
 def preview_page(base: str, user: str, xsrf: str, change: Change, values: dict[str, str],
                  groups: list[str], new: bool) -> tuple[str, str]:
     """What saving would do, in words, with Save and Change again (the same values)."""
-    keep = "".join(_hidden(k, v) for k, v in values.items()) + \
-        "".join(_hidden("groups", g) for g in groups) + _hidden("name", change.name) + \
-        _hidden("new", "1" if new else "") + _hidden("_xsrf", xsrf)
+    keep = "".join(hidden(k, v) for k, v in values.items()) + \
+        "".join(hidden("groups", g) for g in groups) + hidden("name", change.name) + \
+        hidden("new", "1" if new else "") + hidden("_xsrf", xsrf)
     body = (f'<section><h2>Preview</h2><p class="preview" id="preview" role="status">'
             f'{escape(change_words(change))}</p><p class="muted">Nothing is stored until you '
             f'save; the pool checks everything again then.</p>'
@@ -215,7 +204,7 @@ def preview_page(base: str, user: str, xsrf: str, change: Change, values: dict[s
             f'Change again</button><a href="{escape(base)}dashboard">Back without saving</a>'
             f'</div>'
             f'</form></section>')
-    return f"GPU share: preview of {change.name}", _frame(base, f"project {change.name}", body,
+    return f"GPU share: preview of {change.name}", frame(base, f"project {change.name}", body,
                                                             user)
 
 
@@ -234,7 +223,7 @@ def saved_page(base: str, user: str, change: Change, project: dict) -> tuple[str
             + f'<p><a href="{escape(base)}dashboard">Back to the pool dashboard</a> · '
               f'<a href="{escape(base)}dashboard/project?name={escape(project["name"])}">'
               f'Change it again</a></p></section>')
-    return f"GPU share: {project['name']} saved", _frame(base, f"project {project['name']}",
+    return f"GPU share: {project['name']} saved", frame(base, f"project {project['name']}",
                                                            body, user)
 
 
@@ -278,12 +267,12 @@ def cancel_page(base: str, user: str, xsrf: str, job: dict, problem: str = "") -
                 "It has not started; it leaves the queue.")
         ask = (f'<p>Cancel this job? {what}</p>'
                f'<form method="post" action="{escape(base)}dashboard/jobs/'
-               f'{escape(job["id"])}/cancel">{_hidden("_xsrf", xsrf)}'
+               f'{escape(job["id"])}/cancel">{hidden("_xsrf", xsrf)}'
                f'<div class="actions"><button type="submit" class="danger" autofocus>'
                f'Cancel the job</button><a href="{escape(base)}dashboard">Keep it</a></div>'
                f'</form>')
     body = f'<section><h2>Cancel a job</h2>{_job_lines(job)}{ask}</section>'
-    return f"GPU share: cancel {job['id']}", _frame(base, "cancel a job", body, user)
+    return f"GPU share: cancel {job['id']}", frame(base, "cancel a job", body, user)
 
 
 def cancelled_page(base: str, user: str, job: dict) -> tuple[str, str]:
@@ -293,4 +282,4 @@ def cancelled_page(base: str, user: str, job: dict) -> tuple[str, str]:
             f'{escape(job.get("name") or job["id"])} ({escape(job["id"])}) of '
             f'{escape(job.get("user") or "?")}: {words}</p>{_job_lines(job)}'
             f'<p><a href="{escape(base)}dashboard">Back to the pool dashboard</a></p></section>')
-    return f"GPU share: {job['id']} cancelled", _frame(base, "cancel a job", body, user)
+    return f"GPU share: {job['id']} cancelled", frame(base, "cancel a job", body, user)

@@ -41,3 +41,17 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, numeric: set
                                     for i, c in enumerate(row)) + "</tr>" for row in rows)
     return (f'<table{f" class={cls!r}" if cls else ""}><thead><tr>{head}</tr></thead>'
             f'<tbody>{body}</tbody></table>')
+
+
+def hidden(name: str, value: str) -> str:
+    """A form's hidden field (the XSRF token, values carried from a page before)."""
+    return f'<input type="hidden" name="{escape(name)}" value="{escape(value)}">'
+
+
+def frame(base: str, title: str, body: str, user: str) -> str:
+    """The body of a page under the dashboard (a form, the audit trail): a header with the
+    way back to the dashboard, and ``body`` (already HTML) as its main part."""
+    return (f'<header><h1>GPU share: {escape(title)}</h1><nav aria-label="back">'
+            f'<a href="{escape(base)}dashboard">← Pool dashboard</a></nav>'
+            f'<span class="muted">signed in as {escape(user)}</span></header>'
+            f'<main>{body}</main>')

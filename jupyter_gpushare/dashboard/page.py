@@ -1,4 +1,4 @@
-"""The page around the sections (step 5), and the refusal page.
+"""The page around the sections (step 6), and the refusal page.
 
 ``render(data)`` takes one dict (``pool/dashboard.py`` gathers it; the tests write it by hand):
   ``now`` (epoch seconds), ``offset`` (the service's UTC offset, seconds) and ``zone`` (its
@@ -8,8 +8,11 @@
   ``usage`` (``api/usage?by=project&step=…`` over the window), ``idle_jobs`` and
   ``idle_slices`` (the rows of ``api/usage?by=job|slice&sort=idle``), ``jobs`` (running and
   waiting jobs as ``api/jobs`` shows them) and ``slices`` (``api/slices``' list);
+  ``audit`` (the newest entries of ``api/audit``) and ``audit_next`` (its ``next``: the id
+  the older entries' page starts before, None when there are none);
   ``base`` (the service's prefix, ``/services/gpushare/``): where the links to the admin's
-  forms (``forms.py``) point, each project's settings and each job's cancel.
+  forms point: each project's settings and each job's cancel (``forms.py``), each train
+  node's drain (``drain.py``), the older entries of the audit trail (``audit.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from html import escape
 
 from ..text import percent
 from ..trainjob import PENDING, RUNNING
-from . import forms, poolmap, tables, usage
+from . import audit, forms, poolmap, tables, usage
 from .markup import clock, day_clock
 from .window import WINDOWS, Window
 
@@ -41,7 +44,8 @@ h2{font-size:16px;margin:4px 0 8px}h3{font-size:14px;margin:10px 0 4px}
 .muted,.source{color:var(--muted)}.empty{color:var(--muted);font-style:italic}
 .summary{display:flex;flex-wrap:wrap;gap:8px 28px}.summary div b{font-size:18px}
 .notes li{color:var(--warn)}
-.node{margin:6px 0 10px}.node h3{margin:4px 0}
+.node{margin:6px 0 10px}.node h3{margin:4px 0}.node h3 a.drain{font-size:12px;font-weight:400}
+.node.drained .gpu{background:#f5f5f5}
 .gpus{display:flex;flex-wrap:wrap;gap:8px}
 .gpu{width:230px;border:1px solid var(--line);border-radius:4px;padding:5px 7px;background:#fff}
 .gpu.held{border-color:#90caf9}.gpu.idle{border-color:var(--warn);background:#fff8e1}
@@ -62,7 +66,7 @@ svg.gpushare-chart{width:100%;height:auto;font-size:11px;fill:#424242}
 table{border-collapse:collapse;width:100%;margin:4px 0}
 th,td{text-align:left;padding:3px 8px;border-bottom:1px solid var(--line);vertical-align:top}
 th{font-weight:600;background:#f5f5f5}.num{text-align:right;white-space:nowrap}
-td .muted{white-space:nowrap}
+td .muted{white-space:nowrap}table.audit td:not(:nth-child(5)){white-space:nowrap}
 .event-cull{color:var(--bad);font-weight:600}.event-warn{color:var(--warn)}
 #refresh-note{color:var(--warn)}
 .refusal{max-width:640px;margin:60px auto;background:#fff;border:1px solid var(--line);
@@ -152,7 +156,7 @@ def render(data: dict, nonce: str = "", xsrf: str = "") -> str:
         f'{percent(threshold)}.</p>'
         f'<section id="summary">{summary(pool, jobs)}</section>'
         f'<section id="pool-map"><h2>Pool map: every GPU now</h2>'
-        f'{poolmap.pool_map(pool, running, threshold, cancel=base)}</section>'
+        f'{poolmap.pool_map(pool, running, threshold, base=base, offset=offset)}</section>'
         f'<section id="projects"><h2>Allocation and utilization per project, {words}</h2>'
         f'{usage.pools_line(data.get("usage") or {})}'
         f'{usage.charts(data.get("usage") or {}, data.get("projects") or [], pool.get("capacity") or 0, window, offset)}'
@@ -167,14 +171,18 @@ def render(data: dict, nonce: str = "", xsrf: str = "") -> str:
         f'<section id="queue"><h2>Queue</h2>{tables.queue_table(jobs, now, cancel=base)}'
         f'</section>'
         f'<section id="culls"><h2>Culls of idle build sessions</h2>'
-        f'{tables.culls(pool.get("culling"), slices, offset)}</section></main>')
+        f'{tables.culls(pool.get("culling"), slices, offset)}</section>'
+        f'<section id="audit"><h2>Audit trail</h2>'
+        f'{audit.audit_section(base, data.get("audit") or [], data.get("audit_next"), now, offset)}'
+        f'</section></main>')
     return _document("GPU share: pool dashboard", header + body,
                      SCRIPT % (int(data.get("refresh_s", 15)),
                                json.dumps(xsrf).replace("</", "<\\/")), nonce)
 
 
 def form_page(title_and_body: tuple[str, str]) -> str:
-    """A page of the admin's forms (``forms.py`` makes its title and body); no script."""
+    """A page under the dashboard, a form (``forms.py``, ``drain.py``) or the audit trail
+    (``audit.py``), which make its title and body; no script."""
     return _document(*title_and_body)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from html import escape
 
 from ..text import idle_text, percent, size
+from .drain import drain_link, drained_words
 from .forms import cancel_link
 from .markup import fraction
 
@@ -18,11 +19,14 @@ SOURCES = {
 
 
 def pool_map(pool: dict, jobs: dict[str, dict], idle_threshold: float,
-             cancel: str | None = None) -> str:
+             base: str | None = None, offset: float = 0.0) -> str:
     """``jobs``: running jobs by id (their names); ``idle_threshold`` 0–1 of a holder's share;
-    ``cancel``: the service's prefix, for a cancel link on each job (None: none)."""
+    ``base``: the service's prefix, for the admin's links, a cancel on each job and a drain…
+    or undrain on each train node (None: none); ``offset``: the service's UTC offset, for
+    when a node was drained."""
     readings = {(g["node"], g["index"]): g for g in pool.get("gpus") or ()}
-    nodes = [(n["name"], n["gpus"], "train") for n in pool.get("nodes") or ()] + \
+    train = {n["name"]: n for n in pool.get("nodes") or ()}
+    nodes = [(n["name"], n["gpus"], "train") for n in train.values()] + \
         [(n["name"], n["gpus"], "build") for n in (pool.get("build") or {}).get("nodes") or ()]
     known = {(name, i) for name, count, _ in nodes for i in range(count)}
     extra: dict[str, list] = {}
@@ -38,11 +42,16 @@ def pool_map(pool: dict, jobs: dict[str, dict], idle_threshold: float,
         indices = range(count) if isinstance(count, int) else count
         held = sum(1 for i in indices if (readings.get((name, i)) or {}).get("held"))
         label = f"{kind} pool · " if kind else ""
-        tiles = "".join(gpu_tile(readings.get((name, i)), name, i, jobs, idle_threshold, cancel)
+        tiles = "".join(gpu_tile(readings.get((name, i)), name, i, jobs, idle_threshold, base)
                         for i in indices)
-        parts.append(f'<div class="node" data-node="{escape(name)}"><h3>{escape(name)} '
+        node = train.get(name) if kind == "train" else None
+        drained = drained_words(node, offset) if node else ""
+        end = (f' <span class="flag drained">{escape(drained)}</span>' if drained else "") + \
+            (f" {drain_link(base, node)}" if node and base is not None else "")
+        parts.append(f'<div class="node{" drained" if drained else ""}" '
+                     f'data-node="{escape(name)}"><h3>{escape(name)} '
                      f'<span class="muted">{label}{len(indices)} GPU'
-                     f'{"" if len(indices) == 1 else "s"}, {held} held</span></h3>'
+                     f'{"" if len(indices) == 1 else "s"}, {held} held</span>{end}</h3>'
                      f'<div class="gpus">{tiles}</div></div>')
     return "".join(parts)
 

@@ -40,6 +40,16 @@ def audit_query(args: dict[str, str], now: float) -> dict:
             "before_id": None if before is None else int(before)}
 
 
+def audit_listing(store, since: float | None, before_id: int | None, limit: int) -> dict:
+    """``GET api/audit``'s answer (the dashboard shows the same): the newest ``limit``
+    entries from ``since`` on, older than entry ``before_id``, and ``next``, the id to ask
+    ``before`` for the page after them (None on the last page)."""
+    rows = store.audit(since, before_id, limit + 1)
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return {"entries": [audit_json(r) for r in rows], "next": rows[-1].id if more else None}
+
+
 class AuditHandler(ServiceHandler):
     def get(self):
         if not self.who.admin:
@@ -49,11 +59,7 @@ class AuditHandler(ServiceHandler):
             q = audit_query(args, time.time())
         except Invalid as e:
             self.fail(e.status, str(e))
-        rows = self.store.audit(q["since"], q["before_id"], q["limit"] + 1)
-        more = len(rows) > q["limit"]
-        rows = rows[:q["limit"]]
-        self.reply({"entries": [audit_json(r) for r in rows],
-                    "next": rows[-1].id if more else None})
+        self.reply(audit_listing(self.store, **q))
 
 
 class NodeHandler(ServiceHandler):

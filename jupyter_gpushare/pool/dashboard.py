@@ -3,7 +3,8 @@ the gathering of what ``jupyter_gpushare/dashboard/`` draws (the API's own answe
 
 Routes under the service's prefix: ``dashboard`` (``?window=1h|6h|24h|7d|30d``, or
 ``?since=…&until=…`` as ``api/usage`` reads them; the admin's forms under it are
-``dashboard_forms.py``'s), the prefix itself (a redirect there: the hub's Services menu
+``dashboard_forms.py``'s), ``dashboard/audit`` (a page of the audit trail, ``?before=<id>``
+as ``api/audit`` takes it), the prefix itself (a redirect there: the hub's Services menu
 links to it), and ``oauth_callback``, where the hub sends the browser back after login.
 The service must be an OAuth client of the hub: a JupyterHub service with a ``url`` is one
 (the redirect URI defaults to ``/services/<name>/oauth_callback``); ``oauth_no_confirm``
@@ -23,14 +24,19 @@ from jupyterhub.services.auth import (HubOAuth, HubOAuthCallbackHandler, HubOAut
 from tornado import web
 
 from ..dashboard import BadWindow, choose_window, refusal, render
+from ..dashboard.audit import audit_page
+from ..dashboard.page import form_page
 from ..usage.report import BY
 from .api import PoolHandler, pool_json
+from .api_admin import audit_listing, audit_query
 from .api_usage import MAX_WINDOW, parse_time
 from .usage_store import Scope
 from .validate import Invalid
 
 REFRESH_S = 15
 IDLE_ROWS = 10
+AUDIT_PAGE = 50  # entries on a page of dashboard/audit (?limit= as api/audit takes it)
+AUDIT_ROWS = 20  # the audit trail's newest entries on the dashboard; older ones: dashboard/audit
 
 
 class OAuthSettings:
@@ -151,12 +157,32 @@ class DashboardHandler(HubOAuthenticated, PoolHandler):
         return window
 
 
+class AuditPageHandler(DashboardHandler):
+    """``dashboard/audit?before=<id>``: a page of the audit trail, older than entry ``id``
+    (none: the newest), listed as ``GET api/audit`` lists it, with its query's words."""
+
+    @web.authenticated
+    async def get(self):
+        await self.admin_only()
+        now = time.time()
+        args = {"limit": str(AUDIT_PAGE)} | \
+            {k: self.get_argument(k) for k in self.request.query_arguments}
+        try:
+            q = audit_query(args, now)
+        except Invalid as e:
+            self.fail(e.status, f"{str(e)[:1].upper()}{str(e)[1:]}.")
+        listing = audit_listing(self.store, **q)
+        offset, zone = service_zone(now)
+        self.finish(form_page(audit_page(self.base, self.who.name, listing["entries"],
+                                         listing["next"], q["before_id"], now, offset, zone)))
+
+
 class RootHandler(web.RequestHandler):
     def get(self):
         self.redirect(self.request.path.rstrip("/") + "/dashboard")
 
 
-def _zone(now: float) -> tuple[float, str]:
+def service_zone(now: float) -> tuple[float, str]:
     local = datetime.fromtimestamp(now).astimezone()
     return local.utcoffset().total_seconds(), local.tzname() or "UTC"
 
@@ -179,20 +205,24 @@ async def gather(handler: PoolHandler, window) -> dict:
             if found is not None:
                 rows[found.id] = found
     counts = store.pending_counts()
-    offset, zone = _zone(now)
+    offset, zone = service_zone(now)
+    audit = audit_listing(store, None, None, AUDIT_ROWS)
     return {"now": now, "offset": offset, "zone": zone, "user": handler.who.name,
             "base": handler.base,
             "window": window, "refresh_s": REFRESH_S, "pool": pool_json(handler),
             "projects": [handler.project_json(p, counts) for p in store.projects()],
             "usage": usage, "idle_jobs": idle_jobs, "idle_slices": idle_slices,
             "jobs": [handler.job_json(r, False) for r in rows.values()],
-            "slices": [handler.slice_json(s) for s in store.slices()]}
+            "slices": [handler.slice_json(s) for s in store.slices()],
+            "audit": audit["entries"], "audit_next": audit["next"]}
 
 
 def routes(prefix: str) -> list:
     """The dashboard's paths (its admin's forms: ``dashboard_forms.routes``)."""
     p = prefix.rstrip("/")
-    return [(rf"{p}/?", RootHandler), (rf"{p}/dashboard", DashboardHandler, {"base": p + "/"}),
+    base = {"base": p + "/"}
+    return [(rf"{p}/?", RootHandler), (rf"{p}/dashboard", DashboardHandler, base),
+            (rf"{p}/dashboard/audit", AuditPageHandler, base),
             (rf"{p}/oauth_callback", CallbackHandler)]
 
 

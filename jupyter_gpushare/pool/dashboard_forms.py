@@ -6,28 +6,34 @@ Routes under the service's prefix:
   ``dashboard/project`` (``?name=vision`` to change one; none: a new one): the form; a post
   with ``step=preview`` says what saving would do, ``step=save`` stores it, ``step=edit``
   shows the form again with the values posted;
-  ``dashboard/jobs/{id}/cancel``: asks first; a post cancels.
+  ``dashboard/jobs/{id}/cancel``: asks first; a post cancels;
+  ``dashboard/nodes/{node}/drain``: asks first (to drain, with a box to requeue what runs
+  there; to undrain a drained node); a post (``drained=1|0``, ``requeue=1``) does it.
 
 Every post must carry the page's XSRF token (``_xsrf``, checked as JupyterHub checks its own:
 tied to the login cookie), or it is refused (403) before anything else; a request with a
 token in its Authorization header needs none, as for the REST API. The rules and sentences
 are the API's: a project's changes go through ``admin.py`` (as ``PUT api/projects/{name}``),
-a cancel through ``admin.cancel_job`` (as ``DELETE api/jobs/{id}``). A refused change shows
+a cancel through ``admin.cancel_job`` (as ``DELETE api/jobs/{id}``), a drain through
+``admin.set_drained`` (as ``PUT api/nodes/{node}``). A refused change shows
 the form again with the sentence and the values as typed; nothing is stored.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import replace
 
 from tornado import web
 
-from ..dashboard import forms
+from ..dashboard import drain, forms
 from ..dashboard.page import form_page
-from ..policy.model import GPU
-from .admin import cancel_job, cancellable, change_project, project_changes
-from .dashboard import DashboardHandler
+from ..policy.model import GPU, TRAIN
+from ..trainjob import RUNNING
+from .admin import cancel_job, cancellable, change_project, project_changes, set_drained
+from .api import pool_json
+from .dashboard import DashboardHandler, service_zone
 from .hub import HubError
 from .projects import ProjectSpec, project_name
 from .validate import Invalid
@@ -181,8 +187,45 @@ class CancelJobHandler(AdminFormHandler):
         self.show(forms.cancelled_page(self.base, self.who.name, self.job_json(row, False)))
 
 
+class DrainNodeHandler(AdminFormHandler):
+    @web.authenticated
+    async def get(self, node):
+        await self.admin_only()
+        self.show_page(node)
+
+    async def post(self, node):
+        self.check_form()
+        await self.admin_only()
+        body = {"drained": self.get_body_argument("drained", "") == "1"}
+        if self.get_body_argument("requeue", ""):
+            body["requeue"] = True
+        try:
+            answer = await set_drained(self.store, self.scheduler, node, body, self.who.name,
+                                       "dashboard", self.client_address())
+        except Invalid as e:  # the page again, as the node is now, with the sentence
+            return self.show_page(node, sentence(e), e.status)
+        log.info("%s %s node %s in the dashboard (requeued: %s)", self.who.name,
+                 "drained" if answer["drained"] else "undrained", node,
+                 ", ".join(answer["requeued"]) or "none")
+        self.show(drain.drain_done_page(self.base, self.who.name, answer))
+
+    def show_page(self, node: str, problem: str = "", status: int = 200) -> None:
+        pool = pool_json(self)
+        found = next((n for n in pool["nodes"] if n["name"] == node and n["pool"] == TRAIN),
+                     None)
+        if found is None:
+            self.fail(404, sentence(f"there is no train node {node!r}; the pool map on the "
+                                    f"dashboard shows them"))
+        jobs = [self.job_json(r, False) for r in self.store.active()
+                if r.state == RUNNING and node in (r.placement or {})]
+        offset, _ = service_zone(time.time())
+        self.show(drain.drain_page(self.base, self.who.name, self.xsrf, found, jobs, offset,
+                                   problem), status)
+
+
 def routes(prefix: str) -> list:
     p = prefix.rstrip("/")
     base = {"base": p + "/"}
     return [(rf"{p}/dashboard/project", ProjectFormHandler, base),
-            (rf"{p}/dashboard/jobs/([A-Za-z0-9._-]{{1,64}})/cancel", CancelJobHandler, base)]
+            (rf"{p}/dashboard/jobs/([A-Za-z0-9._-]{{1,64}})/cancel", CancelJobHandler, base),
+            (rf"{p}/dashboard/nodes/([^/]{{1,255}})/drain", DrainNodeHandler, base)]
