@@ -18,6 +18,7 @@ import sys
 import time
 
 from .cli_base import CommandError, UsageError
+from .pool.validate import digits
 from .client import (DEFAULT_RETRY_S, InvalidInput, NoCredentials, PoolClient, PoolError,
                      PoolUnreachable, add_job_options, argument_type, job_spec)
 from .text import (describe, format_audit, format_jobs, format_pool, format_quota, format_usage,
@@ -158,19 +159,19 @@ def _retry(text):
 
 
 def _attempt(text):
-    if not text.isdigit() or int(text) < 1:
+    if not digits(text) or int(text) < 1:
         raise InvalidInput("attempt", f"must be 1 or more, not {text!r}")
     return int(text)
 
 
 def _rank(text):
-    if not text.isdigit():
+    if not digits(text):
         raise InvalidInput("rank", f"must be a whole number from 0, not {text!r}")
     return int(text)
 
 
 def _limit(text):
-    if not text.isdigit() or not 1 <= int(text) <= 1000:
+    if not digits(text, 4) or not 1 <= int(text) <= 1000:
         raise InvalidInput("limit", f"must be a whole number from 1 to 1000, not {text!r}")
     return int(text)
 

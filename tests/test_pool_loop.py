@@ -121,7 +121,8 @@ async def test_a_drained_node_starts_nothing_new_and_requeue_preempts_what_runs(
     await scheduler.drain("sim-node-0", "admin", requeue=False)
     await scheduler.tick()
     assert store.job(running.id).state == "running"  # what runs there runs on
-    _, stopped = await scheduler.drain("sim-node-0", "admin", requeue=True)
+    _, stopped, was = await scheduler.drain("sim-node-0", "admin", requeue=True)
+    assert was  # drained by the line above
     assert stopped == [running.id]
     await until(scheduler, lambda: store.job(running.id).attempt == 2)
     row = store.job(running.id)

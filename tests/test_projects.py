@@ -26,6 +26,12 @@ BAD = [
     ("vision", {"quota": 1, "owner": "alice"}, "unknown field(s) owner; the fields are groups, "
                                                "job_priority_max, job_priority_min, limit, "
                                                "over_quota_weight, priority, quota"),
+    ("vision", {"quota": 1, "groups": [f"g{i}" for i in range(65)]},
+     "a project takes at most 64 groups, each name of at most 255 characters; give fewer or "
+     "shorter names"),
+    ("vision", {"quota": 1, "groups": ["x" * 256]},
+     "a project takes at most 64 groups, each name of at most 255 characters; give fewer or "
+     "shorter names"),
 ]
 
 

@@ -131,15 +131,16 @@ async def set_drained(store, scheduler, node: str, body, who: str, via: str,
     noted in the audit trail; the node as ``api/pool`` shows its drain, and the jobs told to
     stop (with ``requeue``)."""
     drained, requeue = drain_body(body)
-    if node not in {n.name for n in scheduler.backend.nodes() if n.pool == TRAIN}:
+    train = {n.name for n in scheduler.backend.nodes() if n.pool == TRAIN}
+    if node not in train and (drained or node not in scheduler.drained):
+        # a node drained before it left the pool may still be undrained
         raise Invalid(f"there is no train node {node!r}; gpushare pool lists them", 404)
-    was = node in scheduler.drained
     stopped: list[str] = []
     if drained:
-        row, stopped = await scheduler.drain(node, who, requeue)
+        row, stopped, was = await scheduler.drain(node, who, requeue)
     else:
         row = None
-        await scheduler.undrain(node)
+        was = await scheduler.undrain(node) is not None
     if was != drained or stopped:
         after = {"drained": drained, **({"requeued": stopped} if requeue else {})}
         record(store, who, "drain node" if drained else "undrain node", node,

@@ -28,7 +28,7 @@ from .joblists import list_key
 from .models import JobRow, ProjectRow
 from .openapi import SPEC
 from .projects import project_name
-from .validate import Invalid, job_spec, request_id
+from .validate import Invalid, digits, job_spec, request_id
 from .views import job_json, job_says, project_json, slice_json
 
 
@@ -309,7 +309,7 @@ class LogsHandler(PoolHandler):
     def _rank(self, row: JobRow, attempt: int) -> int:
         """``?rank=N`` (default 0), checked against the ranks the attempt has."""
         text = self.get_argument("rank", "0")
-        if not text.isdigit() or len(text) > 6:
+        if not digits(text, 6):
             self.fail(400, f"rank must be a whole number from 0, not {text!r}")
         rank = int(text)
         if rank == 0:

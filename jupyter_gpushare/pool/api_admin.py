@@ -10,7 +10,7 @@ from .admin import set_drained
 from .api_usage import parse_time
 from .handlers import ServiceHandler
 from .models import AuditRow
-from .validate import Invalid
+from .validate import Invalid, digits
 
 MAX_ENTRIES = 1000
 
@@ -29,11 +29,11 @@ def audit_query(args: dict[str, str], now: float) -> dict:
                       f"limit and before")
     since = parse_time(args["since"], now, "since") if args.get("since") else None
     limit = args.get("limit", "100")
-    if not limit.isdigit() or not 1 <= int(limit) <= MAX_ENTRIES:
+    if not digits(limit, 4) or not 1 <= int(limit) <= MAX_ENTRIES:
         raise Invalid(f"limit must be a whole number from 1 to {MAX_ENTRIES}, not "
                       f"{limit[:40]!r}")
     before = args.get("before")
-    if before is not None and (not before.isdigit() or len(before) > 18):
+    if before is not None and not digits(before, 18):
         raise Invalid(f"before must be an entry's id (the next of the last answer), not "
                       f"{before[:40]!r}")
     return {"since": since, "limit": int(limit),

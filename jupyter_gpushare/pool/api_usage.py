@@ -24,7 +24,7 @@ from .agents import HEADER, NotProven, Unverifiable
 from .handlers import ServiceHandler
 from .usage_service import job_owner, slice_owner
 from .usage_store import Scope
-from .validate import Invalid
+from .validate import Invalid, digits
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])\Z")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": DAY, "w": 7 * DAY}
@@ -51,17 +51,21 @@ def parse_time(text: str, now: float, name: str) -> float:
         except ValueError:
             raise Invalid(f"{name} must be a time like 7d (7 days ago), 12h, 30m, now, epoch "
                           f"seconds or 2026-11-20T09:00, not {text[:40]!r}") from None
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=datetime.now().astimezone().tzinfo).astimezone()
-        return when.timestamp()
+        try:
+            if when.tzinfo is None:
+                when = when.replace(tzinfo=datetime.now().astimezone().tzinfo).astimezone()
+            return when.timestamp()
+        except (OverflowError, OSError, ValueError):
+            raise Invalid(f"{name} {text[:40]!r} is out of range; give a time between 1970 "
+                          f"and 9999") from None
     if not math.isfinite(value) or value < 0:
         raise Invalid(f"{name} must be epoch seconds of 0 or more, not {text[:40]!r}")
     return value
 
 
 def parse_step(text: str) -> int:
-    found = _DURATION.match(text.strip()) if not text.strip().isdigit() else None
-    seconds = int(text) if text.strip().isdigit() else \
+    found = _DURATION.match(text.strip()) if not digits(text.strip()) else None
+    seconds = int(text) if digits(text.strip()) else \
         (float(found.group(1)) * _UNITS[found.group(2)] if found else None)
     if seconds is None or seconds < 60 or seconds % 60:
         raise Invalid(f"step must be whole minutes of at least 1m, like 1m, 1h or 1d (or "
@@ -92,7 +96,7 @@ def usage_query(args: dict[str, str], now: float) -> dict:
     if sort not in SORTS:
         raise Invalid(f"sort must be one of {', '.join(SORTS)}, not {sort[:40]!r}")
     limit = args.get("limit", "100")
-    if not limit.isdigit() or not 1 <= int(limit) <= 1000:
+    if not digits(limit, 4) or not 1 <= int(limit) <= 1000:
         raise Invalid(f"limit must be a whole number from 1 to 1000, not {limit[:40]!r}")
     return {"since": since, "until": until, "by": by, "step": step, "sort": sort,
             "limit": int(limit)}

@@ -88,7 +88,11 @@ class DashboardHandler(HubOAuthenticated, PoolHandler):
     async def prepare(self):
         # Who it is (a login cookie or a token), asked without blocking the service as
         # HubAuth's own get_current_user would; @web.authenticated then sends strangers to the
-        # hub's login, and get() checks rights.
+        # hub's login, and get() checks rights. A form's body is bounded as the API's are.
+        limit = self.settings["max_body_size"]
+        if len(self.request.body) > limit:
+            raise web.HTTPError(413, reason=f"the form is larger than {limit // 1024} KiB; "
+                                            f"send less")
         model = await self.hub_auth.get_user(self, sync=False)
         if model is not None:
             try:

@@ -196,10 +196,14 @@ class DrainNodeHandler(AdminFormHandler):
     async def post(self, node):
         self.check_form()
         await self.admin_only()
-        body = {"drained": self.get_body_argument("drained", "") == "1"}
+        value = self.get_body_argument("drained", "")
+        body = {"drained": value == "1"}
         if self.get_body_argument("requeue", ""):
             body["requeue"] = True
         try:
+            if value not in ("0", "1"):  # never an undrain by a missing or odd field
+                raise Invalid("the form's drained field must be 1 (drain) or 0 (undrain); "
+                              "use the dashboard's drain and undrain links")
             answer = await set_drained(self.store, self.scheduler, node, body, self.who.name,
                                        "dashboard", self.client_address())
         except Invalid as e:  # the page again, as the node is now, with the sentence

@@ -62,11 +62,14 @@ class Scheduler:
         return [replace(n, drained=True) if n.name in self.drained else n
                 for n in self.backend.nodes()]
 
-    async def drain(self, node: str, by: str, requeue: bool) -> tuple[DrainRow, list[str]]:
+    async def drain(self, node: str, by: str,
+                    requeue: bool) -> tuple[DrainRow, list[str], bool]:
         """Start no new job on ``node``; with ``requeue``, stop the jobs that run there the
         way a preemption does (their grace period, then requeued to resume from their
-        checkpoints elsewhere). Returns the drain and the ids of the jobs told to stop."""
+        checkpoints elsewhere). Returns the drain, the ids of the jobs told to stop, and whether
+        the node was drained already (read under the lock, as the change is made)."""
         async with self._lock:
+            was = node in self.drained
             now = time.time()
             row = self.store.drain(node, by, now)
             self.drained[node] = row
@@ -81,7 +84,7 @@ class Scheduler:
                         await self.backend.stop(job.id, job.attempt, self.grace_s)
                         stopped.append(job.id)
         self.wake()
-        return row, stopped
+        return row, stopped, was
 
     async def undrain(self, node: str) -> DrainRow | None:
         """New jobs may start on ``node`` again; the drain it had, or None."""

@@ -19,6 +19,7 @@ from .validate import Invalid, _gpus_amount, _int, _unknown
 
 FIELDS = {"quota", "over_quota_weight", "limit", "priority", "groups", "job_priority_min",
           "job_priority_max"}
+MAX_GROUPS = 64  # member groups of one project
 JOB_PRIORITY = trainjob.PRIORITY  # what a project's job priority range may span
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}\Z")
 
@@ -74,6 +75,9 @@ def changes(body, current: ProjectSpec | None) -> dict:
         groups = body["groups"]
         if not isinstance(groups, list) or not all(isinstance(g, str) and g for g in groups):
             raise Invalid("groups must be a list of JupyterHub group names")
+        if len(groups) > MAX_GROUPS or any(len(g) > 255 for g in groups):
+            raise Invalid(f"a project takes at most {MAX_GROUPS} groups, each name of at most "
+                          f"255 characters; give fewer or shorter names")
         out["groups"] = sorted(set(groups))
     for end in ("job_priority_min", "job_priority_max"):
         if end in body:

@@ -9,6 +9,12 @@ JOB_FIELDS = trainjob.FIELDS
 MAX_GPUS = 1_000_000
 
 
+def digits(text, most: int = 18) -> bool:
+    """Whether ``text`` is 1 to ``most`` ASCII digits (``str.isdigit`` also takes '²', which
+    ``int`` refuses)."""
+    return isinstance(text, str) and 0 < len(text) <= most and text.isascii() and text.isdigit()
+
+
 class Invalid(ValueError):
     """Bad input: ``status`` is the HTTP status to answer with."""
 
