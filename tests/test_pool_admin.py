@@ -82,6 +82,8 @@ def test_only_admins_read_the_trail_and_drain_nodes(hub):
     ("?limit=5000", "limit must be a whole number from 1 to 1000"),
     ("?since=someday", "since must be a time like 7d"),
     ("?before=x", "before must be an entry's id"),
+    ("?limit=%C2%B2", "limit must be a whole number from 1 to 1000"),  # '²', a digit to isdigit
+    ("?before=%C2%B2", "before must be an entry's id"),
     ("?who=admin", "unknown parameter(s) who"),
 ])
 def test_bad_audit_queries_get_a_sentence(hub, query, words):

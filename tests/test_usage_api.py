@@ -160,6 +160,8 @@ def test_gpus_are_for_admins_and_services_read_no_usage(hub, world):
     ("step=30s", "step must be whole minutes"),
     ("since=30d&step=1m", "more than 10000 points"),
     ("limit=0", "limit must be a whole number from 1 to 1000"),
+    ("limit=%C2%B2", "limit must be a whole number from 1 to 1000"),  # '²'
+    ("step=%C2%B2", "step must be whole minutes"),
     ("sort=size", "sort must be one of"),
     ("color=red", "unknown parameter(s) color"),
 ])
