@@ -414,8 +414,10 @@ class OpenAPIHandler(web.RequestHandler):
 
 def routes(prefix: str) -> list:
     """Every path of the REST API (this module's and ``api_usage``'s), as openapi.py has them."""
+    from . import api_history  # its handlers build on this module's
+
     p = prefix.rstrip("/")
-    return api_usage.routes(prefix) + [
+    return api_usage.routes(prefix) + api_history.routes(prefix) + [
         (rf"{p}/api/pool", PoolInfoHandler),
         (rf"{p}/api/quota", QuotaHandler),
         (rf"{p}/api/jobs", JobsHandler),

@@ -45,6 +45,7 @@ from .store import Store, StoreError
 from .sweep import release_stale
 from .usage_service import GPUUsage
 from .validate import Invalid
+from .whatif import WhatIfRunner
 
 BACKENDS = {"local": "jupyter_gpushare.backends.local.LocalBackend",
             "kubernetes": "jupyter_gpushare.backends.kube.KubernetesBackend"}
@@ -290,6 +291,7 @@ class PoolService(Application):
             self.log, idle_jobs=self.usage.idle_jobs)
         self.intake = JobIntake(self.store, self.scheduler, self.python,
                                 self.max_pending_per_user, self.max_job_size)
+        self.whatif = WhatIfRunner(log=self.log)
 
     # -- run ------------------------------------------------------------------------------
     def make_app(self) -> web.Application:
@@ -302,6 +304,12 @@ class PoolService(Application):
             directory=self.directory, tokens=self.tokens, follows=self.follows,
             job_lists=JobLists(self.scheduler, self.usage.meter),
             max_body_size=self.max_body_size, spawner_service=self.spawner_service,
+            # what a replay of the history needs to decide as this pool does (api/history)
+            whatif=self.whatif,
+            replay_knobs={"cycle_interval_s": self.cycle_interval,
+                          "grace_period_s": self.grace_period,
+                          "min_runtime_s": self.min_runtime,
+                          "reserve_after_s": self.reserve_after},
             hub_auth=HubAuth(), dashboard_oauth=dashboard.OAuthSettings(),
             # The dashboard's login cookie is signed with a secret of this process: after a
             # restart the browser logs in again through the hub, without a question.

@@ -1,0 +1,211 @@
+"""``GET api/history``: the recorded train jobs in the simulator's trace format (admins), page
+by page, as JSON or CSV (paths and shapes: openapi.py; what a line is: ``sim/history.py``).
+
+A page lists the jobs submitted in [since, until) in order of submission, at most ``limit``;
+``next`` names the last one, to be given back as ``after`` for the next page. Each job's
+measured utilization comes from ``api/usage``'s own sums (by job), where the usage store has
+them.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import time
+
+from sqlalchemy import and_, or_, select
+
+from ..policy.model import GPU
+from ..sim.history import COLUMNS, BadChange, check_capacity, history_entry, quota_changes
+from ..usage.report import BY
+from .api import PoolHandler, pool_json
+from .api_usage import MAX_WINDOW, parse_time
+from .handlers import ID, ServiceHandler
+from .whatif import KEEP, Busy
+from .models import AttemptRow, JobRow
+from .usage_store import Scope
+from .validate import Invalid
+
+MAX_LIMIT, DEFAULT_LIMIT = 10_000, 1000
+PARAMETERS = ("since", "until", "limit", "after", "format")
+
+
+def history_query(args: dict[str, str], now: float) -> dict:
+    """The checked query of ``GET api/history`` (``Invalid`` with one sentence otherwise)."""
+    unknown = sorted(set(args) - set(PARAMETERS))
+    if unknown:
+        raise Invalid(f"unknown parameter(s) {', '.join(unknown)[:80]}; the parameters are "
+                      f"since, until, limit, after and format")
+    until = parse_time(args.get("until", "now"), now, "until")
+    since = parse_time(args.get("since", "30d"), now, "since")
+    if since >= until:
+        raise Invalid("since must be before until")
+    if until - since > MAX_WINDOW:
+        raise Invalid(f"the window may be at most {MAX_WINDOW // 86400} days; ask for less")
+    limit = args.get("limit", str(DEFAULT_LIMIT))
+    if not limit.isdigit() or not 1 <= int(limit) <= MAX_LIMIT:
+        raise Invalid(f"limit must be a whole number from 1 to {MAX_LIMIT}, not {limit[:40]!r}")
+    after = args.get("after") or None
+    if after is not None and not ID.match(after):
+        raise Invalid(f"after must be a job id from the previous page's next, not {after[:40]!r}")
+    fmt = args.get("format", "json")
+    if fmt not in ("json", "csv"):
+        raise Invalid(f"format must be json or csv, not {fmt[:40]!r}")
+    return {"since": since, "until": until, "limit": int(limit), "after": after, "format": fmt}
+
+
+def read_history(store, since: float, until: float, limit: int, after: str | None):
+    """Jobs submitted in [since, until) after the job ``after``, at most ``limit``, with their
+    attempts; blocks on the database (call it in a worker thread)."""
+    with store.session() as s:
+        q = select(JobRow).where(JobRow.submitted >= since, JobRow.submitted < until)
+        if after is not None:
+            mark = s.get(JobRow, after)
+            if mark is None:
+                raise Invalid(f"after names no job ({after}); give the next of the previous page")
+            q = q.where(or_(JobRow.submitted > mark.submitted,
+                            and_(JobRow.submitted == mark.submitted, JobRow.id > mark.id)))
+        jobs = list(s.scalars(q.order_by(JobRow.submitted, JobRow.id).limit(limit)))
+        attempts: dict[str, list] = {j.id: [] for j in jobs}
+        ids = list(attempts)
+        for i in range(0, len(ids), 500):
+            for a in s.scalars(select(AttemptRow).where(AttemptRow.job_id.in_(ids[i:i + 500]))):
+                attempts[a.job_id].append(a)
+    return jobs, attempts
+
+
+def to_csv(entries: list[dict]) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, COLUMNS, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for e in entries:
+        writer.writerow({k: "" if e.get(k) is None else e.get(k) for k in COLUMNS})
+    return out.getvalue()
+
+
+class HistoryHandler(ServiceHandler):
+    async def get(self):
+        if not self.who.admin:
+            self.fail(403, "only admins can read the pool's history; gpushare jobs lists "
+                           "your own jobs")
+        args = {k: self.get_argument(k) for k in self.request.query_arguments}
+        now = time.time()
+        try:
+            q = history_query(args, now)
+            jobs, attempts = await self.store.in_thread(read_history, self.store, q["since"],
+                                                        q["until"], q["limit"], q["after"])
+        except Invalid as e:
+            self.fail(e.status, str(e))
+        utilization = await _utilization(self, jobs, attempts, now)
+        grace = self.settings.get("replay_knobs", {}).get("grace_period_s", 30.0)
+        entries = [e for j in jobs if (e := history_entry(
+            j, attempts[j.id], utilization.get(j.id), q["since"], now, grace)) is not None]
+        nxt = jobs[-1].id if len(jobs) == q["limit"] else None
+        if q["format"] == "csv":
+            self.set_header("Content-Type", "text/csv; charset=utf-8")
+            self.set_header("Content-Disposition", 'attachment; filename="history.csv"')
+            if nxt:
+                self.set_header("Link", f'<?after={nxt}>; rel="next"')
+            self.finish(to_csv(entries))
+            return
+        knobs = self.settings.get("replay_knobs", {})
+        self.reply({"since": q["since"], "until": q["until"], "jobs": entries, "next": nxt,
+                    "settings": knobs})
+
+
+async def _utilization(handler, jobs, attempts, now: float) -> dict[str, float]:
+    """Each job's utilization as ``api/usage?by=job`` says it over the jobs' runs."""
+    ran = [a for j in jobs for a in attempts[j.id]]
+    if not ran:
+        return {}
+    lo = min(a.started for a in ran)
+    hi = min(max((a.ended or now) for a in ran), now)
+    answer = await handler.usage.meter.query(lo, max(hi, lo + 60), BY["job"], Scope(), None,
+                                             "name", None)
+    wanted = {j.id for j in jobs}
+    return {r["job"]: r["utilization"] for r in answer["rows"]
+            if r["job"] in wanted and r["utilization"] is not None}
+
+
+async def history_entries(handler, since: float, until: float, now: float) -> list[dict]:
+    """Every recorded job of [since, until) as a trace line (all pages)."""
+    entries, after = [], None
+    while True:
+        jobs, attempts = await handler.store.in_thread(read_history, handler.store, since,
+                                                       until, MAX_LIMIT, after)
+        utilization = await _utilization(handler, jobs, attempts, now)
+        grace = handler.settings.get("replay_knobs", {}).get("grace_period_s", 30.0)
+        entries += [e for j in jobs if (e := history_entry(
+            j, attempts[j.id], utilization.get(j.id), since, now, grace)) is not None]
+        if len(jobs) < MAX_LIMIT:
+            return entries
+        after = jobs[-1].id
+
+
+def whatif_request(body, now: float) -> dict:
+    """The checked body of ``POST api/whatif``."""
+    if not isinstance(body, dict):
+        raise Invalid("the body must be a JSON object: {\"since\": \"30d\", \"capacity\": "
+                      "\"+8\", \"quotas\": {\"project\": GPUs}}")
+    unknown = sorted(set(body) - {"since", "until", "capacity", "quotas"})
+    if unknown:
+        raise Invalid(f"unknown field(s) {', '.join(unknown)[:80]}; the fields are since, "
+                      f"until, capacity and quotas")
+    for name in ("since", "until"):
+        if name in body and not isinstance(body[name], str):
+            raise Invalid(f"{name} must be a string such as 30d or 2026-10-01")
+    q = history_query({k: body[k] for k in ("since", "until") if k in body}, now)
+    try:
+        capacity = check_capacity(body.get("capacity"))
+        quotas = quota_changes(body.get("quotas"))
+    except BadChange as e:
+        raise Invalid(str(e)) from None
+    return {"since": q["since"], "until": q["until"], "capacity": capacity,
+            "quotas": {k: v / GPU for k, v in quotas.items()}}
+
+
+class WhatIfsHandler(PoolHandler):
+    async def post(self):
+        if not self.who.admin:
+            self.fail(403, "only admins can run a what-if of the pool's history")
+        try:
+            request = whatif_request(self.body(), time.time())
+            run = start_whatif(self, request)
+        except Invalid as e:
+            self.fail(e.status, str(e))
+        self.reply(run.json(), 202)
+
+
+class WhatIfHandler(PoolHandler):
+    def get(self, run_id):
+        if not self.who.admin:
+            self.fail(403, "only admins can read what-if replays")
+        run = self.settings["whatif"].get(run_id)
+        if run is None:
+            self.fail(404, f"there is no what-if {run_id[:40]} (the last {KEEP} are kept)")
+        self.reply(run.json())
+
+
+def start_whatif(handler, request: dict):
+    """Start the replay of ``request`` (checked by ``whatif_request``) in the worker
+    process; ``Invalid`` (409) while one runs. Shared by the API and the dashboard."""
+    now = time.time()
+
+    async def gather():
+        entries = await history_entries(handler, request["since"], request["until"], now)
+        knobs = handler.settings.get("replay_knobs", {})
+        counts = handler.store.pending_counts()
+        projects = [handler.project_json(p, counts) for p in handler.store.projects()]
+        quotas = {k: round(v * GPU) for k, v in request["quotas"].items()}
+        return (pool_json(handler), projects, knobs, entries, request["capacity"], quotas)
+
+    try:
+        return handler.settings["whatif"].start(request, gather)
+    except Busy as e:
+        raise Invalid(str(e), 409) from None
+
+
+def routes(prefix: str) -> list:
+    p = prefix.rstrip("/")
+    return [(rf"{p}/api/history", HistoryHandler), (rf"{p}/api/whatif", WhatIfsHandler),
+            (rf"{p}/api/whatif/([^/]+)", WhatIfHandler)]
