@@ -134,9 +134,13 @@ class Simulator:
             self.out.write(json.dumps(line) + "\n")
 
     def _changed(self, t: float) -> None:
-        if self.cycle_due is None:
-            self.cycle_due = max(t, self.last_cycle + self.cfg.cycle_interval_s)
-            self._push(self.cycle_due, CYCLE)
+        # A cycle due later (the wake-up of a young job's minimum runtime) must not hold up
+        # this one: the pool runs a cycle at once after a change, and so must the replay. The
+        # later cycle stays in the queue and runs at its time.
+        due = max(t, self.last_cycle + self.cfg.cycle_interval_s)
+        if self.cycle_due is None or due < self.cycle_due:
+            self.cycle_due = due
+            self._push(due, CYCLE)
 
     def run(self) -> SimRun:
         # The trace, its records and the program live through the whole run: frozen, they
