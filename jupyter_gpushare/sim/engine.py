@@ -41,6 +41,10 @@ class SimConfig:
     checkpoint_interval_s: float = 1800.0
     cycle_interval_s: float = 0.0
     """Least time between two cycles; 0 runs one after every instant at which something changed."""
+    cycle_delay_s: float = 0.0
+    """Seconds from a change (a submit, an end) to the cycle it brings: 0 for a trace; a
+    replay of the pool's history gives the pool's measured decision latency, so that its
+    starts do not drift ahead of the recorded ones job after job."""
     policy_config: PolicyConfig = field(default_factory=PolicyConfig)
 
 
@@ -137,7 +141,7 @@ class Simulator:
         # A cycle due later (the wake-up of a young job's minimum runtime) must not hold up
         # this one: the pool runs a cycle at once after a change, and so must the replay. The
         # later cycle stays in the queue and runs at its time.
-        due = max(t, self.last_cycle + self.cfg.cycle_interval_s)
+        due = max(t + self.cfg.cycle_delay_s, self.last_cycle + self.cfg.cycle_interval_s)
         if self.cycle_due is None or due < self.cycle_due:
             self.cycle_due = due
             self._push(due, CYCLE)

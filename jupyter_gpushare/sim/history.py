@@ -22,7 +22,7 @@ of a GPU held for a duration; the history does not give them: docs/howto/showbac
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..policy.model import GPU, Node, PolicyConfig, Project
 from .engine import SimConfig, Simulator
@@ -93,6 +93,7 @@ class Settings:
     projects: tuple[Project, ...]
     cycle_interval_s: float = 0.0
     grace_s: float = 30.0
+    cycle_delay_s: float = 0.0  # the pool's decision latency (``decision_latency``)
     policy_config: PolicyConfig = field(default_factory=PolicyConfig)
 
     @property
@@ -114,7 +115,8 @@ def settings_from(pool: dict, projects: list[dict], knobs: dict) -> Settings:
                           reserve_after_s=float(knobs.get("reserve_after_s", 1800.0)))
     # The pool runs a cycle at once on every submit and every exit it sees (within 0.1 s),
     # as the simulator does with no cycle interval: its knob only spaces idle cycles.
-    return Settings(nodes, projs, 0.0, float(knobs.get("grace_period_s", 30.0)), config)
+    return Settings(nodes, projs, grace_s=float(knobs.get("grace_period_s", 30.0)),
+                    policy_config=config)
 
 
 def with_capacity(settings: Settings, change: str) -> Settings:
@@ -132,8 +134,7 @@ def with_capacity(settings: Settings, change: str) -> Settings:
     while sum(n.gpus for n in nodes) < target:
         i += 1
         nodes.append(Node(f"whatif-{i}", min(size, target - sum(n.gpus for n in nodes))))
-    return Settings(tuple(nodes), settings.projects, settings.cycle_interval_s,
-                    settings.grace_s, settings.policy_config)
+    return replace(settings, nodes=tuple(nodes))
 
 
 def with_quotas(settings: Settings, quotas: dict[str, int]) -> Settings:
@@ -147,14 +148,14 @@ def with_quotas(settings: Settings, quotas: dict[str, int]) -> Settings:
         limit = p.limit if p.limit is None or p.limit >= q else q
         out.append(Project(name, quota=q, over_quota_weight=p.over_quota_weight, limit=limit,
                            priority=p.priority))
-    return Settings(settings.nodes, tuple(out), settings.cycle_interval_s, settings.grace_s,
-                    settings.policy_config)
+    return replace(settings, projects=tuple(out))
 
 
 def replay(jobs: list[TraceJob], settings: Settings, on_progress=None):
     """The simulator's run of ``jobs`` under ``settings`` (``engine.SimRun``)."""
     config = SimConfig(capacity_gpus=settings.capacity, grace_s=settings.grace_s,
                        cycle_interval_s=settings.cycle_interval_s,
+                       cycle_delay_s=settings.cycle_delay_s,
                        policy_config=settings.policy_config)
     fit = [j for j in jobs if j.gpus <= settings.capacity * GPU]
     return Simulator(fit, {}, config, nodes=settings.nodes, projects=settings.projects,
@@ -241,6 +242,7 @@ def compare(entries: list[dict], today: Settings, changed: Settings | None,
 
 def _describe(s: Settings) -> dict:
     return {"capacity_gpus": s.capacity, "nodes": len(s.nodes),
+            "decision_latency_s": round(s.cycle_delay_s, 4),
             "quotas": {p.name: p.quota / GPU for p in s.projects}}
 
 
@@ -299,11 +301,19 @@ def quota_changes(value) -> dict[str, int]:
     return out
 
 
+def decision_latency(entries: list[dict]) -> float:
+    """The pool's measured seconds from a change to the start it brings: the median wait of
+    the jobs that started at once (within a second of their submit)."""
+    quick = [e["first_start_s"] for e in entries if 0 <= e["first_start_s"] < 1.0]
+    return percentile(quick, 50) if quick else 0.0
+
+
 def what_if(pool: dict, projects: list[dict], knobs: dict, entries: list[dict],
             capacity: str | None, quotas: dict[str, int], on_progress=None) -> dict:
     """The whole what-if from the API's answers: today's settings, the changed ones, both
     replays side by side (``compare``)."""
-    today = settings_from(pool, projects, knobs)
+    today = replace(settings_from(pool, projects, knobs),
+                    cycle_delay_s=decision_latency(entries))
     if today.capacity < 1:
         raise BadChange("the pool has no train GPUs to replay on")
     changed = changed_settings(today, capacity, quotas) if (capacity or quotas) else None
