@@ -9,7 +9,7 @@ from jupyter_gpushare.pool.openapi import SPEC
 def documented(pattern: str) -> str:
     """``/api/jobs/([^/]+)/logs`` → ``/api/jobs/{job_id}/logs``."""
     name = "{job_id}" if "/jobs/" in pattern else "{slice_id}" if "/slices/" in pattern \
-        else "{name}"
+        else "{whatif_id}" if "/whatif/" in pattern else "{name}"
     return pattern.replace("([^/]+)", name)
 
 
