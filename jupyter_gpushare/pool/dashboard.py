@@ -13,6 +13,7 @@ who are not hub admins in (docs/howto/utilization.md, "The admin dashboard").
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import time
@@ -22,10 +23,12 @@ from jupyterhub.services.auth import (HubOAuth, HubOAuthCallbackHandler, HubOAut
                                        UserNotAllowed)
 from tornado import web
 
-from ..dashboard import BadWindow, choose_window, refusal, render
+from ..dashboard import BadWindow, choose_window, refusal, render, render_whatif
+from ..usage import showback
 from ..usage.report import BY
 from .api import PoolHandler, pool_json
-from .api_usage import MAX_WINDOW, parse_time
+from .api_history import start_whatif, whatif_request
+from .api_usage import MAX_WINDOW, parse_time, send_csv
 from .usage_store import Scope
 from .validate import Invalid
 
@@ -97,8 +100,8 @@ class DashboardHandler(HubOAuthenticated, PoolHandler):
         self.set_header("Content-Type", "text/html; charset=utf-8")
         self.finish(refusal(status_code, sentence))
 
-    @web.authenticated
-    async def get(self):
+    async def admin(self) -> None:
+        """Let in only a pool admin signed in to JupyterHub (a sentence and 403 otherwise)."""
         model = self.current_user
         if model.get("kind", "user") != "user":
             self.fail(403, "The dashboard is for people signed in to JupyterHub, not for "
@@ -109,13 +112,20 @@ class DashboardHandler(HubOAuthenticated, PoolHandler):
                            f"and holders of custom:gpushare:admin); you are signed in as "
                            f"{self.who.name}. Your own jobs, quota and GPU use are in "
                            f"JupyterLab's GPU share panel, %gpushare and gpushare usage.")
+
+    def xsrf_value(self) -> str:
+        xsrf = self.xsrf_token  # also sets the _xsrf cookie on a page view
+        return xsrf.decode() if isinstance(xsrf, bytes) else xsrf
+
+    @web.authenticated
+    async def get(self):
+        await self.admin()
         try:
             window = await self.window(time.time())
         except (Invalid, BadWindow) as e:
             self.fail(400, f"{str(e)[:1].upper()}{str(e)[1:]}.")
-        xsrf = self.xsrf_token  # also sets the _xsrf cookie on a page view
         self.finish(render(await gather(self, window), nonce=self.nonce,
-                           xsrf=xsrf.decode() if isinstance(xsrf, bytes) else xsrf))
+                           xsrf=self.xsrf_value()))
 
     async def window(self, now: float):
         """``?window=6h``, or ``?since=…&until=…`` as api/usage reads them; neither, a window
@@ -174,9 +184,72 @@ async def gather(handler: PoolHandler, window) -> dict:
             "slices": [handler.slice_json(s) for s in store.slices()]}
 
 
+class UsageCSVHandler(DashboardHandler):
+    """``dashboard/usage.csv``: the dashboard's window by project, as ``api/usage?format=csv``
+    gives it, for a browser signed in to the dashboard."""
+
+    @web.authenticated
+    async def get(self):
+        await self.admin()
+        try:
+            window = await self.window(time.time())
+        except (Invalid, BadWindow) as e:
+            self.fail(400, f"{str(e)[:1].upper()}{str(e)[1:]}.")
+        answer = await self.usage.meter.query(window.since, window.until, BY["project"],
+                                              Scope(), None, "name", 1000)
+        send_csv(self, showback.to_csv(showback.showback_rows(answer, "project")),
+                 "gpushare-usage.csv")
+
+
+class WhatIfPageHandler(DashboardHandler):
+    """``dashboard/whatif``: the what-if page (``?run=ID`` shows one run, refreshed while it
+    runs); a POST of ``{since, until, capacity, quotas}`` starts one (as ``POST api/whatif``)
+    and answers JSON."""
+
+    @web.authenticated
+    async def get(self):
+        await self.admin()
+        run_id = self.get_argument("run", "")
+        run = self.settings["whatif"].get(run_id) if run_id else None
+        if run_id and run is None:
+            self.fail(404, f"There is no what-if {run_id[:40]} (the last few are kept); start "
+                           f"another.")
+        counts = self.store.pending_counts()
+        now = time.time()
+        offset, zone = _zone(now)
+        self.finish(render_whatif({
+            "now": now, "offset": offset, "zone": zone, "user": self.who.name,
+            "pool": pool_json(self), "run": run.json() if run else None,
+            "projects": [self.project_json(p, counts) for p in self.store.projects()]},
+            nonce=self.nonce, xsrf=self.xsrf_value()))
+
+    @web.authenticated
+    async def post(self):
+        self.json_errors = True
+        await self.admin()
+        try:
+            run = start_whatif(self, whatif_request(self.body(), time.time()))
+        except Invalid as e:
+            self.fail(e.status, str(e))
+        self.set_header("Content-Type", "application/json")
+        self.set_status(202)
+        self.finish(json.dumps(run.json()))
+
+    def write_error(self, status_code, **kwargs):
+        if not getattr(self, "json_errors", False):
+            return super().write_error(status_code, **kwargs)
+        exc = kwargs.get("exc_info", (None, None))[1]
+        sentence = exc.reason if isinstance(exc, web.HTTPError) and exc.reason else \
+            "the pool service failed to start the what-if; its log says why"
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"error": sentence}))
+
+
 def routes(prefix: str) -> list:
     p = prefix.rstrip("/")
     return [(rf"{p}/?", RootHandler), (rf"{p}/dashboard", DashboardHandler),
+            (rf"{p}/dashboard/usage\.csv", UsageCSVHandler),
+            (rf"{p}/dashboard/whatif", WhatIfPageHandler),
             (rf"{p}/oauth_callback", CallbackHandler)]
 
 
