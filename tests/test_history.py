@@ -269,8 +269,30 @@ def test_showback_equals_api_usage_to_the_second(hub, hour, capsys):
     status, usage = hub.api("GET", f"api/usage?since={since}&until={until}&by=project",
                             "admin")
     assert status == 200
-    assert set(rows) == {r["project"] for r in usage["rows"]} == {"vision", "nlp"}
+    assert set(rows) == {r["project"] for r in usage["rows"]} == {"vision", "nlp"}, (out, usage)
     for r in usage["rows"]:
         for f in ("allocated", "utilized", "idle"):
             assert float(rows[r["project"]][f"{f}_gpu_seconds"]) == r[f"{f}_gpu_seconds"]
         assert r["allocated_gpu_seconds"] > 0
+
+
+def test_the_dashboard_offers_the_windows_csv_and_a_whatif_page(hub, hour):
+    status, text = hub.api("GET", "dashboard/usage.csv?window=1h", "admin")
+    assert status == 200 and text.startswith("project,allocated_gpu_hours"), text
+    assert hub.api("GET", "dashboard/usage.csv?window=1h", "alice")[0] == 403
+    status, page = hub.api("GET", "dashboard/whatif", "admin")
+    assert status == 200 and 'data-project="vision"' in page
+    status, run = hub.api("POST", "dashboard/whatif", "admin", {
+        "since": str(hour["since"]), "until": str(hour["until"]), "capacity": "12"})
+    assert status == 202, run
+    status, body = hub.api("POST", "api/whatif", "admin", {"since": "1h"})
+    assert status == 409 and body["error"].startswith("a what-if is already running"), body
+    deadline = time.monotonic() + 60
+    while run["state"] == "running" and time.monotonic() < deadline:
+        time.sleep(0.3)
+        status, run = hub.api("GET", f"api/whatif/{run['id']}", "admin")
+    assert run["state"] == "done" and run["result"]["changed"]["capacity_gpus"] == 12, run
+    status, page = hub.api("GET", f"dashboard/whatif?run={run['id']}", "admin")
+    assert status == 200 and "Replayed, changed settings" in page
+    status, body = hub.api("POST", "dashboard/whatif", "admin", {"capacity": "lots"})
+    assert status == 400 and body["error"].startswith("capacity must be +K"), body
