@@ -13,17 +13,21 @@ import csv
 import io
 import time
 
+from types import SimpleNamespace
+
 from sqlalchemy import and_, or_, select
+from sqlalchemy.orm import sessionmaker
 
 from ..policy.model import GPU
 from ..sim.history import COLUMNS, BadChange, check_capacity, history_entry, quota_changes
-from ..usage.report import BY
+from ..usage.rollup import HOUR, MINUTE, spans
 from .api import PoolHandler, pool_json
 from .api_usage import MAX_WINDOW, parse_time
 from .handlers import ID, ServiceHandler
 from .whatif import KEEP, Busy
 from .models import AttemptRow, JobRow
-from .usage_store import Scope
+from .store import make_engine
+from .usage_store import UsageStore
 from .validate import Invalid
 
 MAX_LIMIT, DEFAULT_LIMIT = 10_000, 1000
@@ -74,6 +78,49 @@ def read_history(store, since: float, until: float, limit: int, after: str | Non
     return jobs, attempts
 
 
+def stored_utilization(source, jobs, attempts, now: float, horizon: int) -> dict[str, float]:
+    """Each job's utilization from the usage store's job rows over its runs: the sums
+    ``api/usage?by=job`` reads (without the minute not yet written)."""
+    ran = [a for j in jobs for a in attempts[j.id]]
+    if not ran:
+        return {}
+    lo = int(min(a.started for a in ran))
+    hi = int(min(max((a.ended or now) for a in ran), now)) + MINUTE
+    sums = UsageStore(source).sums(("job",), spans(lo, hi, horizon), ("job",))
+    wanted = {j.id for j in jobs}
+    return {k[0]: t.utilized / t.measured for k, t in sums.items()
+            if k[0] in wanted and t.measured}
+
+
+def read_entries(source, since: float, until: float, now: float, grace: float, horizon: int,
+                 limit: int = MAX_LIMIT, after: str | None = None):
+    """One page of trace lines and the id to go on ``after`` (None on the last page). Blocks
+    on the database: a worker thread or the what-if's worker process calls it. ``source``:
+    anything with a SQLAlchemy ``engine`` and ``session`` factory (the store)."""
+    jobs, attempts = read_history(source, since, until, limit, after)
+    util = stored_utilization(source, jobs, attempts, now, horizon)
+    entries = [e for j in jobs if (e := history_entry(
+        j, attempts[j.id], util.get(j.id), since, now, grace)) is not None]
+    return entries, (jobs[-1].id if len(jobs) == limit else None)
+
+
+def all_entries(source, since: float, until: float, now: float, grace: float,
+                horizon: int) -> list[dict]:
+    """Every page of ``read_entries``."""
+    entries, after = [], None
+    while True:
+        page, after = read_entries(source, since, until, now, grace, horizon, MAX_LIMIT, after)
+        entries += page
+        if after is None:
+            return entries
+
+
+def open_source(db_url: str):
+    """The store's tables by URL, for a process of its own (no migrations, no job book)."""
+    engine = make_engine(db_url)
+    return SimpleNamespace(engine=engine, session=sessionmaker(engine, expire_on_commit=False))
+
+
 def to_csv(entries: list[dict]) -> str:
     out = io.StringIO()
     writer = csv.DictWriter(out, COLUMNS, extrasaction="ignore", lineterminator="\n")
@@ -92,15 +139,11 @@ class HistoryHandler(ServiceHandler):
         now = time.time()
         try:
             q = history_query(args, now)
-            jobs, attempts = await self.store.in_thread(read_history, self.store, q["since"],
-                                                        q["until"], q["limit"], q["after"])
+            entries, nxt = await self.store.in_thread(
+                read_entries, self.store, q["since"], q["until"], now, _grace(self),
+                _horizon(self, now), q["limit"], q["after"])
         except Invalid as e:
             self.fail(e.status, str(e))
-        utilization = await _utilization(self, jobs, attempts, now)
-        grace = self.settings.get("replay_knobs", {}).get("grace_period_s", 30.0)
-        entries = [e for j in jobs if (e := history_entry(
-            j, attempts[j.id], utilization.get(j.id), q["since"], now, grace)) is not None]
-        nxt = jobs[-1].id if len(jobs) == q["limit"] else None
         if q["format"] == "csv":
             self.set_header("Content-Type", "text/csv; charset=utf-8")
             self.set_header("Content-Disposition", 'attachment; filename="history.csv"')
@@ -113,33 +156,14 @@ class HistoryHandler(ServiceHandler):
                     "settings": knobs})
 
 
-async def _utilization(handler, jobs, attempts, now: float) -> dict[str, float]:
-    """Each job's utilization as ``api/usage?by=job`` says it over the jobs' runs."""
-    ran = [a for j in jobs for a in attempts[j.id]]
-    if not ran:
-        return {}
-    lo = min(a.started for a in ran)
-    hi = min(max((a.ended or now) for a in ran), now)
-    answer = await handler.usage.meter.query(lo, max(hi, lo + 60), BY["job"], Scope(), None,
-                                             "name", None)
-    wanted = {j.id for j in jobs}
-    return {r["job"]: r["utilization"] for r in answer["rows"]
-            if r["job"] in wanted and r["utilization"] is not None}
+def _grace(handler) -> float:
+    return handler.settings.get("replay_knobs", {}).get("grace_period_s", 30.0)
 
 
-async def history_entries(handler, since: float, until: float, now: float) -> list[dict]:
-    """Every recorded job of [since, until) as a trace line (all pages)."""
-    entries, after = [], None
-    while True:
-        jobs, attempts = await handler.store.in_thread(read_history, handler.store, since,
-                                                       until, MAX_LIMIT, after)
-        utilization = await _utilization(handler, jobs, attempts, now)
-        grace = handler.settings.get("replay_knobs", {}).get("grace_period_s", 30.0)
-        entries += [e for j in jobs if (e := history_entry(
-            j, attempts[j.id], utilization.get(j.id), since, now, grace)) is not None]
-        if len(jobs) < MAX_LIMIT:
-            return entries
-        after = jobs[-1].id
+def _horizon(handler, now: float) -> int:
+    """Where the usage store's minute rows begin (``rollup.spans``)."""
+    return int(now - handler.usage.meter.settings.rollup_after) // HOUR * HOUR
+
 
 
 def whatif_request(body, now: float) -> dict:
@@ -192,12 +216,20 @@ def start_whatif(handler, request: dict):
     now = time.time()
 
     async def gather():
-        entries = await history_entries(handler, request["since"], request["until"], now)
+        """What the worker needs: where to read the history (the store's URL; the jobs
+        themselves only for a database another process cannot open), today's settings."""
         knobs = handler.settings.get("replay_knobs", {})
         counts = handler.store.pending_counts()
         projects = [handler.project_json(p, counts) for p in handler.store.projects()]
         quotas = {k: round(v * GPU) for k, v in request["quotas"].items()}
-        return (pool_json(handler), projects, knobs, entries, request["capacity"], quotas)
+        url = handler.store.engine.url
+        window = (request["since"], request["until"], now, _grace(handler),
+                  _horizon(handler, now))
+        if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
+            history = await handler.store.in_thread(all_entries, handler.store, *window)
+        else:
+            history = (url.render_as_string(hide_password=False), *window)
+        return (history, pool_json(handler), projects, knobs, request["capacity"], quotas)
 
     try:
         return handler.settings["whatif"].start(request, gather)

@@ -60,8 +60,20 @@ def _tell(share: float) -> None:
     _progress.value = share
 
 
-def _work(pool, projects, knobs, entries, capacity, quotas) -> dict:
-    return what_if(pool, projects, knobs, entries, capacity, quotas, _tell)
+def _work(history, pool, projects, knobs, capacity, quotas) -> dict:
+    """In the worker: read the history (``history``: the jobs, or the store's URL and the
+    window to read them from), then replay it."""
+    if isinstance(history, tuple):
+        from .api_history import all_entries, open_source
+
+        source = open_source(history[0])
+        try:
+            history = all_entries(source, *history[1:])
+        finally:
+            source.engine.dispose()
+        _tell(0.05)
+    return what_if(pool, projects, knobs, history, capacity, quotas,
+                   lambda share: _tell(0.05 + 0.95 * share))
 
 
 class WhatIfRunner:
