@@ -13,24 +13,18 @@ import csv
 import io
 import time
 
-from types import SimpleNamespace
-
-from sqlalchemy import and_, or_, select
-from sqlalchemy.orm import sessionmaker
 
 from ..policy.model import GPU
-from ..sim.history import COLUMNS, BadChange, check_capacity, history_entry, quota_changes
-from ..usage.rollup import HOUR, MINUTE, spans
+from ..sim.history import COLUMNS, BadChange, check_capacity, quota_changes
+from ..usage.rollup import HOUR
 from .api import PoolHandler, pool_json
 from .api_usage import MAX_WINDOW, parse_time
 from .handlers import ID, ServiceHandler
 from .whatif import KEEP, Busy
-from .models import AttemptRow, JobRow
-from .store import make_engine
-from .usage_store import UsageStore
+from .history_store import MAX_LIMIT, all_entries, read_entries
 from .validate import Invalid
 
-MAX_LIMIT, DEFAULT_LIMIT = 10_000, 1000
+DEFAULT_LIMIT = 1000
 PARAMETERS = ("since", "until", "limit", "after", "format")
 
 
@@ -56,69 +50,6 @@ def history_query(args: dict[str, str], now: float) -> dict:
     if fmt not in ("json", "csv"):
         raise Invalid(f"format must be json or csv, not {fmt[:40]!r}")
     return {"since": since, "until": until, "limit": int(limit), "after": after, "format": fmt}
-
-
-def read_history(store, since: float, until: float, limit: int, after: str | None):
-    """Jobs submitted in [since, until) after the job ``after``, at most ``limit``, with their
-    attempts; blocks on the database (call it in a worker thread)."""
-    with store.session() as s:
-        q = select(JobRow).where(JobRow.submitted >= since, JobRow.submitted < until)
-        if after is not None:
-            mark = s.get(JobRow, after)
-            if mark is None:
-                raise Invalid(f"after names no job ({after}); give the next of the previous page")
-            q = q.where(or_(JobRow.submitted > mark.submitted,
-                            and_(JobRow.submitted == mark.submitted, JobRow.id > mark.id)))
-        jobs = list(s.scalars(q.order_by(JobRow.submitted, JobRow.id).limit(limit)))
-        attempts: dict[str, list] = {j.id: [] for j in jobs}
-        ids = list(attempts)
-        for i in range(0, len(ids), 500):
-            for a in s.scalars(select(AttemptRow).where(AttemptRow.job_id.in_(ids[i:i + 500]))):
-                attempts[a.job_id].append(a)
-    return jobs, attempts
-
-
-def stored_utilization(source, jobs, attempts, now: float, horizon: int) -> dict[str, float]:
-    """Each job's utilization from the usage store's job rows over its runs: the sums
-    ``api/usage?by=job`` reads (without the minute not yet written)."""
-    ran = [a for j in jobs for a in attempts[j.id]]
-    if not ran:
-        return {}
-    lo = int(min(a.started for a in ran))
-    hi = int(min(max((a.ended or now) for a in ran), now)) + MINUTE
-    sums = UsageStore(source).sums(("job",), spans(lo, hi, horizon), ("job",))
-    wanted = {j.id for j in jobs}
-    return {k[0]: t.utilized / t.measured for k, t in sums.items()
-            if k[0] in wanted and t.measured}
-
-
-def read_entries(source, since: float, until: float, now: float, grace: float, horizon: int,
-                 limit: int = MAX_LIMIT, after: str | None = None):
-    """One page of trace lines and the id to go on ``after`` (None on the last page). Blocks
-    on the database: a worker thread or the what-if's worker process calls it. ``source``:
-    anything with a SQLAlchemy ``engine`` and ``session`` factory (the store)."""
-    jobs, attempts = read_history(source, since, until, limit, after)
-    util = stored_utilization(source, jobs, attempts, now, horizon)
-    entries = [e for j in jobs if (e := history_entry(
-        j, attempts[j.id], util.get(j.id), since, now, grace)) is not None]
-    return entries, (jobs[-1].id if len(jobs) == limit else None)
-
-
-def all_entries(source, since: float, until: float, now: float, grace: float,
-                horizon: int) -> list[dict]:
-    """Every page of ``read_entries``."""
-    entries, after = [], None
-    while True:
-        page, after = read_entries(source, since, until, now, grace, horizon, MAX_LIMIT, after)
-        entries += page
-        if after is None:
-            return entries
-
-
-def open_source(db_url: str):
-    """The store's tables by URL, for a process of its own (no migrations, no job book)."""
-    engine = make_engine(db_url)
-    return SimpleNamespace(engine=engine, session=sessionmaker(engine, expire_on_commit=False))
 
 
 def to_csv(entries: list[dict]) -> str:
@@ -228,8 +159,9 @@ def start_whatif(handler, request: dict):
         if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
             history = await handler.store.in_thread(all_entries, handler.store, *window)
         else:
-            history = (url.render_as_string(hide_password=False), *window)
-        return (history, pool_json(handler), projects, knobs, request["capacity"], quotas)
+            history = {"db_url": url.render_as_string(hide_password=False), "window": window}
+        return {"history": history, "pool": pool_json(handler), "projects": projects,
+                "knobs": knobs, "capacity": request["capacity"], "quotas": quotas}
 
     try:
         return handler.settings["whatif"].start(request, gather)

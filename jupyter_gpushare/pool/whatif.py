@@ -2,26 +2,26 @@
 (``sim/history.what_if``, pure), this module only runs it off the event loop.
 
 One at a time: a second request while one runs is refused with a sentence. The worker is a
-fresh process (spawned, at a lower CPU priority), so a long replay never holds up the
-service's answers; it reports how far it is through a shared number, which ``api/whatif/{id}``
-and the dashboard's progress bar read. The last few results are kept in memory.
+fresh process (``whatif_worker.py``, in the idle scheduling class from its start) that reads the
+history from the store itself, so a long replay never holds up the service's answers; it
+reports how far it is in lines on its stdout, which ``api/whatif/{id}`` and the dashboard's
+progress bar read. The last few results are kept in memory.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
-import multiprocessing
 import os
+import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
-
-from ..sim.history import BadChange, what_if
+from dataclasses import dataclass
 
 KEEP = 10
-_progress = None  # in the worker: the shared number it writes its progress to
+WORKER = "jupyter_gpushare.pool.whatif_worker"
+LINE_LIMIT = 64 * 1024 * 1024  # the result is one JSON line
 
 
 class Busy(RuntimeError):
@@ -34,50 +34,20 @@ class WhatIf:
     request: dict
     started: float
     state: str = "running"  # running | done | failed
+    progress: float = 0.0
     result: dict | None = None
     error: str = ""
     finished: float | None = None
-    progress: object = field(default=None, repr=False)  # multiprocessing.Value('d')
 
     def json(self) -> dict:
-        done = 1.0 if self.state != "running" else \
-            round(self.progress.value if self.progress is not None else 0.0, 3)
-        return {"id": self.id, "state": self.state, "progress": done, "request": self.request,
-                "started": self.started, "finished": self.finished, "result": self.result,
-                "error": self.error or None}
-
-
-def _init(progress, nice: int) -> None:
-    global _progress
-    _progress = progress
-    try:
-        os.nice(nice)
-    except OSError:
-        pass
-
-
-def _tell(share: float) -> None:
-    _progress.value = share
-
-
-def _work(history, pool, projects, knobs, capacity, quotas) -> dict:
-    """In the worker: read the history (``history``: the jobs, or the store's URL and the
-    window to read them from), then replay it."""
-    if isinstance(history, tuple):
-        from .api_history import all_entries, open_source
-
-        source = open_source(history[0])
-        try:
-            history = all_entries(source, *history[1:])
-        finally:
-            source.engine.dispose()
-        _tell(0.05)
-    return what_if(pool, projects, knobs, history, capacity, quotas,
-                   lambda share: _tell(0.05 + 0.95 * share))
+        return {"id": self.id, "state": self.state,
+                "progress": 1.0 if self.state != "running" else round(self.progress, 3),
+                "request": self.request, "started": self.started, "finished": self.finished,
+                "result": self.result, "error": self.error or None}
 
 
 class WhatIfRunner:
-    def __init__(self, nice: int = 10, log: logging.Logger | None = None):
+    def __init__(self, nice: int = 19, log: logging.Logger | None = None):
         self.nice = nice
         self.log = log or logging.getLogger("gpushare.whatif")
         self.runs: dict[str, WhatIf] = {}
@@ -88,33 +58,58 @@ class WhatIfRunner:
         return self.runs.get(run_id)
 
     def start(self, request: dict, gather) -> WhatIf:
-        """Start a replay; ``gather()`` (a coroutine function) returns the arguments of
-        ``what_if`` but the progress, as the API shows them. Raises ``Busy``."""
+        """Start a replay; ``gather()`` (a coroutine function) returns the worker's request
+        but the history's changes (``whatif_worker.py``). Raises ``Busy``."""
         if self.current is not None and self.current.state == "running":
             raise Busy(f"a what-if is already running ({self.current.id}, "
-                       f"{self.current.json()['progress']:.0%} done); wait for it, then ask "
-                       f"again")
-        ctx = multiprocessing.get_context("spawn")
-        run = WhatIf(f"w-{next(self._ids)}-{int(time.time())}", request, time.time(),
-                     progress=ctx.Value("d", 0.0, lock=False))
+                       f"{self.current.progress:.0%} done); wait for it, then ask again")
+        run = WhatIf(f"w-{next(self._ids)}-{int(time.time())}", request, time.time())
         self.current = self.runs[run.id] = run
         for old in sorted(self.runs.values(), key=lambda r: r.started)[:-KEEP]:
             del self.runs[old.id]
-        asyncio.ensure_future(self._run(run, ctx, gather))
+        asyncio.ensure_future(self._run(run, gather))
         return run
 
-    async def _run(self, run: WhatIf, ctx, gather) -> None:
+    async def _run(self, run: WhatIf, gather) -> None:
         try:
-            args = await gather()
-            with ProcessPoolExecutor(1, mp_context=ctx, initializer=_init,
-                                     initargs=(run.progress, self.nice)) as pool:
-                run.result = await asyncio.wrap_future(pool.submit(_work, *args))
-            run.state = "done"
-        except BadChange as e:
-            run.state, run.error = "failed", str(e)
+            body = json.dumps(await gather()).encode()
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", WORKER, stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                limit=LINE_LIMIT, preexec_fn=self._lower)
+            proc.stdin.write(body)
+            await proc.stdin.drain()
+            proc.stdin.close()
+            async for raw in proc.stdout:
+                line = json.loads(raw)
+                if "progress" in line:
+                    run.progress = line["progress"]
+                elif "result" in line:
+                    run.result, run.state = line["result"], "done"
+                elif "error" in line:
+                    run.error, run.state = line["error"], "failed"
+            errors = await proc.stderr.read()
+            if await proc.wait() != 0 or run.state == "running":
+                self.log.error("a what-if replay failed: %s",
+                               errors.decode(errors="replace")[-2000:])
+                run.state = "failed"
+                run.error = "the replay failed; the pool's log says why"
         except Exception as e:  # noqa: BLE001 - said on the run, logged for the admin
             self.log.exception("a what-if replay failed")
             run.state, run.error = "failed", f"the replay failed ({type(e).__name__}); the " \
                                              f"pool's log says why"
         finally:
             run.finished = time.time()
+
+    def _lower(self) -> None:
+        """In the worker, before it runs: the idle scheduling class where Linux has it (it
+        runs only on CPU time nothing else wants, so the service's answers keep their
+        latency), else a higher nice value."""
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        except (AttributeError, OSError):
+            pass
+        try:
+            os.nice(self.nice)
+        except OSError:
+            pass
