@@ -125,7 +125,7 @@ def cmd_simulate(args) -> int:
         try:
             args.capacity = _positive_int(args.capacity)
         except argparse.ArgumentTypeError as e:
-            raise UsageError(f"--capacity {e}") from None
+            raise UsageError(f"--capacity: {e}") from None
     from .sim.engine import SimConfig, Simulator
     from .sim.metrics import summarize
     from .sim.trace import TraceError, apportion, proportional_quotas, read_quotas, read_trace

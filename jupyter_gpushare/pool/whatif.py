@@ -14,7 +14,6 @@ import asyncio
 import itertools
 import json
 import logging
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -47,8 +46,7 @@ class WhatIf:
 
 
 class WhatIfRunner:
-    def __init__(self, nice: int = 19, log: logging.Logger | None = None):
-        self.nice = nice
+    def __init__(self, log: logging.Logger | None = None):
         self.log = log or logging.getLogger("gpushare.whatif")
         self.runs: dict[str, WhatIf] = {}
         self.current: WhatIf | None = None
@@ -76,7 +74,7 @@ class WhatIfRunner:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", WORKER, stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                limit=LINE_LIMIT, preexec_fn=self._lower)
+                limit=LINE_LIMIT)
             proc.stdin.write(body)
             await proc.stdin.drain()
             proc.stdin.close()
@@ -100,16 +98,3 @@ class WhatIfRunner:
                                              f"pool's log says why"
         finally:
             run.finished = time.time()
-
-    def _lower(self) -> None:
-        """In the worker, before it runs: the idle scheduling class where Linux has it (it
-        runs only on CPU time nothing else wants, so the service's answers keep their
-        latency), else a higher nice value."""
-        try:
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-        except (AttributeError, OSError):
-            pass
-        try:
-            os.nice(self.nice)
-        except OSError:
-            pass
