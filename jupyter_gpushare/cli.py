@@ -23,6 +23,13 @@ def _positive_int(text):
     return value
 
 
+def _capacity(text):
+    """GPUs (a whole number from 1), or with --from-pool a change: +K or -K."""
+    if text[:1] in "+-" and text[1:].isdigit():
+        return text
+    return str(_positive_int(text))
+
+
 def _seconds(text):
     try:
         value = float(text)
@@ -57,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="CSV project,quota (GPUs), or 'proportional' to derive quotas from each "
                      "project's share of the trace's GPU-hours; projects left out have quota 0 "
                      "(with --from-pool: the changed quotas; projects left out keep theirs)")
-    sim.add_argument("--capacity", metavar="GPUS", help="GPUs in the train pool (default: the "
+    sim.add_argument("--capacity", type=_capacity, metavar="GPUS", help="GPUs in the train pool (default: the "
                      "sum of the quotas file); with --from-pool the changed capacity: +K "
                      "(K more GPUs), -K, or N GPUs in all")
     sim.add_argument("--gpus-per-node", type=_positive_int, default=8, metavar="N",
@@ -122,10 +129,10 @@ def cmd_simulate(args) -> int:
         raise UsageError("say what to replay: --trace FILE, or --from-pool for the pool's own "
                          "recorded jobs")
     if args.capacity is not None:
-        try:
-            args.capacity = _positive_int(args.capacity)
-        except argparse.ArgumentTypeError as e:
-            raise UsageError(f"--capacity: {e}") from None
+        if args.capacity[:1] in "+-":
+            raise UsageError(f"--capacity {args.capacity} is a change, for --from-pool; give "
+                             f"the train pool's GPUs, like --capacity 64")
+        args.capacity = int(args.capacity)
     from .sim.engine import SimConfig, Simulator
     from .sim.metrics import summarize
     from .sim.trace import TraceError, apportion, proportional_quotas, read_quotas, read_trace

@@ -136,12 +136,17 @@ def test_one_whatif_at_a_time():
 @pytest.mark.parametrize("args, words", [
     (["--from-pool", "--events", "x.jsonl"], "--events is for replaying a trace file"),
     (["--from-pool", "--policy", "fifo"], "leave out --policy"),
-    (["--from-pool", "--capacity", "many"], "--capacity must be +K"),
+    (["--from-pool", "--capacity", "many"], "--capacity: must be a whole number"),
+    (["--trace", "t.csv", "--capacity", "+8"], "--capacity +8 is a change, for --from-pool"),
     (["--from-pool", "--quotas", "proportional"], "--quotas proportional is for trace files"),
     (["--since", "30d", "--trace", "t.csv"], "--since is for --from-pool"),
     ([], "say what to replay")])
 def test_simulate_arguments_get_one_sentence(capsys, args, words):
-    assert main(["simulate", *args, "--url", "http://127.0.0.1:9/", "--token", "x"]) == 2
+    try:
+        code = main(["simulate", *args, "--url", "http://127.0.0.1:9/", "--token", "x"])
+    except SystemExit as e:  # argparse's own refusal
+        code = e.code
+    assert code == 2
     err = capsys.readouterr().err
     assert words in err and "Traceback" not in err and err.count("\n") == 1
 
