@@ -8,7 +8,7 @@ import os
 import sys
 
 from .cli_base import CommandError, UsageError, _Parser
-from .cli_pool import add_pool_commands
+from .cli_pool import add_pool_commands, connection_options
 from .policy.model import DEFAULT_MIN_RUNTIME_S, GPU, PolicyConfig
 from .policy.quotas import overbooking
 
@@ -21,6 +21,13 @@ def _positive_int(text):
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
     return value
+
+
+def _capacity(text):
+    """GPUs (a whole number from 1), or with --from-pool a change: +K or -K."""
+    if text[:1] in "+-" and text[1:].isdigit():
+        return text
+    return str(_positive_int(text))
 
 
 def _seconds(text):
@@ -39,14 +46,27 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser,
                                 metavar="COMMAND")
     sim = sub.add_parser("simulate", help="replay a GPU-cluster trace under a scheduling policy",
+                         parents=[connection_options()],
                          description="Replay a trace (CSV: job_id,submit_time,duration,gpus,"
-                         "project[,user,priority,kind]) on a simulated train pool.")
-    sim.add_argument("--trace", required=True, metavar="FILE", help="trace CSV, may be gzipped")
+                         "project[,user,priority,kind]) on a simulated train pool; or, with "
+                         "--from-pool, the pool's own recorded jobs under today's settings and "
+                         "under changed ones, side by side (admins).")
+    sim.add_argument("--trace", metavar="FILE", help="trace CSV, may be gzipped")
+    sim.add_argument("--from-pool", action="store_true", help="replay the pool service's "
+                     "recorded train jobs (api/history, admins) instead of a trace: under "
+                     "today's projects, quotas and nodes, and under the --capacity and "
+                     "--quotas given")
+    sim.add_argument("--since", metavar="WHEN", help="with --from-pool: the jobs submitted "
+                     "since then: 30d (default), 12h, epoch seconds or a date 2026-10-01")
+    sim.add_argument("--until", metavar="WHEN", help="with --from-pool: and before then "
+                     "(default: now)")
     sim.add_argument("--quotas", metavar="FILE|proportional",
                      help="CSV project,quota (GPUs), or 'proportional' to derive quotas from each "
-                     "project's share of the trace's GPU-hours; projects left out have quota 0")
-    sim.add_argument("--capacity", type=_positive_int, metavar="GPUS",
-                     help="GPUs in the train pool (default: the sum of the quotas file)")
+                     "project's share of the trace's GPU-hours; projects left out have quota 0 "
+                     "(with --from-pool: the changed quotas; projects left out keep theirs)")
+    sim.add_argument("--capacity", type=_capacity, metavar="GPUS", help="GPUs in the train pool (default: the "
+                     "sum of the quotas file); with --from-pool the changed capacity: +K "
+                     "(K more GPUs), -K, or N GPUs in all")
     sim.add_argument("--gpus-per-node", type=_positive_int, default=8, metavar="N",
                      help="GPUs per node (default 8)")
     sim.add_argument("--policy", choices=("guaranteed", "static", "fifo"), default="guaranteed",
@@ -99,6 +119,20 @@ def main(argv=None) -> int:
 
 
 def cmd_simulate(args) -> int:
+    if args.from_pool:
+        from .cli_whatif import cmd_from_pool
+        return cmd_from_pool(args)
+    for name in ("since", "until"):
+        if getattr(args, name):
+            raise UsageError(f"--{name} is for --from-pool; a trace file is replayed whole")
+    if not args.trace:
+        raise UsageError("say what to replay: --trace FILE, or --from-pool for the pool's own "
+                         "recorded jobs")
+    if args.capacity is not None:
+        if args.capacity[:1] in "+-":
+            raise UsageError(f"--capacity {args.capacity} is a change, for --from-pool; give "
+                             f"the train pool's GPUs, like --capacity 64")
+        args.capacity = int(args.capacity)
     from .sim.engine import SimConfig, Simulator
     from .sim.metrics import summarize
     from .sim.trace import TraceError, apportion, proportional_quotas, read_quotas, read_trace

@@ -16,6 +16,7 @@ import os
 import shutil
 import sys
 import time
+from datetime import date, timedelta
 
 from .cli_base import CommandError, UsageError
 from .pool.validate import digits
@@ -24,6 +25,8 @@ from .client import (DEFAULT_RETRY_S, InvalidInput, NoCredentials, PoolClient, P
 from .text import (describe, format_audit, format_jobs, format_pool, format_quota, format_usage,
                    no_jobs)
 from .trainjob import ACTIVE, CANCELLED, RUNNING, STATES, SUCCEEDED
+from .usage import showback
+from .usage.showback import STEPS
 
 # The option that gives each job-spec field, for sentences about a bad value.
 _OPTION = {"gpus": "--gpus", "priority": "--priority", "name": "--name", "env": "--env",
@@ -32,8 +35,8 @@ POLL_S = 5.0  # the most seconds between looks at a pending job while waiting fo
 _NO_COMMAND = "give the command to run after --, e.g. gpushare submit --gpus 2 -- python train.py"
 
 
-def add_pool_commands(sub) -> None:
-    """Add the pool commands to the ``gpushare`` subparsers ``sub``."""
+def connection_options() -> argparse.ArgumentParser:
+    """--url, --token and --retry, for every command that talks to the pool service."""
     connection = argparse.ArgumentParser(add_help=False)
     connection.add_argument("--url", metavar="URL", help="the pool service's address, e.g. "
                             "http://127.0.0.1:8000/services/gpushare/ (default: $GPUSHARE_URL)")
@@ -45,6 +48,12 @@ def add_pool_commands(sub) -> None:
                             "seconds), keep trying reads and submits this long (default "
                             f"$GPUSHARE_RETRY, else {DEFAULT_RETRY_S:g}; 0: fail at once); a "
                             "submit is never made twice")
+    return connection
+
+
+def add_pool_commands(sub) -> None:
+    """Add the pool commands to the ``gpushare`` subparsers ``sub``."""
+    connection = connection_options()
     as_json = argparse.ArgumentParser(add_help=False)
     as_json.add_argument("--json", action="store_true", help="print JSON for scripts")
 
@@ -100,17 +109,27 @@ def add_pool_commands(sub) -> None:
                        description="The train pool: its nodes, GPUs and their use.")
     p.set_defaults(func=cmd_pool)
 
-    p = sub.add_parser("usage", parents=[connection, as_json], help="allocation and utilization "
+    p = sub.add_parser("usage", parents=[connection], help="allocation and utilization "
                        "of the GPUs over a window",
                        description="GPU-hours held, allocation (share of the pool held), "
                        "utilization (share of what was held that was used) and idle-allocated "
-                       "share, by project (yours; admins: all), user, job, slice or GPU (admins).")
+                       "share, by project (yours; admins: all), user, job, slice or GPU (admins). "
+                       "With --step, one row per calendar day, week or month and group "
+                       "(showback), each period asked of api/usage itself.")
     p.add_argument("--by", choices=("project", "user", "job", "slice", "gpu"),
                    default="project", help="one row per project (default), user, job, slice "
                    "or GPU")
     p.add_argument("--since", default="7d", metavar="WHEN", help="start of the window: 7d "
-                   "(default: 7 days ago), 12h, 30m, epoch seconds or 2026-11-20T09:00")
+                   "(default: 7 days ago), 12h, 30m, epoch seconds, a date 2026-10-01 or "
+                   "2026-11-20T09:00")
     p.add_argument("--until", metavar="WHEN", help="end of the window (default: now)")
+    p.add_argument("--step", choices=STEPS, help="one row per calendar day, week (from Monday) "
+                   "or month and group; --since (and --until, default now) must be dates "
+                   "like 2026-10-01")
+    p.add_argument("--format", choices=("table", "csv", "json"), help="table (default), csv "
+                   "(GPU-hours and GPU-seconds, for spreadsheets) or json")
+    p.add_argument("--json", action="store_const", const="json", dest="format",
+                   help="the same as --format json")
     p.add_argument("--sort", choices=("allocated", "idle", "utilization", "name"),
                    help="allocated (default), idle (the most idle-allocated first), "
                    "utilization or name")
@@ -176,7 +195,7 @@ def _limit(text):
     return int(text)
 
 
-def _pool_command(run):
+def pool_command(run):
     """Give ``run(args, client)`` a client and turn the client's errors into one line."""
     @functools.wraps(run)
     def command(args):
@@ -200,7 +219,7 @@ def _pool_command(run):
 
 # -- commands -----------------------------------------------------------------------------------
 
-@_pool_command
+@pool_command
 def cmd_submit(args, client) -> int:
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not command:
@@ -229,7 +248,7 @@ def cmd_submit(args, client) -> int:
     return 0 if job["state"] == SUCCEEDED else 1
 
 
-@_pool_command
+@pool_command
 def cmd_jobs(args, client) -> int:
     try:
         jobs = client.jobs(project=args.project, all=args.all, state=args.state,
@@ -248,7 +267,7 @@ def cmd_jobs(args, client) -> int:
     return 0
 
 
-@_pool_command
+@pool_command
 def cmd_logs(args, client) -> int:
     if args.follow and args.attempt is None:
         # Across attempts: a preempted job's output goes on with its next attempt.
@@ -261,7 +280,7 @@ def cmd_logs(args, client) -> int:
     return 0
 
 
-@_pool_command
+@pool_command
 def cmd_cancel(args, client) -> int:
     job = client.cancel(args.job)
     if job.get("state") == CANCELLED:
@@ -271,36 +290,70 @@ def cmd_cancel(args, client) -> int:
     return 0
 
 
-@_pool_command
+@pool_command
 def cmd_quota(args, client) -> int:
     quota = client.quota()
     print(json.dumps(quota, indent=2) if args.json else format_quota(quota))
     return 0
 
 
-@_pool_command
+@pool_command
 def cmd_pool(args, client) -> int:
     pool = client.pool()
     print(json.dumps(pool, indent=2) if args.json else format_pool(pool))
     return 0
 
 
-@_pool_command
+@pool_command
 def cmd_usage(args, client) -> int:
+    fmt = args.format or "table"
+    if args.step:
+        return _showback(args, client, fmt)
     answer = client.usage(since=args.since, until=args.until, by=args.by, sort=args.sort,
                           limit=args.limit)
-    print(json.dumps(answer, indent=2) if args.json else format_usage(answer))
+    if fmt == "json":
+        print(json.dumps(answer, indent=2))
+    elif fmt == "csv":
+        sys.stdout.write(showback.to_csv(showback.showback_rows(answer, args.by)))
+    else:
+        print(format_usage(answer))
     return 0
 
 
-@_pool_command
+def _showback(args, client, fmt: str) -> int:
+    """One api/usage answer per calendar period: the figures are the API's, to the second."""
+    try:
+        since = showback.parse_date(args.since, "--since")
+        until = showback.parse_date(args.until, "--until") if args.until else None
+        last = until or date.today() + timedelta(days=1)
+        cuts = showback.periods(since, last, args.step)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    rows, answers = [], []
+    for start, end in cuts:
+        asked_end = end if until or end < date.today().isoformat() else "now"
+        answer = client.usage(since=start, until=asked_end, by=args.by, sort=args.sort or "name",
+                              limit=args.limit or 1000)
+        answers.append({"period_start": start, "period_end": end, "usage": answer})
+        rows += showback.showback_rows(answer, args.by, (start, end))
+    if fmt == "json":
+        print(json.dumps({"by": args.by, "step": args.step, "rows": rows, "periods": answers},
+                         indent=2))
+    elif fmt == "csv":
+        sys.stdout.write(showback.to_csv(rows))
+    else:
+        print(showback.to_table(rows, args.by))
+    return 0
+
+
+@pool_command
 def cmd_audit(args, client) -> int:
     answer = client.audit(since=args.since, limit=args.limit)
     print(json.dumps(answer, indent=2) if args.json else format_audit(answer["entries"]))
     return 0
 
 
-@_pool_command
+@pool_command
 def cmd_drain(args, client) -> int:
     node = client.set_drained(args.node, True, requeue=args.requeue)
     line = f"node {node['name']} is drained: no new jobs start there"
@@ -311,7 +364,7 @@ def cmd_drain(args, client) -> int:
     return 0
 
 
-@_pool_command
+@pool_command
 def cmd_undrain(args, client) -> int:
     node = client.set_drained(args.node, False)
     print(f"node {node['name']} takes new jobs again")

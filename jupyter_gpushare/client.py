@@ -399,12 +399,42 @@ class PoolClient:
 
     # -- GPU use -----------------------------------------------------------------------------
     def usage(self, since: str | None = None, until: str | None = None, by: str | None = None,
-              step: str | None = None, sort: str | None = None, limit: int | None = None) -> dict:
+              step: str | None = None, sort: str | None = None, limit: int | None = None
+              ) -> dict:
         """Allocation and utilization over a window (``since`` e.g. "7d", "12h", epoch seconds
         or ISO 8601; ``until`` default now) by project, user, job, slice or gpu (admins)."""
         query = {"since": since, "until": until, "by": by, "step": step, "sort": sort,
                  "limit": None if limit is None else str(limit)}
         return self._json("GET", "api/usage", query=query)
+
+    def history(self, since: str | None = None, until: str | None = None,
+                limit: int | None = None, after: str | None = None) -> dict:
+        """One page of the recorded train jobs as trace lines (admins): ``jobs``, ``next``
+        (give it as ``after`` for the next page, None on the last), ``settings``."""
+        query = {"since": since, "until": until, "after": after,
+                 "limit": None if limit is None else str(limit)}
+        return self._json("GET", "api/history", query=query)
+
+    def whole_history(self, since: str | None = None, until: str | None = None) -> dict:
+        """Every page of :meth:`history`, its ``jobs`` joined."""
+        first = page = self.history(since, until, limit=10_000)
+        jobs = list(page["jobs"])
+        while page.get("next"):
+            page = self.history(str(first["since"]), str(first["until"]), limit=10_000,
+                                after=page["next"])
+            jobs += page["jobs"]
+        return {**first, "jobs": jobs, "next": None}
+
+    def start_whatif(self, since: str, until: str | None = None, capacity: str | None = None,
+                     quotas: dict | None = None) -> dict:
+        """Start a replay of the history in the service (admins); :meth:`whatif` follows it."""
+        body = {"since": since, **({"until": until} if until else {}),
+                **({"capacity": capacity} if capacity else {}),
+                **({"quotas": quotas} if quotas else {})}
+        return self._json("POST", "api/whatif", body=body)
+
+    def whatif(self, run_id: str) -> dict:
+        return self._json("GET", f"api/whatif/{_segment(run_id)}")
 
     def post_samples(self, reading: dict, node_token: str = "") -> dict:
         """A node agent's reading of its GPUs (only an agent's service token may), with the

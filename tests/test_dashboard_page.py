@@ -439,12 +439,13 @@ def test_the_page_has_every_section_nothing_from_outside_and_escapes_what_people
     # job holding a GPU (resnet holds two) and each waiting one; a change for each project,
     # and a new one; the audit trail's older entries
     assert c.links == windows + [
+        "dashboard/usage.csv?since=1763628400&until=1763650000", "dashboard/whatif",
         "dashboard/nodes/sim-0/drain",
         "dashboard/jobs/j-1/cancel", "dashboard/jobs/j-1/cancel", "dashboard/jobs/j-2/cancel",
         "dashboard/project?name=nlp", "dashboard/project?name=vision", "dashboard/project",
         "dashboard/jobs/j-3/cancel", "dashboard/jobs/j-4/cancel", "dashboard/audit?before=7"]
     based = check(render({**sample(), "base": "/services/gpushare/"}))
-    assert based.links[5] == "/services/gpushare/dashboard/nodes/sim-0/drain"
+    assert based.links[7] == "/services/gpushare/dashboard/nodes/sim-0/drain"
     assert c.scripts == [{"nonce": "n0nce"}]
     assert "bert &lt;b&gt;" in page and "bert <b>" not in page
     text = " ".join(" ".join(c.text).split())
@@ -489,3 +490,31 @@ def test_windows():
     assert " class=on" not in page  # no preset is the period shown
     young = render({**sample(), "window": choose_window(None, NOW, first=NOW - 300)})
     assert "per project, since the pool&#x27;s first reading, Nov 20 14:31 to Nov 20 14:46" in young
+
+
+def test_the_whatif_page_shows_the_form_the_progress_and_the_result():
+    from jupyter_gpushare.dashboard import render_whatif
+
+    data = {"now": 1763650000, "user": "admin", "pool": {"capacity": 16},
+            "projects": [{"name": "vision", "quota": 8.0}, {"name": "<nlp>", "quota": 4.0}],
+            "run": None}
+    page = render_whatif(data, nonce="n0nce")
+    assert 'data-project="&lt;nlp&gt;"' in page and "<nlp>" not in page
+    assert "Choose a window" in page
+    running = {"id": "w-1-1", "state": "running", "progress": 0.42, "request": {},
+               "result": None, "error": None}
+    page = render_whatif({**data, "run": running})
+    assert "Replaying… 42%" in page and 'aria-valuenow="42"' in page
+    block = {"capacity_gpus": 16, "allocation": 0.5, "utilization": None,
+             "utilization_known": None, "queue_p50_s": 1.0, "queue_p95_s": 30.0,
+             "guarantee_wait_p95_s": 0.0, "guarantee_waits": 0, "preemptions": 2,
+             "per_project": {"vision": {"allocation": 0.3, "queue_p50_s": 1.0,
+                                        "queue_p95_s": 9.0}}}
+    result = {"jobs": 3, "span_s": 3600, "recorded": block, "today": block,
+              "changed": {**block, "capacity_gpus": 24},
+              "settings": {"today": {"quotas": {"vision": 8.0}},
+                           "changed": {"quotas": {"vision": 12.0}}}}
+    page = render_whatif({**data, "run": {**running, "state": "done", "result": result}})
+    assert "Replayed, changed settings" in page and "vision (quota 8 → 12)" in page
+    failed = {**running, "state": "failed", "error": "the quotas add up to <20> GPUs"}
+    assert "the quotas add up to &lt;20&gt; GPUs" in render_whatif({**data, "run": failed})

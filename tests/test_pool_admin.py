@@ -165,7 +165,10 @@ def test_a_drained_node_starts_nothing_and_requeue_moves_its_jobs(hub):
     waiting = until(lambda: (lambda j: "drained node sim-node-0" in j["reason"] and j)(
         hub.api("GET", f"api/jobs/{second['id']}", "bob")[1]))
     assert waiting["state"] == "pending", waiting
-    # Requeue: alice's job is stopped as a preemption stops it, and waits again.
+    # Requeue: alice's job is stopped as a preemption stops it, and waits again (once it
+    # runs its code: before, a SIGTERM finds no handler to print its checkpoint line).
+    until(lambda: "attempt 1" in hub.api("GET", f"api/jobs/{first['id']}/logs?attempt=1",
+                                         "alice")[1])
     status, answer = hub.api("PUT", "api/nodes/sim-node-1", "admin",
                              {"drained": True, "requeue": True})
     assert status == 200 and answer["requeued"] == [first["id"]], answer

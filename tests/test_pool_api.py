@@ -1,6 +1,6 @@
 """The OpenAPI document and the handlers describe the same API."""
 
-from jupyter_gpushare.pool.api import routes
+from jupyter_gpushare.pool.rest import routes
 from jupyter_gpushare.pool.directory import Who
 from jupyter_gpushare.pool.joblists import list_key
 from jupyter_gpushare.pool.openapi import SPEC
@@ -9,7 +9,8 @@ from jupyter_gpushare.pool.openapi import SPEC
 def documented(pattern: str) -> str:
     """``/api/jobs/([^/]+)/logs`` → ``/api/jobs/{job_id}/logs``."""
     name = "{job_id}" if "/jobs/" in pattern else "{slice_id}" if "/slices/" in pattern \
-        else "{node}" if "/nodes/" in pattern else "{name}"
+        else "{node}" if "/nodes/" in pattern else "{whatif_id}" if "/whatif/" in pattern \
+        else "{name}"
     return pattern.replace("([^/]+)", name)
 
 

@@ -14,7 +14,9 @@ The steps, each a pure function of that dict returning HTML:
      ``jupyter_gpushare/charts.py``), and the top idle-allocated jobs and slices;
   4. the queue with its reasons and the culls (``tables.py``);
   5. the audit trail's newest entries, and a page of older ones (``audit.py``);
-  6. the page around them (``page.py``), refreshed in place by a few lines of script.
+  6. the page around them (``page.py``), refreshed in place by a few lines of script, with a
+     link to the window's usage as CSV;
+and ``whatif.py``: the what-if page (a replay of the recorded jobs under changed settings).
 What flows out: the page, or a refusal page with one sentence. No CDN, no external files:
 nothing outside the hub need be reachable from the browser.
 
@@ -26,9 +28,10 @@ menu would show the service to every user, as every server may access it).
 from pathlib import Path
 
 from .page import refusal, render
+from .whatif import render_whatif
 from .window import WINDOWS, BadWindow, Window, choose_window
 
 HUB_TEMPLATES = str(Path(__file__).parent / "hub_templates")
 
-__all__ = ["render", "refusal", "WINDOWS", "BadWindow", "Window", "choose_window",
+__all__ = ["render", "render_whatif", "refusal", "WINDOWS", "BadWindow", "Window", "choose_window",
            "HUB_TEMPLATES"]

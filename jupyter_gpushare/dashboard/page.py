@@ -147,7 +147,10 @@ def render(data: dict, nonce: str = "", xsrf: str = "") -> str:
     header = (f'<header><h1>GPU share: pool dashboard</h1><nav aria-label="window">{nav}</nav>'
               f'<span class="muted">signed in as {escape(data.get("user") or "?")}; times in '
               f'{escape(data.get("zone") or "UTC")}; refreshes every {data.get("refresh_s", 15)} s'
-              f'</span><span id="refresh-note" role="status"></span></header>')
+              f'</span><a href="dashboard/usage.csv?since={window.since:.0f}&amp;until='
+              f'{window.until:.0f}" download>CSV of this window</a>'
+              f'<a href="dashboard/whatif">What if…</a>'
+              f'<span id="refresh-note" role="status"></span></header>')
     body = (
         f'<main data-updated="{now:.0f}"><p class="muted">Updated '
         f'{clock(now, offset, seconds=True)}. Definitions: allocation = GPU-seconds held ÷ '

@@ -425,8 +425,8 @@ class OpenAPIHandler(web.RequestHandler):
 
 
 def routes(prefix: str) -> list:
-    """Every path of the REST API (this module's, ``api_usage``'s and ``api_admin``'s), as
-    openapi.py has them."""
+    """The paths of this module, ``api_usage`` and ``api_admin`` (all of the REST API:
+    ``rest.routes``)."""
     p = prefix.rstrip("/")
     return api_usage.routes(prefix) + api_admin.routes(prefix) + [
         (rf"{p}/api/pool", PoolInfoHandler),

@@ -16,6 +16,7 @@ from datetime import datetime
 
 from ..policy.model import GPU
 from ..trainjob import RUNNING
+from ..usage import showback
 from ..usage.attribution import Holding, attribute
 from ..usage.report import BY, SORTS
 from ..usage.rollup import DAY
@@ -50,7 +51,8 @@ def parse_time(text: str, now: float, name: str) -> float:
             when = datetime.fromisoformat(text.replace("Z", "+00:00"))
         except ValueError:
             raise Invalid(f"{name} must be a time like 7d (7 days ago), 12h, 30m, now, epoch "
-                          f"seconds or 2026-11-20T09:00, not {text[:40]!r}") from None
+                          f"seconds, a date 2026-10-01 or 2026-11-20T09:00, not "
+                          f"{text[:40]!r}") from None
         try:
             if when.tzinfo is None:
                 when = when.replace(tzinfo=datetime.now().astimezone().tzinfo).astimezone()
@@ -75,10 +77,13 @@ def parse_step(text: str) -> int:
 
 def usage_query(args: dict[str, str], now: float) -> dict:
     """The checked query of ``GET api/usage`` (``Invalid`` with one sentence otherwise)."""
-    unknown = sorted(set(args) - {"since", "until", "by", "step", "sort", "limit"})
+    unknown = sorted(set(args) - {"since", "until", "by", "step", "sort", "limit", "format"})
     if unknown:
         raise Invalid(f"unknown parameter(s) {', '.join(unknown)}; the parameters are since, "
-                      f"until, by, step, sort and limit")
+                      f"until, by, step, sort, limit and format")
+    fmt = args.get("format", "json")
+    if fmt not in ("json", "csv"):
+        raise Invalid(f"format must be json or csv, not {fmt[:40]!r}")
     until = parse_time(args.get("until", "now"), now, "until")
     since = parse_time(args.get("since", "7d"), now, "since")
     if since >= until:
@@ -99,7 +104,7 @@ def usage_query(args: dict[str, str], now: float) -> dict:
     if not digits(limit, 4) or not 1 <= int(limit) <= 1000:
         raise Invalid(f"limit must be a whole number from 1 to 1000, not {limit[:40]!r}")
     return {"since": since, "until": until, "by": by, "step": step, "sort": sort,
-            "limit": int(limit)}
+            "limit": int(limit), "format": fmt}
 
 
 class UsageHandler(ServiceHandler):
@@ -118,9 +123,18 @@ class UsageHandler(ServiceHandler):
             Scope(self.who.name, frozenset(p.name for p in self.my_projects()))
         answer = await self.usage.meter.query(q["since"], q["until"], BY[q["by"]], scope,
                                               q["step"], q["sort"], q["limit"])
+        if q["format"] == "csv":
+            send_csv(self, showback.to_csv(showback.showback_rows(answer, q["by"])), "usage.csv")
+            return
         answer.update(by=q["by"], sort=q["sort"], definitions=DEFINITIONS,
                       idle_threshold=self.usage.idle_threshold / 100)
         self.reply(answer)
+
+
+def send_csv(handler, text: str, filename: str) -> None:
+    handler.set_header("Content-Type", "text/csv; charset=utf-8")
+    handler.set_header("Content-Disposition", f'attachment; filename="{filename}"')
+    handler.finish(text)
 
 
 DEFINITIONS = {

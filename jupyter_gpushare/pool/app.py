@@ -32,7 +32,7 @@ from ..backends.base import Backend, private_dir
 from ..backends.local import SIMULATED_LABEL, LocalBackend
 from ..policy.model import DEFAULT_MIN_RUNTIME_S, GPU, TRAIN, PolicyConfig
 from ..policy.quotas import overbooking
-from . import api, dashboard, dashboard_forms
+from . import dashboard, dashboard_forms, rest
 from .admin import configured_projects
 from .build import BuildPool
 from .directory import HubDirectory, HubTokens
@@ -47,6 +47,7 @@ from .store import Store, StoreError
 from .sweep import prune_audit, release_stale
 from .usage_service import GPUUsage
 from .validate import Invalid
+from .whatif import WhatIfRunner
 
 BACKENDS = {"local": "jupyter_gpushare.backends.local.LocalBackend",
             "kubernetes": "jupyter_gpushare.backends.kube.KubernetesBackend"}
@@ -301,18 +302,25 @@ class PoolService(Application):
             self.log, idle_jobs=self.usage.idle_jobs)
         self.intake = JobIntake(self.store, self.scheduler, self.python,
                                 self.max_pending_per_user, self.max_job_size)
+        self.whatif = WhatIfRunner(log=self.log)
 
     # -- run ------------------------------------------------------------------------------
     def make_app(self) -> web.Application:
         prefix = self.service_prefix
         return web.Application(
-            api.routes(prefix) + dashboard.routes(prefix) + dashboard_forms.routes(prefix),
+            rest.routes(prefix) + dashboard.routes(prefix) + dashboard_forms.routes(prefix),
             # the parts handlers use, each by name (handlers.ServiceHandler)
             store=self.store, scheduler=self.scheduler, backend=self.backend,
             build=self.build, intake=self.intake, usage=self.usage,
             directory=self.directory, tokens=self.tokens, follows=self.follows,
             job_lists=JobLists(self.scheduler, self.usage.meter),
             max_body_size=self.max_body_size, spawner_service=self.spawner_service,
+            # what a replay of the history needs to decide as this pool does (api/history)
+            whatif=self.whatif,
+            replay_knobs={"cycle_interval_s": self.cycle_interval,
+                          "grace_period_s": self.grace_period,
+                          "min_runtime_s": self.min_runtime,
+                          "reserve_after_s": self.reserve_after},
             hub_auth=HubAuth(), dashboard_oauth=dashboard.OAuthSettings(),
             # The dashboard's login cookie is signed with a secret of this process: after a
             # restart the browser logs in again through the hub, without a question.

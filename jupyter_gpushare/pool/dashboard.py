@@ -14,6 +14,7 @@ spares admins the hub's "authorize access" page, and ``oauth_client_allowed_scop
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import time
@@ -23,13 +24,15 @@ from jupyterhub.services.auth import (HubOAuth, HubOAuthCallbackHandler, HubOAut
                                        UserNotAllowed)
 from tornado import web
 
-from ..dashboard import BadWindow, choose_window, refusal, render
+from ..dashboard import BadWindow, choose_window, refusal, render, render_whatif
 from ..dashboard.audit import audit_page
 from ..dashboard.page import form_page
+from ..usage import showback
 from ..usage.report import BY
 from .api import PoolHandler, pool_json
 from .api_admin import audit_listing, audit_query
-from .api_usage import MAX_WINDOW, parse_time
+from .api_history import start_whatif, whatif_request
+from .api_usage import MAX_WINDOW, parse_time, send_csv
 from .usage_store import Scope
 from .validate import Invalid
 
@@ -130,6 +133,10 @@ class DashboardHandler(HubOAuthenticated, PoolHandler):
                            f"{self.who.name}. Your own jobs, quota and GPU use are in "
                            f"JupyterLab's GPU share panel, %gpushare and gpushare usage.")
 
+    def xsrf_value(self) -> str:
+        xsrf = self.xsrf_token  # also sets the _xsrf cookie on a page view
+        return xsrf.decode() if isinstance(xsrf, bytes) else xsrf
+
     @web.authenticated
     async def get(self):
         await self.admin_only()
@@ -137,9 +144,8 @@ class DashboardHandler(HubOAuthenticated, PoolHandler):
             window = await self.window(time.time())
         except (Invalid, BadWindow) as e:
             self.fail(400, f"{str(e)[:1].upper()}{str(e)[1:]}.")
-        xsrf = self.xsrf_token  # also sets the _xsrf cookie on a page view
         self.finish(render(await gather(self, window), nonce=self.nonce,
-                           xsrf=xsrf.decode() if isinstance(xsrf, bytes) else xsrf))
+                           xsrf=self.xsrf_value()))
 
     async def window(self, now: float):
         """``?window=6h``, or ``?since=…&until=…`` as api/usage reads them; neither, a window
@@ -221,12 +227,75 @@ async def gather(handler: PoolHandler, window) -> dict:
             "audit": audit["entries"], "audit_next": audit["next"]}
 
 
+class UsageCSVHandler(DashboardHandler):
+    """``dashboard/usage.csv``: the dashboard's window by project, as ``api/usage?format=csv``
+    gives it, for a browser signed in to the dashboard."""
+
+    @web.authenticated
+    async def get(self):
+        await self.admin_only()
+        try:
+            window = await self.window(time.time())
+        except (Invalid, BadWindow) as e:
+            self.fail(400, f"{str(e)[:1].upper()}{str(e)[1:]}.")
+        answer = await self.usage.meter.query(window.since, window.until, BY["project"],
+                                              Scope(), None, "name", 1000)
+        send_csv(self, showback.to_csv(showback.showback_rows(answer, "project")),
+                 "gpushare-usage.csv")
+
+
+class WhatIfPageHandler(DashboardHandler):
+    """``dashboard/whatif``: the what-if page (``?run=ID`` shows one run, refreshed while it
+    runs); a POST of ``{since, until, capacity, quotas}`` starts one (as ``POST api/whatif``)
+    and answers JSON."""
+
+    @web.authenticated
+    async def get(self):
+        await self.admin_only()
+        run_id = self.get_argument("run", "")
+        run = self.settings["whatif"].get(run_id) if run_id else None
+        if run_id and run is None:
+            self.fail(404, f"There is no what-if {run_id[:40]} (the last few are kept); start "
+                           f"another.")
+        counts = self.store.pending_counts()
+        now = time.time()
+        offset, zone = service_zone(now)
+        self.finish(render_whatif({
+            "now": now, "offset": offset, "zone": zone, "user": self.who.name,
+            "pool": pool_json(self), "run": run.json() if run else None,
+            "projects": [self.project_json(p, counts) for p in self.store.projects()]},
+            nonce=self.nonce, xsrf=self.xsrf_value()))
+
+    @web.authenticated
+    async def post(self):
+        self.json_errors = True
+        await self.admin_only()
+        try:
+            run = start_whatif(self, whatif_request(self.body(), time.time()))
+        except Invalid as e:
+            self.fail(e.status, str(e))
+        self.set_header("Content-Type", "application/json")
+        self.set_status(202)
+        self.finish(json.dumps(run.json()))
+
+    def write_error(self, status_code, **kwargs):
+        if not getattr(self, "json_errors", False):
+            return super().write_error(status_code, **kwargs)
+        exc = kwargs.get("exc_info", (None, None))[1]
+        sentence = exc.reason if isinstance(exc, web.HTTPError) and exc.reason else \
+            "the pool service failed to start the what-if; its log says why"
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"error": sentence}))
+
+
 def routes(prefix: str) -> list:
     """The dashboard's paths (its admin's forms: ``dashboard_forms.routes``)."""
     p = prefix.rstrip("/")
     base = {"base": p + "/"}
     return [(rf"{p}/?", RootHandler), (rf"{p}/dashboard", DashboardHandler, base),
             (rf"{p}/dashboard/audit", AuditPageHandler, base),
+            (rf"{p}/dashboard/usage\.csv", UsageCSVHandler, base),
+            (rf"{p}/dashboard/whatif", WhatIfPageHandler, base),
             (rf"{p}/oauth_callback", CallbackHandler)]
 
 

@@ -287,6 +287,42 @@ SPEC = {
                 "gpu": {"type": "string"}, "node": {"type": "string"},
                 "t": {"type": "integer", "description": "series only: the bucket's start"},
                 **_FIGURES}},
+            "HistoryJob": {"type": "object", "description": "a recorded train job as a line of "
+                           "the simulator's trace format (docs/reference/trace-format.md), "
+                           "with what was recorded of it", "properties": {
+                "job_id": {"type": "string"},
+                "submit_time": {"type": "number", "description": "seconds from since"},
+                "duration": {"type": "number", "description": "the run time the replay gives "
+                             "it: its last attempt's, plus what earlier attempts saved by "
+                             "checkpoints"},
+                "gpus": {"type": "integer"}, "project": {"type": "string"},
+                "user": {"type": "string"}, "priority": {"type": "integer"},
+                "kind": {"type": "string", "enum": ["train"]},
+                "submitted": {"type": "number", "description": "epoch seconds"},
+                "held_s": {"type": "number", "description": "seconds it held its GPUs, all "
+                           "attempts together"},
+                "queued_s": {"type": "number"}, "first_start_s": {"type": "number"},
+                "end_s": {"type": "number"}, "attempts": {"type": "integer"},
+                "state": {"type": "string"},
+                "utilization": {"type": "number", "nullable": True, "description": "as "
+                                "api/usage?by=job measured it; null where not measured"}}},
+            "History": {"type": "object", "properties": {
+                "since": {"type": "number"}, "until": {"type": "number"},
+                "jobs": {"type": "array", "items": {"$ref": "#/components/schemas/HistoryJob"}},
+                "next": {"type": "string", "nullable": True, "description": "give it as after "
+                         "for the next page; null on the last"},
+                "settings": {"type": "object", "description": "the pool's scheduling knobs a "
+                             "replay uses", "additionalProperties": {"type": "number"}}}},
+            "WhatIf": {"type": "object", "properties": {
+                "id": {"type": "string"},
+                "state": {"type": "string", "enum": ["running", "done", "failed"]},
+                "progress": {"type": "number", "minimum": 0, "maximum": 1},
+                "request": {"type": "object"}, "started": {"type": "number"},
+                "finished": {"type": "number", "nullable": True},
+                "result": {"type": "object", "nullable": True, "description": "recorded, "
+                           "today and changed side by side: allocation, utilization, queueing "
+                           "p50/p95 per project, guarantee wait"},
+                "error": {"type": "string", "nullable": True}}},
             "Usage": {"type": "object", "properties": {
                 "since": {"type": "integer"}, "until": {"type": "integer",
                                                          "description": "the window, widened to "
@@ -473,8 +509,58 @@ SPEC = {
                          "idle-allocated first", "schema": {"type": "string", "enum": [
                              "allocated", "idle", "utilization", "name"]}},
                         {"name": "limit", "in": "query", "schema": {
-                            "type": "integer", "minimum": 1, "maximum": 1000, "default": 100}}],
-                    "responses": {"200": _ok("Usage"), **_errors(400, 403)}},
+                            "type": "integer", "minimum": 1, "maximum": 1000, "default": 100}},
+                        {"name": "format", "in": "query", "description": "csv: the rows in "
+                         "GPU-hours and GPU-seconds, for spreadsheets", "schema": {
+                             "type": "string", "enum": ["json", "csv"], "default": "json"}}],
+                    "responses": {"200": {"description": "OK", "content": {
+                        "application/json": {"schema": {"$ref": "#/components/schemas/Usage"}},
+                        "text/csv": {"schema": {"type": "string"}}}},
+                        **_errors(400, 403)}},
+        },
+        "/api/history": {
+            "get": {"summary": "The recorded train jobs submitted in a window, in the "
+                               "simulator's trace format, page by page (admins); format=csv "
+                               "gives a file gpushare simulate --trace reads",
+                    "parameters": [
+                        {"name": "since", "in": "query", "description": "30d (default), 12h, "
+                         "epoch seconds, a date 2026-10-01 or ISO 8601",
+                         "schema": {"type": "string"}},
+                        {"name": "until", "in": "query", "description": "now (default), or as "
+                         "since", "schema": {"type": "string"}},
+                        {"name": "limit", "in": "query", "schema": {
+                            "type": "integer", "minimum": 1, "maximum": 10000,
+                            "default": 1000}},
+                        {"name": "after", "in": "query", "description": "the previous page's "
+                         "next", "schema": {"type": "string"}},
+                        {"name": "format", "in": "query", "schema": {
+                            "type": "string", "enum": ["json", "csv"], "default": "json"}}],
+                    "responses": {"200": {"description": "OK", "content": {
+                        "application/json": {"schema": {"$ref": "#/components/schemas/History"}},
+                        "text/csv": {"schema": {"type": "string"}}}},
+                        **_errors(400, 403)}},
+        },
+        "/api/whatif": {
+            "post": {"summary": "Replay the recorded history under today's settings and under "
+                                "a changed capacity or quotas, in a worker process (admins); "
+                                "one at a time: 409 while one runs",
+                     "requestBody": {"required": True, "content": {"application/json": {
+                         "schema": {"type": "object", "properties": {
+                             "since": {"type": "string", "default": "30d"},
+                             "until": {"type": "string"},
+                             "capacity": {"type": "string", "description": "+K, -K or N GPUs",
+                                          "pattern": "^[+-]?[0-9]{1,6}$"},
+                             "quotas": {"type": "object", "additionalProperties": {
+                                 "type": "number", "minimum": 0}}}}}}},
+                     "responses": {"202": _ok("WhatIf", "started"),
+                                   **_errors(400, 403, 409)}},
+        },
+        "/api/whatif/{whatif_id}": {
+            "get": {"summary": "A what-if replay: its progress, then its result (admins; the "
+                               "last 10 are kept)",
+                    "parameters": [{"name": "whatif_id", "in": "path", "required": True,
+                                    "schema": {"type": "string"}}],
+                    "responses": {"200": _ok("WhatIf"), **_errors(403, 404)}},
         },
         "/api/activity": {
             "post": {"summary": "A notebook server says how many of its kernels are busy (its "

@@ -18,11 +18,11 @@ import json
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import IO
+from typing import IO, Callable
 
 from ..policy import CycleResult, Node, PolicyConfig, Snapshot, TrainJob, cycle
 from ..policy.cycle import never_fits
-from ..policy.model import GPU, JobState
+from ..policy.model import GPU, JobState, Project
 from ..policy.queues import Queues
 from .baselines import config_for, projects_for, queue_of
 from .trace import TraceJob
@@ -41,6 +41,10 @@ class SimConfig:
     checkpoint_interval_s: float = 1800.0
     cycle_interval_s: float = 0.0
     """Least time between two cycles; 0 runs one after every instant at which something changed."""
+    cycle_delay_s: float = 0.0
+    """Seconds from a change (a submit, an end) to the cycle it brings: 0 for a trace; a
+    replay of the pool's history gives the pool's measured decision latency, so that its
+    starts do not drift ahead of the recorded ones job after job."""
     policy_config: PolicyConfig = field(default_factory=PolicyConfig)
 
 
@@ -85,11 +89,24 @@ def make_nodes(capacity_gpus: int, gpus_per_node: int) -> tuple[Node, ...]:
 
 class Simulator:
     def __init__(self, jobs: list[TraceJob], quotas: dict[str, int], config: SimConfig,
-                 events: IO[str] | None = None, timeline: bool = False):
+                 events: IO[str] | None = None, timeline: bool = False,
+                 nodes: tuple[Node, ...] | None = None,
+                 projects: tuple[Project, ...] | None = None,
+                 on_progress: Callable[[float], None] | None = None):
+        """``nodes`` and ``projects`` (guaranteed policy only) replace the uniform nodes of
+        ``config`` and the quota-only projects of ``quotas``: a replay of the pool's own
+        settings (``history.py``); trace projects not among them get quota 0."""
         self.cfg = config
+        self.on_progress = on_progress  # hears the share of submits done, now and then
+        if projects is not None:
+            quotas = {p.name: p.quota for p in projects}
         self.quotas = {p: quotas.get(p, 0) for p in sorted({j.project for j in jobs} | set(quotas))}
-        self.nodes = make_nodes(config.capacity_gpus, config.gpus_per_node)
+        self.nodes = nodes if nodes is not None else \
+            make_nodes(config.capacity_gpus, config.gpus_per_node)
         self.projects = projects_for(config.policy, self.quotas)
+        if projects is not None and config.policy == "guaranteed":
+            given = {p.name: p for p in projects}
+            self.projects = tuple(given.get(p.name, p) for p in self.projects)
         self.policy_config = config_for(config.policy, config.policy_config)
         self.quota_of = {p.name: p.quota for p in self.projects}
         self.project = {p.name: p for p in self.projects}
@@ -121,9 +138,13 @@ class Simulator:
             self.out.write(json.dumps(line) + "\n")
 
     def _changed(self, t: float) -> None:
-        if self.cycle_due is None:
-            self.cycle_due = max(t, self.last_cycle + self.cfg.cycle_interval_s)
-            self._push(self.cycle_due, CYCLE)
+        # A cycle due later (the wake-up of a young job's minimum runtime) must not hold up
+        # this one: the pool runs a cycle at once after a change, and so must the replay. The
+        # later cycle stays in the queue and runs at its time.
+        due = max(t + self.cfg.cycle_delay_s, self.last_cycle + self.cfg.cycle_interval_s)
+        if self.cycle_due is None or due < self.cycle_due:
+            self.cycle_due = due
+            self._push(due, CYCLE)
 
     def run(self) -> SimRun:
         # The trace, its records and the program live through the whole run: frozen, they
@@ -139,10 +160,14 @@ class Simulator:
         wall = time.perf_counter()
         first = min((r.trace.submit_time for r in self.records.values()), default=0.0)
         end = first
+        total, submitted = max(1, len(self.records)), 0
         while self.heap:
             t, kind, _, job, attempt = heapq.heappop(self.heap)
             if kind == SUBMIT:
                 self._submit(t, job)
+                submitted += 1
+                if self.on_progress is not None and submitted % 500 == 0:
+                    self.on_progress(submitted / total)
             elif kind == FINISH:
                 self._finish(t, job, attempt)
             elif kind == RELEASE:

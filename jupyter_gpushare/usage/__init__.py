@@ -11,6 +11,7 @@ The pipeline, each step in its own module:
                   definitions of allocation, utilization and idle-allocated
   5. meter        the pool service's loop: readings in, rows to the store, the live view
   6. report       ``api/usage``'s answer from the sums
-and ``cull``: which idle build sessions to warn and stop. Steps 3, 4 and 6 and ``cull`` are
-pure; the pool service wires them (``pool/usage_service.py``).
+and ``cull``: which idle build sessions to warn and stop; ``showback``: calendar periods and
+the rows of ``gpushare usage --step``. Steps 3, 4 and 6, ``cull`` and
+``showback`` are pure; the pool service wires them (``pool/usage_service.py``).
 """

@@ -273,7 +273,11 @@ class UsageMeter:
         """``api/usage``'s answer over [since, until) (``report.py``), rows the ``scope``
         (``pool/usage_store.Scope``) admits. The database is read in a worker thread; the
         rows not written yet are added from memory."""
-        horizon = int(self.clock() - self.settings.rollup_after) // HOUR * HOUR
+        now = self.clock()
+        horizon = int(now - self.settings.rollup_after) // HOUR * HOUR
+        # Nothing is measured after now; a window that reaches past it (until tomorrow, the
+        # month's end) would otherwise be read from day or hour rows that do not exist yet.
+        until = max(since + 1, min(until, int(now) // MINUTE * MINUTE + MINUTE))
         covered = spans(int(since), int(until), horizon, series_step or DAY)
         lo, hi = min(c[1] for c in covered), max(c[2] for c in covered)
         async with self._writing:  # so a minute being written is counted once
