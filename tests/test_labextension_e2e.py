@@ -347,9 +347,12 @@ def test_a_running_job_shows_whole_in_the_panel_at_1280x800_light_and_dark(page,
     page.set_viewport_size({"width": 1280, "height": 800})
     status, job = hub.api("POST", "api/jobs", "alice", {"gpus": 1, "name": NAME, "source": LONG})
     assert status == 201, job
+    # The panel open in the right side bar, whatever the tests before left shown there.
+    page.evaluate("window.jupyterapp.shell.activateById('jupyter-gpushare-panel')")
+    panel = page.locator("#jupyter-gpushare-panel")
+    panel.wait_for(state="visible", timeout=10_000)
     row = page.locator(f"tbody[data-job='{job['id']}'][data-state='running']")
     row.wait_for(timeout=30_000)
-    panel = page.locator("#jupyter-gpushare-panel")
     try:
         for theme, light in (("JupyterLab Light", "true"), ("JupyterLab Dark", "false")):
             page.evaluate(f"window.jupyterapp.commands.execute('apputils:change-theme', "
