@@ -133,19 +133,24 @@ class DashboardHandler(HubOAuthenticated, PoolHandler):
                            f"{self.who.name}. Your own jobs, quota and GPU use are in "
                            f"JupyterLab's GPU share panel, %gpushare and gpushare usage.")
 
-    def xsrf_value(self) -> str:
-        xsrf = self.xsrf_token  # also sets the _xsrf cookie on a page view
-        return xsrf.decode() if isinstance(xsrf, bytes) else xsrf
+    @property
+    def xsrf(self) -> str:
+        """The page's XSRF token for its forms (asking for it sets the _xsrf cookie)."""
+        token = self.xsrf_token
+        return token.decode() if isinstance(token, bytes) else token
+
+    async def admin_window(self):
+        """For a pool admin: the window the query asks for (a 400 sentence if it is bad)."""
+        await self.admin_only()
+        try:
+            return await self.window(time.time())
+        except (Invalid, BadWindow) as e:
+            self.fail(400, f"{str(e)[:1].upper()}{str(e)[1:]}.")
 
     @web.authenticated
     async def get(self):
-        await self.admin_only()
-        try:
-            window = await self.window(time.time())
-        except (Invalid, BadWindow) as e:
-            self.fail(400, f"{str(e)[:1].upper()}{str(e)[1:]}.")
-        self.finish(render(await gather(self, window), nonce=self.nonce,
-                           xsrf=self.xsrf_value()))
+        window = await self.admin_window()
+        self.finish(render(await gather(self, window), nonce=self.nonce, xsrf=self.xsrf))
 
     async def window(self, now: float):
         """``?window=6h``, or ``?since=…&until=…`` as api/usage reads them; neither, a window
@@ -233,11 +238,7 @@ class UsageCSVHandler(DashboardHandler):
 
     @web.authenticated
     async def get(self):
-        await self.admin_only()
-        try:
-            window = await self.window(time.time())
-        except (Invalid, BadWindow) as e:
-            self.fail(400, f"{str(e)[:1].upper()}{str(e)[1:]}.")
+        window = await self.admin_window()
         answer = await self.usage.meter.query(window.since, window.until, BY["project"],
                                               Scope(), None, "name", 1000)
         send_csv(self, showback.to_csv(showback.showback_rows(answer, "project")),
@@ -264,7 +265,7 @@ class WhatIfPageHandler(DashboardHandler):
             "now": now, "offset": offset, "zone": zone, "user": self.who.name,
             "pool": pool_json(self), "run": run.json() if run else None,
             "projects": [self.project_json(p, counts) for p in self.store.projects()]},
-            nonce=self.nonce, xsrf=self.xsrf_value()))
+            nonce=self.nonce, xsrf=self.xsrf))
 
     @web.authenticated
     async def post(self):

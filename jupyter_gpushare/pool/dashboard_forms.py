@@ -66,11 +66,6 @@ class AdminFormHandler(DashboardHandler):
         self.set_status(status)
         self.finish(form_page(page))
 
-    @property
-    def xsrf(self) -> str:
-        token = self.xsrf_token
-        return token.decode() if isinstance(token, bytes) else token
-
 
 class ProjectFormHandler(AdminFormHandler):
     @web.authenticated
