@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from html import escape
 
+from ..trainjob import CANCELLED, RUNNING
 from .markup import frame, hidden, table
 
 # The fields of PUT api/projects/{name}, as the form asks for them: (name, label, help).
@@ -263,7 +264,7 @@ def cancel_page(base: str, user: str, xsrf: str, job: dict, problem: str = "") -
         ask = f'<p class="problem" role="alert" id="problem">{escape(problem)}</p>'
     else:
         what = ("It gets SIGTERM, then SIGKILL after the grace period; its user sees it as "
-                "cancelled." if job.get("state") == "running" else
+                "cancelled." if job.get("state") == RUNNING else
                 "It has not started; it leaves the queue.")
         ask = (f'<p>Cancel this job? {what}</p>'
                f'<form method="post" action="{escape(base)}dashboard/jobs/'
@@ -276,7 +277,7 @@ def cancel_page(base: str, user: str, xsrf: str, job: dict, problem: str = "") -
 
 
 def cancelled_page(base: str, user: str, job: dict) -> tuple[str, str]:
-    words = ("It is cancelled." if job.get("state") == "cancelled" else
+    words = ("It is cancelled." if job.get("state") == CANCELLED else
              "It is being stopped: it gets its grace period, then shows as cancelled.")
     body = (f'<section><h2>Cancelled</h2><p class="done" id="cancelled" role="status">Job '
             f'{escape(job.get("name") or job["id"])} ({escape(job["id"])}) of '

@@ -59,7 +59,7 @@ SCRIPT = """
       var doc = new DOMParser().parseFromString(await r.text(), 'text/html');
       var fresh = doc.querySelector('#whatif-run');
       if (fresh) { document.querySelector('#whatif-run').replaceWith(fresh); }
-      if (fresh && fresh.dataset.state === 'running') { setTimeout(refresh, 1000); }
+      if (fresh && fresh.dataset.state === 'replaying') { setTimeout(refresh, 1000); }
     } catch (e) { setTimeout(refresh, 2000); }
   }
   if (running) { setTimeout(refresh, 1000); }
@@ -136,12 +136,12 @@ def run_section(run: dict | None) -> str:
                'and changes, then Replay.</p></section>'
     state = run["state"]
     inner = ""
-    if state == "running":
+    if state == "replaying":
         inner = (f'<p>Replaying… {run["progress"] * 100:.0f}%</p><div class="progress" '
                  f'role="progressbar" aria-valuenow="{run["progress"] * 100:.0f}" '
                  f'aria-valuemin="0" aria-valuemax="100"><span style="width:'
                  f'{run["progress"] * 100:.0f}%"></span></div>')
-    elif state == "failed":
+    elif state == "error":
         inner = f'<p class="bad">{escape(run.get("error") or "The replay failed.")}</p>'
     else:
         inner = result_table(run["result"])
@@ -163,5 +163,5 @@ def render_whatif(data: dict, nonce: str = "", xsrf: str = "") -> str:
             f'{form(data.get("projects") or [], (run or {}).get("request"))}</section>'
             f"{run_section(run)}</main>")
     script = SCRIPT % (json.dumps(xsrf).replace("</", "<\\/"),
-                       "true" if run and run["state"] == "running" else "false")
+                       "true" if run and run["state"] == "replaying" else "false")
     return _document("GPU share: what if", header + body, script, nonce)

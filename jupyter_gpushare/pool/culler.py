@@ -100,7 +100,7 @@ class SliceCuller:
                 self.culled += 1
                 record(self.store, CULLING, "cull server",
                        f"{e.user}/{e.server}" if e.server else e.user,
-                       {"server": "running", "slice": e.slice_id, "reason": d.reason},
+                       {"server": "up", "slice": e.slice_id, "reason": d.reason},
                        {"server": "stopped"}, "culling")
                 self.log.warning("Culling: stopped %s (slice %s): %s", who, e.slice_id,
                                  d.reason)

@@ -242,7 +242,7 @@ class Scheduler:
             outcome = PREEMPTED if ex.state == LOST else after_stop(ex.exit_code)
             if outcome == PREEMPTED:
                 drained = sorted(n for n in row.placement or {} if n in self.drained)
-                why = f"node {', '.join(drained)} was drained" if drained else "preempted"
+                why = f"node {', '.join(drained)} was drained" if drained else PREEMPTED
                 self.store.requeue(row.id, now, PREEMPTED,
                                    f"{why}; requeued to resume from its checkpoint",
                                    ex.exit_code)

@@ -315,7 +315,7 @@ SPEC = {
                              "replay uses", "additionalProperties": {"type": "number"}}}},
             "WhatIf": {"type": "object", "properties": {
                 "id": {"type": "string"},
-                "state": {"type": "string", "enum": ["running", "done", "failed"]},
+                "state": {"type": "string", "enum": ["replaying", "done", "error"]},
                 "progress": {"type": "number", "minimum": 0, "maximum": 1},
                 "request": {"type": "object"}, "started": {"type": "number"},
                 "finished": {"type": "number", "nullable": True},

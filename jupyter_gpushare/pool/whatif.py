@@ -18,6 +18,9 @@ import sys
 import time
 from dataclasses import dataclass
 
+# A what-if's own states (not a job's: trainjob.STATES)
+REPLAYING, DONE, ERROR = "replaying", "done", "error"
+
 KEEP = 10
 WORKER = "jupyter_gpushare.pool.whatif_worker"
 LINE_LIMIT = 64 * 1024 * 1024  # the result is one JSON line
@@ -32,7 +35,7 @@ class WhatIf:
     id: str
     request: dict
     started: float
-    state: str = "running"  # running | done | failed
+    state: str = REPLAYING  # replaying | done | error
     progress: float = 0.0
     result: dict | None = None
     error: str = ""
@@ -40,7 +43,7 @@ class WhatIf:
 
     def json(self) -> dict:
         return {"id": self.id, "state": self.state,
-                "progress": 1.0 if self.state != "running" else round(self.progress, 3),
+                "progress": 1.0 if self.state != REPLAYING else round(self.progress, 3),
                 "request": self.request, "started": self.started, "finished": self.finished,
                 "result": self.result, "error": self.error or None}
 
@@ -58,7 +61,7 @@ class WhatIfRunner:
     def start(self, request: dict, gather) -> WhatIf:
         """Start a replay; ``gather()`` (a coroutine function) returns the worker's request
         but the history's changes (``whatif_worker.py``). Raises ``Busy``."""
-        if self.current is not None and self.current.state == "running":
+        if self.current is not None and self.current.state == REPLAYING:
             raise Busy(f"a what-if is already running ({self.current.id}, "
                        f"{self.current.progress:.0%} done); wait for it, then ask again")
         run = WhatIf(f"w-{next(self._ids)}-{int(time.time())}", request, time.time())
@@ -83,18 +86,18 @@ class WhatIfRunner:
                 if "progress" in line:
                     run.progress = line["progress"]
                 elif "result" in line:
-                    run.result, run.state = line["result"], "done"
+                    run.result, run.state = line["result"], DONE
                 elif "error" in line:
-                    run.error, run.state = line["error"], "failed"
+                    run.error, run.state = line["error"], ERROR
             errors = await proc.stderr.read()
-            if await proc.wait() != 0 or run.state == "running":
+            if await proc.wait() != 0 or run.state == REPLAYING:
                 self.log.error("a what-if replay failed: %s",
                                errors.decode(errors="replace")[-2000:])
-                run.state = "failed"
+                run.state = ERROR
                 run.error = "the replay failed; the pool's log says why"
         except Exception as e:  # noqa: BLE001 - said on the run, logged for the admin
             self.log.exception("a what-if replay failed")
-            run.state, run.error = "failed", f"the replay failed ({type(e).__name__}); the " \
+            run.state, run.error = ERROR, f"the replay failed ({type(e).__name__}); the " \
                                              f"pool's log says why"
         finally:
             run.finished = time.time()
