@@ -150,7 +150,7 @@ def main():
 
                 def running():
                     return hub.request("GET", hub.pool_url + f"api/whatif/{run['id']}",
-                                       token)[1]["state"] == "running"
+                                       token)[1]["state"] == "replaying"
                 t = time.perf_counter()
                 busy += latencies(hub, "api/jobs?all=1", args.requests, running)
                 while running():
