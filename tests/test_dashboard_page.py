@@ -501,7 +501,7 @@ def test_the_whatif_page_shows_the_form_the_progress_and_the_result():
     page = render_whatif(data, nonce="n0nce")
     assert 'data-project="&lt;nlp&gt;"' in page and "<nlp>" not in page
     assert "Choose a window" in page
-    running = {"id": "w-1-1", "state": "running", "progress": 0.42, "request": {},
+    running = {"id": "w-1-1", "state": "replaying", "progress": 0.42, "request": {},
                "result": None, "error": None}
     page = render_whatif({**data, "run": running})
     assert "Replaying… 42%" in page and 'aria-valuenow="42"' in page
@@ -516,5 +516,5 @@ def test_the_whatif_page_shows_the_form_the_progress_and_the_result():
                            "changed": {"quotas": {"vision": 12.0}}}}
     page = render_whatif({**data, "run": {**running, "state": "done", "result": result}})
     assert "Replayed, changed settings" in page and "vision (quota 8 → 12)" in page
-    failed = {**running, "state": "failed", "error": "the quotas add up to <20> GPUs"}
+    failed = {**running, "state": "error", "error": "the quotas add up to <20> GPUs"}
     assert "the quotas add up to &lt;20&gt; GPUs" in render_whatif({**data, "run": failed})
