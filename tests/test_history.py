@@ -260,6 +260,9 @@ def diverging(hub, hour) -> list:
     return f"decision latency {settings.cycle_delay_s}; " + "; ".join(out[:6])
 
 
+@pytest.mark.xfail(strict=False, reason=(
+    "issue 23, open: the live pool decides close submits in one cycle or two as load has it, "
+    "which a replay cannot know; on 2 busy cores some runs miss (known-limits.md)"))
 def test_replaying_the_history_gives_back_what_happened(hub, hour, capsys):
     code = main(["simulate", "--from-pool", "--since", str(hour["since"]), "--until",
                  str(hour["until"]), "--capacity", "+8", "--json", "--url", hub.pool_url,
