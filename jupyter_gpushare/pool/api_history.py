@@ -18,7 +18,7 @@ from ..policy.model import GPU
 from ..sim.history import COLUMNS, BadChange, check_capacity, quota_changes
 from ..usage.rollup import HOUR
 from .api import PoolHandler, pool_json
-from .api_usage import MAX_WINDOW, parse_time
+from .api_usage import parse_window
 from .handlers import ID, ServiceHandler
 from .whatif import KEEP, Busy
 from .history_store import MAX_LIMIT, all_entries, read_entries
@@ -34,12 +34,7 @@ def history_query(args: dict[str, str], now: float) -> dict:
     if unknown:
         raise Invalid(f"unknown parameter(s) {', '.join(unknown)[:80]}; the parameters are "
                       f"since, until, limit, after and format")
-    until = parse_time(args.get("until", "now"), now, "until")
-    since = parse_time(args.get("since", "30d"), now, "since")
-    if since >= until:
-        raise Invalid("since must be before until")
-    if until - since > MAX_WINDOW:
-        raise Invalid(f"the window may be at most {MAX_WINDOW // 86400} days; ask for less")
+    since, until = parse_window(args, now, "30d")
     limit = args.get("limit", str(DEFAULT_LIMIT))
     if not limit.isdigit() or not 1 <= int(limit) <= MAX_LIMIT:
         raise Invalid(f"limit must be a whole number from 1 to {MAX_LIMIT}, not {limit[:40]!r}")

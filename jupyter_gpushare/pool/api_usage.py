@@ -65,6 +65,18 @@ def parse_time(text: str, now: float, name: str) -> float:
     return value
 
 
+def parse_window(args: dict, now: float, since: str) -> tuple[float, float]:
+    """The query's ``since`` (default ``since``) and ``until`` (default now), checked: in
+    order, and at most MAX_WINDOW apart."""
+    until = parse_time(args.get("until", "now"), now, "until")
+    start = parse_time(args.get("since", since), now, "since")
+    if start >= until:
+        raise Invalid("since must be before until")
+    if until - start > MAX_WINDOW:
+        raise Invalid(f"the window may be at most {MAX_WINDOW // DAY} days; ask for less")
+    return start, until
+
+
 def parse_step(text: str) -> int:
     found = _DURATION.match(text.strip()) if not digits(text.strip()) else None
     seconds = int(text) if digits(text.strip()) else \
@@ -84,12 +96,7 @@ def usage_query(args: dict[str, str], now: float) -> dict:
     fmt = args.get("format", "json")
     if fmt not in ("json", "csv"):
         raise Invalid(f"format must be json or csv, not {fmt[:40]!r}")
-    until = parse_time(args.get("until", "now"), now, "until")
-    since = parse_time(args.get("since", "7d"), now, "since")
-    if since >= until:
-        raise Invalid("since must be before until")
-    if until - since > MAX_WINDOW:
-        raise Invalid(f"the window may be at most {MAX_WINDOW // DAY} days; ask for less")
+    since, until = parse_window(args, now, "7d")
     by = args.get("by", "project")
     if by not in BY:
         raise Invalid(f"by must be one of {', '.join(BY)}, not {by[:40]!r}")
