@@ -8,7 +8,6 @@ other requests; then the scheduler is woken."""
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 
 from ..trainjob import PENDING
@@ -46,7 +45,7 @@ class JobIntake:
         try:
             row, created = await self.store.in_thread(
                 self.store.add_job_once,
-                time.time(), spec.get("request_id"), user=user, project=project.name,
+                None, spec.get("request_id"), user=user, project=project.name,
                 name=spec["name"], gpus=spec["gpus"], priority=spec["priority"],
                 command=self.command_for(spec), env=spec["env"], workdir=spec.get("workdir"),
                 per_gpu=spec.get("per_gpu", False), checkpoint_dir="")

@@ -12,6 +12,7 @@ import contextlib
 import os
 import secrets
 import threading
+import time
 from pathlib import Path
 from typing import Iterable
 
@@ -201,18 +202,24 @@ class Store:
             return row
 
     # -- jobs -----------------------------------------------------------------------------
-    def add_job(self, now: float, **fields) -> JobRow:
+    def add_job(self, now: float | None, **fields) -> JobRow:
+        """A new pending job submitted at ``now``; ``None``: at the time the row is written,
+        taken once this session holds the database's write lock. A submit's time is then
+        never earlier than a scheduling cycle that could not see the job yet, so a replay of
+        the history (``api/history``) sees each job when the pool did."""
         with self.session() as s:
             job_id = _new_id(s)
-            row = JobRow(id=job_id, state=PENDING, attempt=1, submitted=now,
-                         pending_since=now, **fields)
+            row = JobRow(id=job_id, state=PENDING, attempt=1, submitted=now or time.time(),
+                         pending_since=now or time.time(), **fields)
             s.add(row)
             s.flush()  # the job row first: its event refers to it
+            if now is None:  # the flush took the write lock: stamp the submit now
+                now = row.submitted = row.pending_since = time.time()
             s.add(EventRow(job_id=job_id, t=now, kind="submit", attempt=1))
             s.commit()
             return row
 
-    def add_job_once(self, now: float, request_id: str | None, **fields) -> tuple[JobRow, bool]:
+    def add_job_once(self, now: float | None, request_id: str | None, **fields) -> tuple[JobRow, bool]:
         """``add_job`` unless the user already has a job made for ``request_id`` (a retried
         submit): then that job. Returns ``(job, created)``. The unique constraint on (user,
         request_id) decides a race between two tries."""
