@@ -83,8 +83,8 @@ def test_story_requeued_jobs_resume_when_capacity_frees():
         (120, "start", "j1"),  # one cycle plus the grace step
         (150, "preempt", "s2"),  # jemma's claim: susan's newest running job now
         (170, "start", "m1"),
-        (250, "start", "s2"),  # joe is done: the requeued job submitted first resumes
-        (300, "start", "s3"),
+        (250, "start", "s3"),  # joe is done: the job requeued first (at 110) resumes,
+        (300, "start", "s2"),  # then the one requeued at 160, though submitted before it
     ]
     assert {j.id: (j.state.value, j.attempt) for j in snap.jobs} == {
         "s1": ("running", 1), "s2": ("running", 2), "s3": ("running", 2)}
@@ -439,16 +439,12 @@ def test_a_priority_claim_beyond_quota_is_not_overtaken_by_its_own_project():
 
 
 
-@pytest.mark.xfail(strict=True, reason="known limit (docs/explanation/known-limits.md): the "
-                   "requeued victim, submitted "
-                   "first, retakes the GPUs of its claimant; a fix needs the time of requeue")
 def test_a_requeued_victim_does_not_retake_the_gpus_of_its_claimant():
     """Found by the no-flapping property: p0's j2 (within quota) needs 4 GPUs on one node,
     and only p1's j0 (2) and j3 (3) on n0 can give them; j0 leaves p1 below its quota. Both
-    go; once n0 is free j2 should go first. The requeued j0, submitted before it, goes first
-    instead, starts there and is reclaimed again, for ever. Ordering requeued jobs after
-    first attempts ended this loop but cost 19 % more preemptions on the Philly trace at a
-    1 s cycle and broke the guarantee check, so it was not kept."""
+    go; once n0 is free j2 goes first. Before jobs carried when they were requeued, the
+    requeued j0, submitted before j2, went first, started there and was reclaimed again, for
+    ever; now it queues from its requeue, after j2 (``TrainJob.waiting_since``)."""
     snap = (cluster(sizes=(5, 6, 7))
             .projects(project("p0").quota(16).weight(0), project("p1").quota(2).weight(0),
                       project("p2").weight(0))

@@ -175,8 +175,8 @@ class _Admission:
 
     def _global_key(self, job: TrainJob) -> tuple:
         # A job's own priority orders it within its project (the queue) only: across
-        # projects, the project's priority and then the submit time decide.
-        return (-self.projects[job.project].priority, job.submit_time, job.id)
+        # projects, the project's priority and then the time it queues from decide.
+        return (-self.projects[job.project].priority, job.waiting_since, job.id)
 
     def _committed(self, project: str) -> int:
         return self.usage[project] + self.claimed[project]
@@ -522,7 +522,7 @@ class _Admission:
         best = None
         for name, queue in self.queues.items():
             for job in queue:  # the first starving job of each project, then the earliest
-                if job.submit_time > oldest or job.id in self.done:
+                if job.waiting_since > oldest or job.id in self.done:
                     continue
                 if not self._waits_for_nodes(job):
                     continue  # never fits, or waits for its own project, not for nodes
