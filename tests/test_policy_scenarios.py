@@ -459,6 +459,29 @@ def test_a_requeued_victim_does_not_retake_the_gpus_of_its_claimant():
     assert all(t <= 30 for t, _, _ in events), events
 
 
+def test_a_claimant_keeps_its_turn_over_its_own_projects_later_jobs():
+    """While b gives back n0 for a's 4-GPU job C, a's later one-GPU jobs could borrow n1's
+    idle GPUs; a would then hold 2 GPUs, C no longer keep it within quota, and the requeued
+    b1 retake n0 as a borrower: the reclaim wasted, C waiting on a's own small jobs. Instead
+    a borrows nothing while C claims, and the small jobs start with it."""
+    snap = (cluster(sizes=(4, 4))
+            .projects(project("a").quota(4), project("b").quota(2), project("c").quota(2))
+            .jobs(running("b1", "b", 4, -100, node="n0"), running("c1", "c", 1, -100, node="n1"),
+                  pending("C", "a", gpus=4, submitted=0), pending("S1", "a", submitted=1),
+                  pending("S2", "a", submitted=2))
+            .at(2))
+    first = cycle(snap)
+    assert [p.job for p in first.preemptions] == ["b1"] and not first.starts
+    for small in ("S1", "S2"):
+        assert str(reason_of(first, small)) == (
+            "waiting for 1 GPU on one node; project a's job C is taking back 4 GPUs for its "
+            "quota, and the project borrows no more until it starts")
+    events, snap = _history(snap, PolicyConfig())
+    assert sorted(events) == [(2, "preempt", "b1"), (22, "start", "C"), (22, "start", "S1"),
+                              (22, "start", "S2")]
+    assert job_of(snap, "b1").pending
+
+
 # -- reasons are sentences ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("reason, text", [
