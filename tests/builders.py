@@ -176,7 +176,7 @@ def apply(snap: Snapshot, result: CycleResult) -> Snapshot:
     """Carry out ``result`` on ``snap`` as the scheduler service does; the clock stays.
 
     Jobs that were already being preempted have had their grace step: they are requeued
-    (pending, attempt + 1, same submit time). Starts run from ``snap.now``; new preemptions
+    (pending, attempt + 1, same submit time, queued again from now: ``requeued``). Starts run from ``snap.now``; new preemptions
     keep their GPUs until the next apply. The reservation goes to the job the cycle named.
     """
     starts = {s.job: dict(s.placement) for s in result.starts}
@@ -187,7 +187,7 @@ def apply(snap: Snapshot, result: CycleResult) -> Snapshot:
     for j in snap.jobs:
         if j.running and j.preempting:
             j = replace(j, state=JobState.PENDING, attempt=j.attempt + 1, placement={},
-                        start_time=None, preempting=False)
+                        start_time=None, preempting=False, requeued=snap.now)
         elif j.id in starts:
             assert j.pending, f"{j.id} started but was not pending"
             j = replace(j, state=JobState.RUNNING, placement=starts[j.id], start_time=snap.now)

@@ -301,7 +301,7 @@ def current_reservation(snap: Snapshot, config: PolicyConfig) -> tuple[str | Non
 
 # -- the contract, one cycle at a time -----------------------------------------------------------
 
-EXCUSED = (R.AtLimit, R.TooLarge, R.Reclaiming, R.Releasing)
+EXCUSED = (R.AtLimit, R.TooLarge, R.Reclaiming, R.Releasing, R.BehindClaim)
 CLAIMS = (R.Reclaiming, R.Releasing)
 
 

@@ -83,8 +83,8 @@ def test_story_requeued_jobs_resume_when_capacity_frees():
         (120, "start", "j1"),  # one cycle plus the grace step
         (150, "preempt", "s2"),  # jemma's claim: susan's newest running job now
         (170, "start", "m1"),
-        (250, "start", "s2"),  # joe is done: the requeued job submitted first resumes
-        (300, "start", "s3"),
+        (250, "start", "s3"),  # joe is done: the job requeued first (at 110) resumes,
+        (300, "start", "s2"),  # then the one requeued at 160, though submitted before it
     ]
     assert {j.id: (j.state.value, j.attempt) for j in snap.jobs} == {
         "s1": ("running", 1), "s2": ("running", 2), "s3": ("running", 2)}
@@ -439,16 +439,12 @@ def test_a_priority_claim_beyond_quota_is_not_overtaken_by_its_own_project():
 
 
 
-@pytest.mark.xfail(strict=True, reason="known limit (docs/explanation/known-limits.md): the "
-                   "requeued victim, submitted "
-                   "first, retakes the GPUs of its claimant; a fix needs the time of requeue")
 def test_a_requeued_victim_does_not_retake_the_gpus_of_its_claimant():
     """Found by the no-flapping property: p0's j2 (within quota) needs 4 GPUs on one node,
     and only p1's j0 (2) and j3 (3) on n0 can give them; j0 leaves p1 below its quota. Both
-    go; once n0 is free j2 should go first. The requeued j0, submitted before it, goes first
-    instead, starts there and is reclaimed again, for ever. Ordering requeued jobs after
-    first attempts ended this loop but cost 19 % more preemptions on the Philly trace at a
-    1 s cycle and broke the guarantee check, so it was not kept."""
+    go; once n0 is free j2 goes first. Before jobs carried when they were requeued, the
+    requeued j0, submitted before j2, went first, started there and was reclaimed again, for
+    ever; now it queues from its requeue, after j2 (``TrainJob.waiting_since``)."""
     snap = (cluster(sizes=(5, 6, 7))
             .projects(project("p0").quota(16).weight(0), project("p1").quota(2).weight(0),
                       project("p2").weight(0))
@@ -461,6 +457,29 @@ def test_a_requeued_victim_does_not_retake_the_gpus_of_its_claimant():
     assert sorted(e for e in events if e[0] == 10) == [(10, "preempt", "j0"), (10, "preempt", "j3")]
     assert (30, "start", "j2") in events
     assert all(t <= 30 for t, _, _ in events), events
+
+
+def test_a_claimant_keeps_its_turn_over_its_own_projects_later_jobs():
+    """While b gives back n0 for a's 4-GPU job C, a's later one-GPU jobs could borrow n1's
+    idle GPUs; a would then hold 2 GPUs, C no longer keep it within quota, and the requeued
+    b1 retake n0 as a borrower: the reclaim wasted, C waiting on a's own small jobs. Instead
+    a borrows nothing while C claims, and the small jobs start with it."""
+    snap = (cluster(sizes=(4, 4))
+            .projects(project("a").quota(4), project("b").quota(2), project("c").quota(2))
+            .jobs(running("b1", "b", 4, -100, node="n0"), running("c1", "c", 1, -100, node="n1"),
+                  pending("C", "a", gpus=4, submitted=0), pending("S1", "a", submitted=1),
+                  pending("S2", "a", submitted=2))
+            .at(2))
+    first = cycle(snap)
+    assert [p.job for p in first.preemptions] == ["b1"] and not first.starts
+    for small in ("S1", "S2"):
+        assert str(reason_of(first, small)) == (
+            "waiting for 1 GPU on one node; project a's job C is taking back 4 GPUs for its "
+            "quota, and the project borrows no more until it starts")
+    events, snap = _history(snap, PolicyConfig())
+    assert sorted(events) == [(2, "preempt", "b1"), (22, "start", "C"), (22, "start", "S1"),
+                              (22, "start", "S2")]
+    assert job_of(snap, "b1").pending
 
 
 # -- reasons are sentences ---------------------------------------------------------------------

@@ -110,6 +110,12 @@ async def test_killed_at_the_end_of_the_grace_is_requeued(pool):
     await until(scheduler, lambda: store.job(victim.id).attempt > 1)
     assert [a.exit_code for a in store.attempts(victim.id)][:1] == [137]
     assert [a.outcome for a in store.attempts(victim.id)][:1] == ["preempted"]
+    # The policy sees it queue from its requeue, not its submit (the ordering Kueue calls
+    # its eviction timestamp): the attempt's end, when the row went back to pending.
+    row = store.job(victim.id)
+    job = scheduler._train_job(row)
+    assert job.requeued == row.pending_since == store.attempts(victim.id)[0].ended
+    assert job.waiting_since > job.submit_time == row.submitted
 
 
 @pytest.mark.asyncio

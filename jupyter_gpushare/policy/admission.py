@@ -52,6 +52,7 @@ class Admission:
         self.waits: list[tuple[TrainJob, R.Reason | None]] = []
         self.never: list[Wait] = []
         self.done: set[str] = set()
+        self.claiming: dict[str, TrainJob] = {}  # project → its job taking GPUs back for its quota
 
     def never_fits(self, job: TrainJob) -> R.Reason | None:
         return never_fits(job, self.projects[job.project], self.c.capacity, self.node_sizes)
@@ -69,8 +70,10 @@ class Admission:
             if reason is not None:
                 self.never.append(Wait(job.id, None, reason))
                 continue
-            if self._start(job, frozenset(), Way.WITHIN_QUOTA) or (
-                    self.config.preemption and self._reclaim(job, Reclaim.GUARANTEE, frozenset())):
+            if self._start(job, frozenset(), Way.WITHIN_QUOTA):
+                continue
+            if self.config.preemption and self._reclaim(job, Reclaim.GUARANTEE, frozenset()):
+                self.claiming.setdefault(job.project, job)
                 continue
             self.waits.append((job, self.explainer.why_no_room(job, frozenset())))
 
@@ -84,6 +87,9 @@ class Admission:
             limit = self.projects[name].limit
             if limit is not None and self.ledger.committed(name) + smallest[name] > limit:
                 turn.park()  # at its limit: no job of the project can start
+                continue
+            if name in self.claiming:
+                self._behind_claim(queue, i)  # and its queue is done for this cycle
                 continue
             if self._exhausted() and not self._may_reclaim(name):
                 turn.park()
@@ -99,6 +105,23 @@ class Admission:
             else:
                 self._admit_borrower(job)
             turn.go_on(name, i + 1)
+
+    def _behind_claim(self, queue, i: int) -> None:
+        """A project whose job within quota claims GPUs borrows nothing this cycle: were its
+        later jobs to borrow idle GPUs, the claimant would no longer keep the project within
+        quota by the time its GPUs are free, and the reclaim would be wasted."""
+        seen, claimant = self.order.seen, self.claiming[queue[i].project]
+        for job in queue[i:]:
+            if job.id in seen:
+                continue
+            seen.add(job.id)
+            reason = self.never_fits(job)
+            if reason is not None:
+                self.never.append(Wait(job.id, None, reason))
+            else:
+                self.waits.append((job, R.BehindClaim(
+                    job.gpus, nodes_needed(job.gpus, self.c.node_size), job.project,
+                    claimant.id, claimant.gpus)))
 
     def _next_hopeful(self, queue, i: int) -> int | None:
         """The first job from ``i`` on that might still get GPUs; the ones passed over wait.

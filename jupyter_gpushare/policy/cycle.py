@@ -4,7 +4,8 @@ The pipeline:
   1. cache    what runs: free and releasing GPUs, usage per project       (cache.py)
   2. shares   each project's deserved share                                (shares.py)
   3. order    requests that keep their project within quota first, by project priority
-              and submit time (a job's priority orders its own project's queue only); then
+              and the time a job queues from, its submit or its requeue (a job's priority
+              orders its own project's queue only); then
               borrowers: those that stay within their project's deserved share first, then
               by priority, the project furthest below its deserved share first   (order.py)
   4. admit    place on free GPUs (placement.py); else reclaim (preemption.py, the victims

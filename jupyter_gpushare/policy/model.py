@@ -107,7 +107,10 @@ class TrainJob:
     waited too long (see ``PolicyConfig.reserve_after_s``); the caller hands back what the
     previous cycle decided so that a reservation stays put. ``idle`` marks a running job
     whose GPUs have stayed idle (measured by the caller): among otherwise equal victims,
-    idle jobs are taken first.
+    idle jobs are taken first. ``requeued`` is when a preempted (or lost) attempt put the
+    job back in its queue, None before that: a requeued job queues from then, as Kueue
+    orders an evicted workload by its eviction time, so a victim never goes before the job
+    it made room for (``waiting_since``).
     """
 
     id: str
@@ -123,6 +126,7 @@ class TrainJob:
     preempting: bool = False
     reserved: tuple[str, ...] = ()
     idle: bool = False
+    requeued: float | None = None
 
     def __post_init__(self):
         if self.gpus <= 0 or self.gpus % GPU:
@@ -136,6 +140,11 @@ class TrainJob:
     @property
     def pending(self) -> bool:
         return self.state is JobState.PENDING
+
+    @property
+    def waiting_since(self) -> float:
+        """The time the job's place in the queues counts from: its submit, or its requeue."""
+        return self.submit_time if self.requeued is None else self.requeued
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,8 @@
 """Step 3, order: which pending job the cycle considers next.
 
 First the jobs that keep their project within quota, merged across projects by project
-priority and submit time; each project's queue is already in job priority order, so a
+priority and the time each queues from (``TrainJob.waiting_since``: its submit, or its
+requeue); each project's queue is already in job priority order, so a
 job's own priority orders its project's queue only. Then the borrowers, project by project
 in fair-share order (``borrow_key``). Both orders read the ledger as the cycle decides: a
 project's room and its key change when it gets GPUs.
@@ -24,8 +25,9 @@ class Order:
         self.seen: set[str] = set()  # handled already: a borrower's turn passes them over
 
     def global_key(self, job: TrainJob) -> tuple:
-        """Across projects, the project's priority and then the submit time decide."""
-        return (-self.projects[job.project].priority, job.submit_time, job.id)
+        """Across projects, the project's priority and then the time the job queues from (its
+        submit, or its requeue) decide."""
+        return (-self.projects[job.project].priority, job.waiting_since, job.id)
 
     def borrow_key(self, project: str) -> tuple:
         """Projects below their deserved share first, then higher priority, then the one

@@ -16,8 +16,9 @@ from .model import JobState, TrainJob
 
 
 def queue_key(job: TrainJob) -> tuple:
-    """Order inside a project's queue: higher job priority, then earlier submit, then id."""
-    return (-job.priority, job.submit_time, job.id)
+    """Order inside a project's queue: higher job priority, then the earlier time it queues
+    from (its submit, or its requeue: ``TrainJob.waiting_since``), then id."""
+    return (-job.priority, job.waiting_since, job.id)
 
 
 @dataclass(frozen=True, slots=True)

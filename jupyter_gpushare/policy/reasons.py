@@ -99,6 +99,23 @@ class Releasing(Reason):
 
 
 @dataclass(frozen=True, slots=True)
+class BehindClaim(Reason):
+    """A borrower of a project whose job within quota is taking GPUs back: the project
+    borrows nothing meanwhile, or its later jobs would push the claimant beyond the quota."""
+
+    gpus: int
+    nodes: int
+    project: str
+    claimant: str
+    claim: int
+
+    def __str__(self):
+        return (f"waiting for {_where(self.gpus, self.nodes)}; project {self.project}'s job "
+                f"{self.claimant} is taking back {gpus_text(self.claim)} for its quota, and the "
+                f"project borrows no more until it starts")
+
+
+@dataclass(frozen=True, slots=True)
 class MinRuntime(Reason):
     gpus: int
     nodes: int

@@ -91,7 +91,7 @@ class Reservation:
         best = None
         for name, queue in self.queues.items():
             for job in queue:  # the first starving job of each project, then the earliest
-                if job.submit_time > oldest or job.id in done:
+                if job.waiting_since > oldest or job.id in done:
                     continue
                 if not waits_for_nodes(job):
                     continue  # never fits, or waits for its own project, not for nodes

@@ -266,7 +266,8 @@ class Scheduler:
                         attempt=row.attempt, placement=row.placement if running else {},
                         start_time=row.started if running else None,
                         preempting=row.preempting or row.cancel_requested,
-                        reserved=self.reserved.get(row.id, ()), idle=idle and running)
+                        reserved=self.reserved.get(row.id, ()), idle=idle and running,
+                        requeued=row.pending_since if row.attempt > 1 else None)
 
 
 def _drained_note(nodes: list[Node], rows: list[JobRow]) -> str:

@@ -231,7 +231,7 @@ class Simulator:
         rec.attempt_start = None
         rec.pending_since = t
         self.active.put(replace(job, state=JobState.PENDING, attempt=rec.attempt,
-                                placement={}, start_time=None, preempting=False))
+                                placement={}, start_time=None, preempting=False, requeued=t))
         self._changed(t)
 
     def snapshot(self, t: float) -> Snapshot:

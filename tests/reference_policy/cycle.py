@@ -123,6 +123,7 @@ class _Admission:
         self.done: set[str] = set()  # started or claiming this cycle
         self.seen: set[str] = set()  # handled before the borrowers' turn
         self.never: list[Wait] = []
+        self.claiming: dict[str, TrainJob] = {}  # project → its job reclaiming for its quota
         self.held: dict[str, int] = {}
         self.victims: set[str] = set()
         self._no_fit: dict[tuple, int] = {}  # (mode, exclusion, nodes) → smallest gang that failed
@@ -175,8 +176,8 @@ class _Admission:
 
     def _global_key(self, job: TrainJob) -> tuple:
         # A job's own priority orders it within its project (the queue) only: across
-        # projects, the project's priority and then the submit time decide.
-        return (-self.projects[job.project].priority, job.submit_time, job.id)
+        # projects, the project's priority and then the time it queues from decide.
+        return (-self.projects[job.project].priority, job.waiting_since, job.id)
 
     def _committed(self, project: str) -> int:
         return self.usage[project] + self.claimed[project]
@@ -201,6 +202,7 @@ class _Admission:
         if self._try_start(job, frozenset(), "guaranteed"):
             return
         if self.config.preemption and self._reclaim(job, "guarantee", frozenset()):
+            self.claiming.setdefault(job.project, job)
             return
         self._wait(job, self._why_no_room(job, frozenset()))
 
@@ -221,6 +223,20 @@ class _Admission:
             limit = self.projects[name].limit
             if limit is not None and self._committed(name) + self.smallest[name] > limit:
                 tail.append(entry)  # at its limit: no job of the project can start
+                continue
+            if name in self.claiming:  # borrows nothing while its claimant takes GPUs back
+                claimant = self.claiming[name]
+                for job in queue[i:]:
+                    if job.id in self.seen:
+                        continue
+                    self.seen.add(job.id)
+                    reason = self._never_fits(job)
+                    if reason is not None:
+                        self.never.append(Wait(job.id, None, reason))
+                    else:
+                        k = nodes_needed(job.gpus, self.c.node_size)
+                        self._wait(job, R.BehindClaim(job.gpus, k, name, claimant.id,
+                                                      claimant.gpus))
                 continue
             if self._exhausted() and not self._may_reclaim(name, queue, i):
                 tail.append(entry)
@@ -522,7 +538,7 @@ class _Admission:
         best = None
         for name, queue in self.queues.items():
             for job in queue:  # the first starving job of each project, then the earliest
-                if job.submit_time > oldest or job.id in self.done:
+                if job.waiting_since > oldest or job.id in self.done:
                     continue
                 if not self._waits_for_nodes(job):
                     continue  # never fits, or waits for its own project, not for nodes
