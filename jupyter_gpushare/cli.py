@@ -216,6 +216,10 @@ def format_summary(s: dict) -> str:
         f"  queueing avg {hours(s['avg_queue_s'])}, p99 {hours(s['p99_queue_s'])}",
         f"  preemptions {s['preemptions']} ({s['within_quota_preemptions']} within quota), "
         f"lost {s['lost_gpu_hours']:.1f} GPU-hours, p99 reclaim {s['p99_reclaim_s']:.0f} s",
+        *([f"  guarantee wait p99 {s['guarantee_wait_p99_s']:.0f} s, max "
+           f"{s['guarantee_wait_max_s']:.0f} s (bound {s['guarantee_bound_s']:g} s; "
+           f"{s['guarantee_waits_over_bound']} of {s['guarantee_waits']} beyond it)"]
+          if s["policy"] == "guaranteed" else []),  # the baselines promise no bound
         f"  decision ms p50 {s['decision_ms']['p50']}, p99 {s['decision_ms']['p99']}, "
         f"max {s['decision_ms']['max']}; wall {s['wall_s']} s",
         "",

@@ -118,8 +118,26 @@ def test_guarantee_holds_on_a_slice_of_philly(philly, min_runtime):
     assert summary["within_quota_preemptions"] == 0  # ... and the guarantee held
     bound = config.grace_s + config.cycle_interval_s + min_runtime
     assert max(run.reclaim_s) <= bound
+    # From the first cycle that finds a job within quota and waiting, a cycle more (one to
+    # claim, one to start): the simulator's own report of the bound, and what it measured.
+    assert summary["guarantee_bound_s"] == bound + config.cycle_interval_s
+    assert summary["guarantee_waits"] > 100
+    assert summary["guarantee_wait_max_s"] <= summary["guarantee_bound_s"]
+    assert summary["guarantee_waits_over_bound"] == 0
     if min_runtime >= 60:  # no attempt younger than the minimum is ever preempted
         assert summary["preemptions_under_60s"] == 0
+
+
+def test_the_guarantee_wait_counts_from_wanting_not_from_the_reclaim():
+    # b (quota 4) wants its GPUs at 5 s; a's borrower is young until 30 s, is reclaimed then
+    # and gone after the 30 s grace: b waited 55 s, of which the reclaim took 30 s.
+    jobs = [TraceJob("borrower", 0.0, 1000.0, 4 * GPU, "a"),
+            TraceJob("owed", 5.0, 100.0, 4 * GPU, "b")]
+    config = SimConfig(4, gpus_per_node=4, policy_config=PolicyConfig(min_runtime_s=30.0))
+    run = Simulator(jobs, {"a": 0, "b": 4 * GPU}, config).run()
+    assert run.guarantee_wait_s == [55.0] and run.reclaim_s == [30.0]
+    summary = summarize(run)
+    assert summary["guarantee_bound_s"] == 60.0 and summary["guarantee_waits_over_bound"] == 0
 
 
 def test_percentile_nearest_rank():

@@ -52,6 +52,7 @@ class Admission:
         self.waits: list[tuple[TrainJob, R.Reason | None]] = []
         self.never: list[Wait] = []
         self.done: set[str] = set()
+        self.within_quota_waiting: list[str] = []  # kept within quota but did not start
         self.claiming: dict[str, TrainJob] = {}  # project → its job taking GPUs back for its quota
 
     def never_fits(self, job: TrainJob) -> R.Reason | None:
@@ -72,6 +73,7 @@ class Admission:
                 continue
             if self._start(job, frozenset(), Way.WITHIN_QUOTA):
                 continue
+            self.within_quota_waiting.append(job.id)
             if self.config.preemption and self._reclaim(job, Reclaim.GUARANTEE, frozenset()):
                 self.claiming.setdefault(job.project, job)
                 continue

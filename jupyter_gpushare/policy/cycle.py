@@ -69,7 +69,8 @@ def cycle(snapshot: Snapshot, config: PolicyConfig = PolicyConfig()) -> CycleRes
             tuple(admission.starts), tuple(reclaimer.preemptions), deserved, ledger.usage,
             reclaimer.held, reserved, tuple(admission.never),
             lambda: explainer.waits(admission.waits, admission.never, borrowers.unvisited(),  # 6
-                                    reserved, admission.never_fits))
+                                    reserved, admission.never_fits),
+            tuple(admission.within_quota_waiting))
 
 
 @contextmanager

@@ -50,6 +50,9 @@ class CycleResult:
     reservation: Wait | None
     unschedulable: tuple[Wait, ...]
     _explain: Callable[[], tuple[Wait, ...]] = field(repr=False, compare=False)
+    within_quota_waiting: tuple[str, ...] = field(default=(), repr=False, compare=False)
+    """The jobs that keep their project within quota and did not start this cycle (claiming,
+    or waiting for young victims or for room): the ones the guarantee's bound is about."""
 
     @cached_property
     def waits(self) -> tuple[Wait, ...]:

@@ -62,6 +62,7 @@ class JobRecord:
     lost_gpu_s: float = 0.0
     allocated_gpu_s: float = 0.0
     claim_since: float | None = None  # when GPUs were first reclaimed for its guarantee
+    want_since: float | None = None  # when a cycle first found it within quota and waiting
     unschedulable: str | None = None
     finished_while_preempted: bool = False  # its work ended within a grace period
 
@@ -78,6 +79,9 @@ class SimRun:
     end: float
     wall_s: float
     timeline: list[tuple[float, dict[str, int], int]]  # (t, allocated milli per project, queued)
+    guarantee_wait_s: list[float] = field(default_factory=list)
+    """From the first cycle that found a job within its project's quota and waiting to its
+    start (or its project back at quota by other means): what the guarantee's bound bounds."""
 
 
 def make_nodes(capacity_gpus: int, gpus_per_node: int) -> tuple[Node, ...]:
@@ -122,6 +126,8 @@ class Simulator:
         self.reclaim_s: list[float] = []
         self.within_quota = 0
         self.claimants: dict[str, set[str]] = {}  # project → jobs it reclaimed GPUs for
+        self.wanting: dict[str, set[str]] = {}  # project → its jobs waiting within quota
+        self.guarantee_wait_s: list[float] = []
         self.out = events
         self.timeline = [] if timeline else None
         for rec in self.records.values():
@@ -178,7 +184,7 @@ class Simulator:
         ends = [r.finish for r in self.records.values() if r.finish is not None]
         return SimRun(self.cfg, self.quotas, self.records, self.decision_s, self.reclaim_s,
                       self.within_quota, first, max(ends, default=end),
-                      time.perf_counter() - wall, self.timeline or [])
+                      time.perf_counter() - wall, self.timeline or [], self.guarantee_wait_s)
 
     # -- events ------------------------------------------------------------------------
     def _submit(self, t: float, job_id: str) -> None:
@@ -259,6 +265,11 @@ class Simulator:
                 self.claimants.setdefault(self.active.get(p.for_job).project, set()).add(p.for_job)
         for s in result.starts:
             self._start(t, s.job, s.placement)
+        for job_id in result.within_quota_waiting:
+            rec = self.records[job_id]
+            if rec.want_since is None:
+                rec.want_since = t
+                self.wanting.setdefault(self.active.get(job_id).project, set()).add(job_id)
         self._apply_waits(t, result)
         if self.timeline is not None:
             view = self.active.view()
@@ -284,12 +295,19 @@ class Simulator:
                    placement={n: m // GPU for n, m in sorted(placement.items())})
 
     def _guarantee_met(self, t: float, project: str, started: str) -> None:
-        """A guarantee reclaim is done when its job starts, or when the project is back at
-        its quota by other means (its other jobs started first)."""
+        """A guarantee reclaim, or a wait within quota, is done when its job starts, or when
+        the project is back at its quota by other means (its other jobs started first)."""
+        met = self.usage[project] >= self.quota_of[project]
+        wanting = self.wanting.get(project)
+        for job_id in list(wanting or ()):
+            if job_id == started or met:
+                rec = self.records[job_id]
+                self.guarantee_wait_s.append(t - rec.want_since)
+                rec.want_since = None
+                wanting.discard(job_id)
         waiting = self.claimants.get(project)
         if not waiting:
             return
-        met = self.usage[project] >= self.quota_of[project]
         for job_id in list(waiting):
             if job_id == started or met:
                 rec = self.records[job_id]

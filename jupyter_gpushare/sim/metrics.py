@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..policy.model import GPU
-from .engine import SimRun
+from .engine import SimConfig, SimRun
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -17,6 +17,15 @@ def percentile(values: list[float], q: float) -> float:
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
+
+
+def guarantee_bound(cfg: SimConfig) -> float:
+    """The guarantee's bound in a simulation (docs/explanation/scheduling.md, "The guarantee's
+    bound"): the minimum runtime, a cycle to claim the GPUs once victims may go, the grace
+    period, and a cycle to start once they are gone. The service runs that last cycle at once
+    (it polls for ended jobs every 0.1 s); the simulator waits out ``cycle_interval_s``."""
+    cycle = cfg.cycle_interval_s + cfg.cycle_delay_s
+    return round(cfg.policy_config.min_runtime_s + cfg.grace_s + 2 * cycle, 3)
 
 
 def summarize(run: SimRun) -> dict:
@@ -65,6 +74,12 @@ def summarize(run: SimRun) -> dict:
         "within_quota_preemptions": run.within_quota_preemptions,
         "p99_reclaim_s": round(percentile(run.reclaim_s, 99), 1),
         "reclaims": len(run.reclaim_s),
+        "guarantee_bound_s": guarantee_bound(cfg),
+        "guarantee_wait_p99_s": round(percentile(run.guarantee_wait_s, 99), 1),
+        "guarantee_wait_max_s": round(max(run.guarantee_wait_s, default=0.0), 1),
+        "guarantee_waits": len(run.guarantee_wait_s),
+        "guarantee_waits_over_bound": sum(w > guarantee_bound(cfg)
+                                          for w in run.guarantee_wait_s),
         "cycles": len(decisions),
         "decision_ms": {"p50": round(percentile(decisions, 50), 3),
                         "p99": round(percentile(decisions, 99), 3),
