@@ -200,7 +200,7 @@ def replayed(run, entries: list[dict], span: float) -> dict:
     util = {e["job_id"]: e.get("utilization") for e in entries}
     rows = [(r.trace.project, r.allocated_gpu_s, r.queued_s, r.finish or 0.0,
              util.get(r.trace.id)) for r in run.records.values() if r.finish is not None]
-    out = _figures(rows, run.config.capacity_gpus, span, list(run.reclaim_s), len(entries))
+    out = _figures(rows, run.config.capacity_gpus, span, list(run.guarantee_wait_s), len(entries))
     out["preemptions"] = sum(r.preemptions for r in run.records.values())
     out["unfinished"] = sum(1 for r in run.records.values() if r.finish is None)
     return out
