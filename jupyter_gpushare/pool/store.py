@@ -209,8 +209,9 @@ class Store:
         the history (``api/history``) sees each job when the pool did."""
         with self.session() as s:
             job_id = _new_id(s)
-            row = JobRow(id=job_id, state=PENDING, attempt=1, submitted=now or time.time(),
-                         pending_since=now or time.time(), **fields)
+            asked = time.time() if now is None else now  # restamped below when None
+            row = JobRow(id=job_id, state=PENDING, attempt=1, submitted=asked,
+                         pending_since=asked, **fields)
             s.add(row)
             s.flush()  # the job row first: its event refers to it
             if now is None:  # the flush took the write lock: stamp the submit now
