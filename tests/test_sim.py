@@ -140,6 +140,21 @@ def test_the_guarantee_wait_counts_from_wanting_not_from_the_reclaim():
     assert summary["guarantee_bound_s"] == 60.0 and summary["guarantee_waits_over_bound"] == 0
 
 
+def test_a_young_jobs_wake_up_is_one_cycle_however_many_cycles_ran_before_it():
+    # One borrower becomes preemptible at 30 s; 200 submits come before that, each with a
+    # cycle of its own. The wake-up is one cycle at 30 s, not one per cycle before it (each
+    # cycle asked for it again, and every copy at 30 s asked for the next wake-up: a burst of
+    # 1,000 jobs never ended).
+    jobs = [TraceJob("young", 0.0, 5000.0, 4 * GPU, "a")]
+    jobs += [TraceJob(f"j{i:03d}", 1.0 + i / 10, 100.0, GPU, "b") for i in range(200)]
+    config = SimConfig(4, gpus_per_node=4, policy_config=PolicyConfig(min_runtime_s=30.0))
+    run = Simulator(jobs, {"a": 0, "b": 4 * GPU}, config).run()
+    assert all(r.finish is not None for r in run.records.values())
+    # A cycle per submit, finish and release, and the one wake-up; nothing per copy.
+    events = len(jobs) + sum(r.attempt for r in run.records.values()) + 1
+    assert len(run.decision_s) <= events
+
+
 def test_percentile_nearest_rank():
     assert percentile([], 99) == 0.0
     assert percentile([5.0], 50) == 5.0

@@ -118,6 +118,7 @@ class Simulator:
         self.active = Queues()  # pending and running jobs, as the policy sees them
         self.usage = dict.fromkeys(self.quota_of, 0)  # running, not being preempted
         self.holder: str | None = None
+        self.cycles_at: set[float] = set()  # times of the cycles in the heap
         self.heap: list[tuple] = []
         self.seq = 0
         self.cycle_due: float | None = None
@@ -150,7 +151,9 @@ class Simulator:
         due = max(t + self.cfg.cycle_delay_s, self.last_cycle + self.cfg.cycle_interval_s)
         if self.cycle_due is None or due < self.cycle_due:
             self.cycle_due = due
-            self._push(due, CYCLE)
+            if due not in self.cycles_at:  # one cycle at a time is all a change needs
+                self.cycles_at.add(due)
+                self._push(due, CYCLE)
 
     def run(self) -> SimRun:
         # The trace, its records and the program live through the whole run: frozen, they
@@ -179,6 +182,7 @@ class Simulator:
             elif kind == RELEASE:
                 self._release(t, job, attempt)
             else:
+                self.cycles_at.discard(t)
                 self._cycle(t)
             end = max(end, t)
         ends = [r.finish for r in self.records.values() if r.finish is not None]
