@@ -92,6 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
                      f"(default {PolicyConfig().reserve_after_s:g})")
     sim.add_argument("--cycle-interval", type=_seconds, default=0.0, metavar="S",
                      help="least seconds between scheduling cycles (default 0: after every event)")
+    sim.add_argument("--fair-share-half-life", type=_seconds, default=0.0, metavar="S",
+                     help="fair share over time, as PoolService.fair_share_half_life: seconds "
+                     "after which borrowed GPU-time counts half when idle GPUs are divided "
+                     "(default 0: off)")
+    sim.add_argument("--fair-share-window", type=_seconds, default=7 * 86400.0, metavar="S",
+                     help="seconds of borrowing fair share over time looks back on (default "
+                     "604800, a week)")
     sim.set_defaults(func=cmd_simulate)
     add_pool_commands(sub)
     return parser
@@ -133,6 +140,7 @@ def cmd_simulate(args) -> int:
             raise UsageError(f"--capacity {args.capacity} is a change, for --from-pool; give "
                              f"the train pool's GPUs, like --capacity 64")
         args.capacity = int(args.capacity)
+    from .policy.past_use import FairShareTime
     from .sim.engine import SimConfig, Simulator
     from .sim.metrics import summarize
     from .sim.trace import TraceError, apportion, proportional_quotas, read_quotas, read_trace
@@ -166,10 +174,18 @@ def cmd_simulate(args) -> int:
             raise UsageError(f"{args.trace}, line {job.line}: job {job.id} asks for "
                              f"{job.gpus // GPU} GPUs but the train pool has only {capacity}; "
                              f"raise --capacity or remove the job")
+    fair_share = None
+    if args.fair_share_half_life:
+        if args.policy != "guaranteed":
+            raise UsageError("--fair-share-half-life divides idle GPUs among projects: it is "
+                             "for --policy guaranteed")
+        if args.fair_share_window < 60:
+            raise UsageError("--fair-share-window must be 60 seconds or more")
+        fair_share = FairShareTime(args.fair_share_half_life, args.fair_share_window)
     config = SimConfig(
         capacity_gpus=capacity, gpus_per_node=args.gpus_per_node, policy=args.policy,
         grace_s=args.grace_period, checkpoint_interval_s=args.checkpoint_interval,
-        cycle_interval_s=args.cycle_interval,
+        cycle_interval_s=args.cycle_interval, fair_share=fair_share,
         policy_config=PolicyConfig(min_runtime_s=args.min_runtime,
                                    reserve_after_s=args.reserve_after))
     events = _open_out(args.events)
@@ -220,6 +236,11 @@ def format_summary(s: dict) -> str:
            f"{s['guarantee_wait_max_s']:.0f} s (bound {s['guarantee_bound_s']:g} s; "
            f"{s['guarantee_waits_over_bound']} of {s['guarantee_waits']} beyond it)"]
           if s["policy"] == "guaranteed" else []),  # the baselines promise no bound
+        *([f"  borrowing against weights: weekly gap max {s['borrow_gap_max']:.1%}, mean "
+           f"{s['borrow_gap_mean']:.1%} (fair share over time "
+           + (f"half-life {s['fair_share_half_life_s']:g} s)" if s['fair_share_half_life_s']
+              else "off)")]
+          if s["policy"] == "guaranteed" and s["borrow_gap_weeks"] else []),
         f"  decision ms p50 {s['decision_ms']['p50']}, p99 {s['decision_ms']['p99']}, "
         f"max {s['decision_ms']['max']}; wall {s['wall_s']} s",
         "",

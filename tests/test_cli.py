@@ -24,6 +24,24 @@ def test_json_and_human_output(capsys, example):
     assert code == 0 and "policy fifo on 32 GPUs" in out and "vision" in out
 
 
+def test_fair_share_over_time_and_the_borrowing_gap(capsys, example):
+    trace, quotas = example
+    code, out, _ = run(capsys, "simulate", "--trace", str(trace), "--quotas", str(quotas))
+    assert code == 0 and "borrowing against weights: weekly gap max" in out
+    assert "(fair share over time off)" in out
+    code, out, _ = run(capsys, "simulate", "--trace", str(trace), "--quotas", str(quotas),
+                       "--fair-share-half-life", "86400", "--json")
+    summary = json.loads(out)
+    assert code == 0 and summary["fair_share_half_life_s"] == 86400
+    assert 0 <= summary["borrow_gap_max"] <= 1 and summary["borrow_gap_weeks"]
+    code, _, err = run(capsys, "simulate", "--trace", str(trace), "--quotas", str(quotas),
+                       "--fair-share-half-life", "86400", "--fair-share-window", "5")
+    assert code == 2 and "--fair-share-window must be 60 seconds or more" in err
+    code, _, err = run(capsys, "simulate", "--trace", str(trace), "--quotas", str(quotas),
+                       "--fair-share-half-life", "86400", "--policy", "fifo")
+    assert code == 2 and "it is for --policy guaranteed" in err and "Traceback" not in err
+
+
 def test_events_and_plot_files(capsys, example, tmp_path):
     trace, quotas = example
     events, plot = tmp_path / "e.jsonl", tmp_path / "p.png"

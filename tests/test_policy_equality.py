@@ -34,7 +34,7 @@ def decisions(result: CycleResult) -> tuple:
             [(p.job, p.project, p.for_job, p.why, p.kind) for p in result.preemptions],
             dict(result.deserved), dict(result.usage), dict(result.held),
             wait(result.reservation), [wait(w) for w in result.unschedulable],
-            [wait(w) for w in result.waits])
+            [wait(w) for w in result.waits], tuple(result.within_quota_waiting))
 
 
 class TwinSimulator(Simulator):

@@ -92,6 +92,9 @@ def test_migrations_on_postgresql(postgresql):
     job = store.add_job(time.time(), user="bob", project="nlp", name="", gpus=1000,
                         priority=0, command=["true"], env={}, checkpoint_dir="")
     assert Store(url).job(job.id).user == "bob"
+    store.add_past_use(3600, {("nlp", 5): 1.5}, forget_before=0)
+    store.add_past_use(3600, {("nlp", 5): 1.0}, forget_before=0)
+    assert Store(url).past_use(3600, 0) == [("nlp", 5, 2.5)]
     check_request_ids(store)
     store.engine.dispose()
 
@@ -128,8 +131,8 @@ def test_counts_are_not_capped_by_list_limits(tmp_path):
 
 
 def test_an_0006_database_is_upgraded_with_its_data_kept(tmp_path):
-    """The audit trail and drained nodes (0007) come to a database an older version made,
-    and its projects and jobs stay."""
+    """The audit trail and drained nodes (0007) and the fair share's borrowed GPU-time (0008)
+    come to a database an older version made, and its projects and jobs stay."""
     from alembic import command
     from alembic.config import Config
 
@@ -153,10 +156,21 @@ def test_an_0006_database_is_upgraded_with_its_data_kept(tmp_path):
     engine.dispose()
     store = Store(url)
     assert store.project("vision").quota == 2000 and store.job("j-1").user == "ann"
-    assert store.audit() == [] and store.drained() == {}
+    assert store.audit() == [] and store.drained() == {} and store.past_use(3600, 0) == []
     assert schema_diff(store) == []
     with store.engine.connect() as conn:
-        assert MigrationContext.configure(conn).get_current_heads() == ("0007",)
+        assert MigrationContext.configure(conn).get_current_heads() == ("0008",)
+
+
+def test_the_fair_shares_borrowed_gpu_time_adds_up_and_old_buckets_are_forgotten(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'pool.sqlite'}")
+    store.add_past_use(3600, {("a", 10): 5.0, ("b", 11): 1.0}, forget_before=0)
+    store.add_past_use(3600, {("a", 10): 2.0, ("a", 12): 4.0}, forget_before=0)
+    assert sorted(store.past_use(3600, 0)) == [("a", 10, 7.0), ("a", 12, 4.0), ("b", 11, 1.0)]
+    store.add_past_use(3600, {}, forget_before=11)
+    assert sorted(store.past_use(3600, 0)) == [("a", 12, 4.0), ("b", 11, 1.0)]
+    store.add_past_use(60, {("a", 700): 1.0}, forget_before=0)  # the window was changed
+    assert store.past_use(3600, 0) == [] and store.past_use(60, 0) == [("a", 700, 1.0)]
 
 
 def test_the_audit_trail_pages_newest_first_and_forgets_old_entries(tmp_path):

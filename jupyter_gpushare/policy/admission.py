@@ -24,15 +24,39 @@ def never_fits(job: TrainJob, project: Project, capacity: int,
                node_sizes: tuple[int, ...] = ()) -> R.Reason | None:
     """Why ``job`` can never run as asked: larger than the pool, than the fewest nodes it
     must use (``node_sizes``, largest first), or than its project's limit."""
-    if job.gpus > capacity:
-        return R.TooLarge(job.gpus, capacity)
+    return never_fits_gpus(job.gpus, project, capacity, node_sizes)
+
+
+def never_fits_gpus(gpus: int, project: Project, capacity: int,
+                    node_sizes: tuple[int, ...] = ()) -> R.Reason | None:
+    """``never_fits`` for a gang of ``gpus`` of ``project``."""
+    if gpus > capacity:
+        return R.TooLarge(gpus, capacity)
     if node_sizes:
-        k = nodes_needed(job.gpus, node_sizes[0])
-        if job.gpus > sum(node_sizes[:k]):
-            return R.TooLarge(job.gpus, sum(node_sizes[:k]), nodes=k)
-    if project.limit is not None and job.gpus > project.limit:
-        return R.TooLarge(job.gpus, project.limit, project=project.name)
+        k = nodes_needed(gpus, node_sizes[0])
+        if gpus > sum(node_sizes[:k]):
+            return R.TooLarge(gpus, sum(node_sizes[:k]), nodes=k)
+    if project.limit is not None and gpus > project.limit:
+        return R.TooLarge(gpus, project.limit, project=project.name)
     return None
+
+
+class BehindClaim:
+    """The jobs of a claimant's project from ``i`` on, waiting behind its claim: listed with
+    their reasons only when the waits are read (explain.py), so that a cycle does not walk
+    the project's whole backlog."""
+
+    __slots__ = ("queue", "i", "claimant", "seen")
+
+    def __init__(self, queue, i: int, claimant: TrainJob, seen: set[str]):
+        self.queue, self.i, self.claimant, self.seen = queue, i, claimant, seen
+
+    def waits(self, node_size: int):
+        c = self.claimant
+        for job in self.queue[self.i:]:
+            if job.id not in self.seen:
+                yield job, R.BehindClaim(job.gpus, nodes_needed(job.gpus, node_size),
+                                         job.project, c.id, c.gpus)
 
 
 class Admission:
@@ -43,11 +67,12 @@ class Admission:
     def __init__(self, config: PolicyConfig, cluster: Cluster, node_sizes: tuple[int, ...],
                  projects: Mapping[str, Project], deserved: Mapping[str, int], ledger: Ledger,
                  order: Order, memo: FitMemo, reclaimer: Reclaimer, reservation: Reservation,
-                 explainer: Explainer):
+                 explainer: Explainer, sizes: Mapping[str, tuple[int, ...]] | None = None):
         self.config, self.c, self.node_sizes = config, cluster, node_sizes
         self.projects, self.deserved, self.ledger = projects, deserved, ledger
         self.order, self.memo, self.reclaimer = order, memo, reclaimer
         self.reservation, self.explainer = reservation, explainer
+        self.sizes = sizes  # the gang sizes each project's pending jobs ask for, if known
         self.starts: list[Start] = []
         self.waits: list[tuple[TrainJob, R.Reason | None]] = []
         self.never: list[Wait] = []
@@ -111,19 +136,21 @@ class Admission:
     def _behind_claim(self, queue, i: int) -> None:
         """A project whose job within quota claims GPUs borrows nothing this cycle: were its
         later jobs to borrow idle GPUs, the claimant would no longer keep the project within
-        quota by the time its GPUs are free, and the reclaim would be wasted."""
-        seen, claimant = self.order.seen, self.claiming[queue[i].project]
-        for job in queue[i:]:
-            if job.id in seen:
-                continue
-            seen.add(job.id)
-            reason = self.never_fits(job)
-            if reason is not None:
-                self.never.append(Wait(job.id, None, reason))
-            else:
-                self.waits.append((job, R.BehindClaim(
-                    job.gpus, nodes_needed(job.gpus, self.c.node_size), job.project,
-                    claimant.id, claimant.gpus)))
+        quota by the time its GPUs are free, and the reclaim would be wasted. Its jobs wait
+        (their reasons are listed when read); only a size that can never run is looked for
+        now, and only when the project has one."""
+        seen, project = self.order.seen, queue[i].project
+        sizes = self.sizes.get(project) if self.sizes is not None else None
+        p = self.projects[project]
+        if sizes is None or any(never_fits_gpus(g, p, self.c.capacity, self.node_sizes)
+                                for g in sizes):
+            for job in queue[i:]:
+                if job.id not in seen:
+                    reason = self.never_fits(job)
+                    if reason is not None:
+                        self.never.append(Wait(job.id, None, reason))
+                        seen.add(job.id)  # listed as never, not behind the claim
+        self.waits.append((None, BehindClaim(queue, i, self.claiming[project], seen)))
 
     def _next_hopeful(self, queue, i: int) -> int | None:
         """The first job from ``i`` on that might still get GPUs; the ones passed over wait.

@@ -2,7 +2,8 @@
 
 The pipeline:
   1. cache    what runs: free and releasing GPUs, usage per project       (cache.py)
-  2. shares   each project's deserved share                                (shares.py)
+  2. shares   each project's deserved share, by weights the decayed past use scales
+              when fair share over time is on                 (shares.py, past_use.py)
   3. order    requests that keep their project within quota first, by project priority
               and the time a job queues from, its submit or its requeue (a job's priority
               orders its own project's queue only); then
@@ -47,7 +48,8 @@ def cycle(snapshot: Snapshot, config: PolicyConfig = PolicyConfig()) -> CycleRes
         for project, gpus in view.demand.items():
             demand[project] += gpus
         projects = cluster.projects
-        deserved = deserved_shares(projects.values(), demand, cluster.capacity)          # 2
+        deserved = deserved_shares(projects.values(), demand, cluster.capacity,         # 2
+                                   snapshot.past_use)
 
         ledger = Ledger(cluster.usage, projects)
         order = Order(view.pending, view.smallest, projects, deserved, ledger)           # 3
@@ -58,7 +60,7 @@ def cycle(snapshot: Snapshot, config: PolicyConfig = PolicyConfig()) -> CycleRes
         explainer = Explainer(config, cluster, projects, ledger, memo, reclaimer, reservation)
         node_sizes = tuple(sorted((n.milli for n in snapshot.train_nodes()), reverse=True))
         admission = Admission(config, cluster, node_sizes, projects, deserved, ledger, order,
-                              memo, reclaimer, reservation, explainer)
+                              memo, reclaimer, reservation, explainer, view.sizes)
         admission.within_quota(order.within_quota())                                     # 4
         borrowers = order.borrowers()
         admission.borrowers(borrowers)

@@ -45,7 +45,12 @@ class Explainer:
               never_fits: Callable[[TrainJob], R.Reason | None]) -> tuple[Wait, ...]:
         """Every waiting job in queue order, with its reason: first those the cycle visited
         (``decided``; a reason of None is worked out here), then the ``unvisited``."""
-        entries = list(decided)
+        entries = []
+        for job, reason in decided:
+            if job is None:  # admission.BehindClaim: a project's jobs behind its claim
+                entries.extend(reason.waits(self.c.node_size))
+            else:
+                entries.append((job, reason))
         never = list(never)
         entries.extend((job, None) for job in unvisited)
         waits = []

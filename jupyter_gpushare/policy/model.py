@@ -201,6 +201,9 @@ class Snapshot:
     jobs: tuple[TrainJob, ...] = ()
     slices: tuple[Slice, ...] = ()
     queues: object = None  # queues.Queues; not imported here to keep the model at the bottom
+    past_use: Mapping[str, float] = field(default_factory=dict)
+    """Fair share over time (past_use.py): each project's decayed borrowed GPU-seconds; empty
+    when it is off, and idle GPUs are divided by the projects' weights alone."""
 
     def __post_init__(self):
         if self.queues is not None and self.jobs:

@@ -30,6 +30,7 @@ class QueueView:
     allocated: Mapping[str, int]  # milli-GPUs held on each node, preempted jobs included
     releasing: Mapping[str, int]  # milli-GPUs on each node held by jobs being preempted
     smallest: Mapping[str, int]  # the smallest pending job of each project, milli-GPUs
+    sizes: Mapping[str, tuple[int, ...]]  # the gang sizes a project's pending jobs ask for
     holder: str | None  # the pending job that holds a reservation, if any
 
 
@@ -112,6 +113,10 @@ class Queues:
             if job.preempting:
                 self._releasing[node] = self._releasing.get(node, 0) + sign * amount
 
+    def pending_gpus(self, project: str) -> int:
+        """Milli-GPUs the project's pending jobs ask for, read without a view."""
+        return self._demand.get(project, 0)
+
     def jobs(self) -> tuple[TrainJob, ...]:
         return tuple(self._where.values())
 
@@ -119,4 +124,5 @@ class Queues:
         holder = min(self._holders) if self._holders else None
         return QueueView(tuple(self._running.values()), dict(self._pending), dict(self._demand),
                          dict(self._usage), dict(self._allocated), dict(self._releasing),
-                         {p: min(sizes) for p, sizes in self._sizes.items()}, holder)
+                         {p: min(sizes) for p, sizes in self._sizes.items()},
+                         {p: tuple(sizes) for p, sizes in self._sizes.items()}, holder)

@@ -2,7 +2,9 @@
 
 Water-filling in integer milli-GPUs: the capacity that quotas leave unused goes to
 projects whose demand is not met, higher ``priority`` tiers first, in proportion to
-``over_quota_weight`` within a tier, never beyond a project's demand or ``limit``.
+``over_quota_weight`` within a tier, never beyond a project's demand or ``limit``. With fair share over time (``past``: each
+project's decayed borrowed GPU-seconds, past_use.py) the weights are scaled by what each
+hungry project borrowed lately.
 """
 
 from __future__ import annotations
@@ -11,10 +13,11 @@ from itertools import groupby
 from typing import Iterable, Mapping
 
 from .model import Project
+from .past_use import weight_factors
 
 
 def deserved_shares(projects: Iterable[Project], demand: Mapping[str, int],
-                    capacity: int) -> dict[str, int]:
+                    capacity: int, past: Mapping[str, float] | None = None) -> dict[str, int]:
     projects = sorted(projects, key=lambda p: (-p.priority, p.name))
     target = {}
     share = {}
@@ -27,29 +30,34 @@ def deserved_shares(projects: Iterable[Project], demand: Mapping[str, int],
         if left <= 0:
             break
         hungry = [p for p in tier if p.over_quota_weight > 0 and target[p.name] > share[p.name]]
-        left -= _water_fill(hungry, target, share, left)
+        weights = {p.name: p.over_quota_weight for p in hungry}
+        if past:  # integer weights still: a factor in thousandths
+            factors = weight_factors(weights, past)
+            weights = {n: max(1, round(w * factors[n] * 1000)) for n, w in weights.items()}
+        left -= _water_fill(hungry, weights, target, share, left)
     return share
 
 
-def _water_fill(hungry: list[Project], target: dict[str, int], share: dict[str, int],
-                left: int) -> int:
-    """Raise the shares of ``hungry`` by weight, up to their targets; return what was given."""
+def _water_fill(hungry: list[Project], weights: Mapping[str, int], target: dict[str, int],
+                share: dict[str, int], left: int) -> int:
+    """Raise the shares of ``hungry`` by ``weights``, up to their targets; return what was
+    given."""
     # Saturate projects in order of need per weight; cross-multiplying keeps it integer.
     need = {p.name: target[p.name] - share[p.name] for p in hungry}
-    order = sorted(hungry, key=lambda p: (need[p.name] / p.over_quota_weight, p.name))
-    weight = sum(p.over_quota_weight for p in order)
+    order = sorted(hungry, key=lambda p: (need[p.name] / weights[p.name], p.name))
+    weight = sum(weights[p.name] for p in order)
     pool = left
     rest = []
     for i, p in enumerate(order):
-        if need[p.name] * weight <= pool * p.over_quota_weight:
+        if need[p.name] * weight <= pool * weights[p.name]:
             share[p.name] += need[p.name]
             pool -= need[p.name]
-            weight -= p.over_quota_weight
+            weight -= weights[p.name]
         else:
             rest = order[i:]
             break
     if rest:
-        given = {p.name: pool * p.over_quota_weight // weight for p in rest}
+        given = {p.name: pool * weights[p.name] // weight for p in rest}
         spare = pool - sum(given.values())
         for p in sorted(rest, key=lambda p: p.name)[:spare]:  # leftover milli-units, by name
             given[p.name] += 1

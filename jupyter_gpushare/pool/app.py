@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import signal
 from pathlib import Path
@@ -31,6 +32,7 @@ from .. import __version__
 from ..backends.base import Backend, private_dir
 from ..backends.local import SIMULATED_LABEL, LocalBackend
 from ..policy.model import DEFAULT_MIN_RUNTIME_S, GPU, TRAIN, PolicyConfig
+from ..policy.past_use import FairShareTime
 from ..policy.quotas import overbooking
 from . import dashboard, dashboard_forms, rest
 from .admin import configured_projects
@@ -108,6 +110,15 @@ class PoolService(Application):
     reclaim_fair_share = Bool(False, help="Let borrowers below their deserved share preempt "
                               "borrowers above theirs (more preemptions: see 'Fair borrowing' "
                               "in the documentation's scheduling page).").tag(config=True)
+    fair_share_half_life = Float(0.0, help="""Fair share over time, off at 0 (the default), as
+        in KAI-Scheduler: seconds after which a project's borrowed GPU-time (GPUs held beyond
+        its quota) counts half when idle GPUs are divided. A project that borrowed more than
+        its weight's share lately then gets a smaller share of the idle GPUs, one that
+        borrowed less a larger one; quotas are guaranteed as ever. 86400 (a day) suits most
+        teams. The borrowed GPU-time is kept in the store and survives a restart.""").tag(config=True)
+    fair_share_window = Float(7 * 86400.0, help="""Seconds of borrowed GPU-time that fair share
+        over time looks back on; older borrowing does not count at all. Used only when
+        fair_share_half_life is set.""").tag(config=True)
     build_nodes = Dict(help="""The build pool, whose GPUs are cut into slices for notebook
         servers: ``{node name: GPUs}``, the first GPUs of each node by index. On one server,
         ``{hostname: N}``: the local backend leaves those N GPUs out of the train pool
@@ -220,6 +231,16 @@ class PoolService(Application):
     def _service_prefix(self):
         return os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpushare/")
 
+    @validate("fair_share_half_life", "fair_share_window")
+    def _check_fair_share(self, proposal):
+        value, name = proposal["value"], proposal["trait"].name
+        least = 0 if name == "fair_share_half_life" else 60
+        if not (math.isfinite(value) and value >= least):
+            raise TraitError(f"PoolService.{name} is {value!r}: give a number of seconds of "
+                             f"{least} or more" + (" (0 turns fair share over time off)."
+                                                   if least == 0 else "."))
+        return value
+
     @validate("projects")
     def _check_projects(self, proposal):
         try:
@@ -299,7 +320,9 @@ class PoolService(Application):
                 reclaim_fair_share=self.reclaim_fair_share),
             self.grace_period,
             Launcher(self.backend, self.checkpoint_dir_template, self.state_dir),
-            self.log, idle_jobs=self.usage.idle_jobs)
+            self.log, idle_jobs=self.usage.idle_jobs,
+            fair_share=FairShareTime(self.fair_share_half_life, self.fair_share_window)
+            if self.fair_share_half_life else None)
         self.intake = JobIntake(self.store, self.scheduler, self.python,
                                 self.max_pending_per_user, self.max_job_size)
         self.whatif = WhatIfRunner(log=self.log)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from ..backends.base import LOST, Backend, BackendError, Exit, Handle
 from ..policy import TRAIN, JobState, Node, PolicyConfig, Project, Snapshot, TrainJob, cycle
 from ..policy.outcome import FAILED, PREEMPTED, SUCCEEDED, after_stop
+from ..policy.past_use import FairShareTime, PastUse
 from ..policy.reasons import drained_note
 from ..trainjob import CANCELLED, PENDING, RUNNING
 from .models import DrainRow, JobRow
@@ -39,10 +40,11 @@ class Explanation:
 
 class Scheduler:
     def __init__(self, store: Store, backend: Backend, config: PolicyConfig, grace_s: float,
-                 launch_for, log: logging.Logger | None = None, idle_jobs=lambda: set()):
+                 launch_for, log: logging.Logger | None = None, idle_jobs=lambda: set(),
+                 fair_share: FairShareTime | None = None):
         """``launch_for``: a stored job → the backend's ``Launch`` (``launch.py``);
         ``idle_jobs``: the ids of jobs whose GPUs sat idle (``usage_service.py``), taken
-        first when GPUs are reclaimed."""
+        first when GPUs are reclaimed; ``fair_share``: fair share over time, off when None."""
         self.store, self.backend, self.config, self.grace_s = store, backend, config, grace_s
         self.launch_for, self.idle_jobs = launch_for, idle_jobs
         self.log = log or logging.getLogger("gpushare.pool")
@@ -52,6 +54,12 @@ class Scheduler:
         self.reserved: dict[str, tuple[str, ...]] = {}
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()
+        self.fair_share = fair_share
+        self.past: PastUse | None = None  # read from the store at the first cycle
+        self._held: dict[str, int] = {}  # milli-GPUs beyond quota per project, last cycle
+        self._accounted: float | None = None
+        self._unsaved: dict[tuple[str, int], float] = {}
+        self._saved_at = 0.0
 
     def train_capacity(self) -> int:
         """Milli-GPUs of the train pool now."""
@@ -168,7 +176,12 @@ class Scheduler:
                              for p in self.store.projects())
             idle = self.idle_jobs()
             jobs = tuple(self._train_job(r, r.id in idle) for r in rows)
-            result = cycle(Snapshot(now, tuple(nodes), projects, jobs), self.config)
+            past = self._past_use(now)
+            result = cycle(Snapshot(now, tuple(nodes), projects, jobs, past_use=past),
+                           self.config)
+            quotas = {p.name: p.quota for p in projects}
+            self._held = {p: u - quotas.get(p, 0) for p, u in result.usage.items()
+                          if u > quotas.get(p, 0)}
             for p in result.preemptions:
                 row = self.store.mark(p.job, now, preempting=True, detail=p.why)
                 await self.backend.stop(p.job, row.attempt, self.grace_s)
@@ -186,6 +199,37 @@ class Scheduler:
             await self._start_all([(s.job, dict(s.placement)) for s in result.starts], now)
             if result.starts:  # why the jobs just started are not running yet
                 self._explain(replace(self.explained, starting=self.backend.reasons()))
+
+    SAVE_EVERY_S = 60.0
+    """Fair share over time: the borrowed GPU-time counted is written to the store this
+    often (a restart forgets at most this much of it)."""
+
+    def _past_use(self, now: float) -> dict[str, float]:
+        """Fair share over time: count what each project borrowed since the last cycle (as
+        that cycle left it), keep it in the store now and then, and return the decayed use
+        the policy divides idle GPUs by. Empty when fair share over time is off."""
+        clock = self.fair_share
+        if clock is None:
+            return {}
+        step = round(clock.bucket_s)
+        if self.past is None:
+            first = clock.bucket(now - clock.window_s)
+            self.past = PastUse(clock, self.store.past_use(step, first))
+        since, self._accounted = self._accounted, now
+        if since is not None and now > since:
+            for project, beyond in self._held.items():
+                b = self.past.add(project, now, beyond * (now - since))
+                key = (project, b)
+                self._unsaved[key] = self._unsaved.get(key, 0.0) + beyond * (now - since)
+        if self._unsaved and now - self._saved_at >= self.SAVE_EVERY_S:
+            first = self.past.forget_before(now)
+            try:
+                self.store.add_past_use(step, self._unsaved, first)
+                self._unsaved = {}
+            except Exception:  # kept for the next try; scheduling goes on
+                self.log.exception("keeping the fair share's borrowed GPU-time failed")
+            self._saved_at = now
+        return self.past.decayed(now)
 
     def _explain(self, explained: Explanation) -> None:
         """What the API shows of the last cycle; its version changes when what it says does

@@ -155,3 +155,16 @@ class DrainRow(Base):
     node: Mapped[str] = mapped_column(String(255), primary_key=True)
     by: Mapped[str] = mapped_column(String(255))
     since: Mapped[float] = mapped_column(Float)
+
+
+class FairShareRow(Base):
+    """Fair share over time (``policy/past_use.py``): milli-GPU-seconds ``project`` held beyond
+    its quota in bucket ``bucket`` (of ``step`` seconds from time 0). Rows of another step
+    (the window was changed) are not read; old buckets are forgotten."""
+
+    __tablename__ = "fair_share_use"
+
+    project: Mapped[str] = mapped_column(String(100), primary_key=True)
+    bucket: Mapped[int] = mapped_column(Integer, primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    borrowed: Mapped[float] = mapped_column(Float)

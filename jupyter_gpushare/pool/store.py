@@ -27,7 +27,8 @@ from sqlalchemy.orm import sessionmaker
 
 from ..trainjob import ACTIVE, PENDING, RUNNING
 from .book import JobBook
-from .models import AttemptRow, AuditRow, DrainRow, EventRow, JobRow, ProjectRow, SliceRow
+from .models import (AttemptRow, AuditRow, DrainRow, EventRow, FairShareRow, JobRow, ProjectRow,
+                     SliceRow)
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 
@@ -456,6 +457,29 @@ class Store:
                 s.delete(row)
                 s.commit()
             return row
+
+    # -- fair share over time -------------------------------------------------------------
+    def past_use(self, step: int, first: int) -> list[tuple[str, int, float]]:
+        """The borrowed milli-GPU-seconds kept in buckets of ``step`` s from ``first`` on."""
+        q = select(FairShareRow).where(FairShareRow.step == step, FairShareRow.bucket >= first)
+        with self.session() as s:
+            return [(r.project, r.bucket, r.borrowed) for r in s.scalars(q)]
+
+    def add_past_use(self, step: int, amounts: dict[tuple[str, int], float],
+                     forget_before: int) -> None:
+        """Add borrowed milli-GPU-seconds per (project, bucket), and forget the buckets before
+        ``forget_before`` (and those of any other step): one transaction."""
+        with self.session() as s:
+            for (project, bucket), amount in amounts.items():
+                row = s.get(FairShareRow, (project, bucket, step))
+                if row is None:
+                    s.add(FairShareRow(project=project, bucket=bucket, step=step,
+                                       borrowed=amount))
+                else:
+                    row.borrowed += amount
+            s.execute(delete(FairShareRow).where(
+                (FairShareRow.step != step) | (FairShareRow.bucket < forget_before)))
+            s.commit()
 
     @staticmethod
     def _end_attempt(s, row: JobRow, now: float, outcome: str, exit_code) -> None:

@@ -23,6 +23,7 @@ from typing import IO, Callable
 from ..policy import CycleResult, Node, PolicyConfig, Snapshot, TrainJob, cycle
 from ..policy.cycle import never_fits
 from ..policy.model import GPU, JobState, Project
+from ..policy.past_use import FairShareTime, PastUse
 from ..policy.queues import Queues
 from .baselines import config_for, projects_for, queue_of
 from .trace import TraceJob
@@ -46,6 +47,11 @@ class SimConfig:
     replay of the pool's history gives the pool's measured decision latency, so that its
     starts do not drift ahead of the recorded ones job after job."""
     policy_config: PolicyConfig = field(default_factory=PolicyConfig)
+    fair_share: FairShareTime | None = None
+    """Fair share over time (policy/past_use.py): off when None, as in the service."""
+
+
+WEEK_S = 7 * 86400.0
 
 
 @dataclass
@@ -82,6 +88,12 @@ class SimRun:
     guarantee_wait_s: list[float] = field(default_factory=list)
     """From the first cycle that found a job within its project's quota and waiting to its
     start (or its project back at quota by other means): what the guarantee's bound bounds."""
+    borrowed_s: dict[int, dict[str, float]] = field(default_factory=dict)
+    """Week (from the first submit) → project → GPU-seconds held beyond its quota."""
+    wanted_s: dict[int, dict[str, float]] = field(default_factory=dict)
+    """Week → project → GPU-seconds it would have held beyond its quota had all its pending
+    jobs run: what it wanted to borrow (``borrowed_s`` included)."""
+    weights: dict[str, int] = field(default_factory=dict)  # over-quota weight per project
 
 
 def make_nodes(capacity_gpus: int, gpus_per_node: int) -> tuple[Node, ...]:
@@ -131,6 +143,11 @@ class Simulator:
         self.guarantee_wait_s: list[float] = []
         self.out = events
         self.timeline = [] if timeline else None
+        self.past = PastUse(config.fair_share) if config.fair_share else None
+        self.accounted: dict[str, float] = {}  # project → the time its borrowing is counted to
+        self.borrowed_s: dict[int, dict[str, float]] = {}
+        self.wanted_s: dict[int, dict[str, float]] = {}
+        self.last_forgot = 0.0
         for rec in self.records.values():
             self._push(rec.trace.submit_time, SUBMIT, rec.trace.id, 1)
 
@@ -168,7 +185,7 @@ class Simulator:
     def _run(self) -> SimRun:
         wall = time.perf_counter()
         first = min((r.trace.submit_time for r in self.records.values()), default=0.0)
-        end = first
+        end = self.first = first
         total, submitted = max(1, len(self.records)), 0
         while self.heap:
             t, kind, _, job, attempt = heapq.heappop(self.heap)
@@ -185,10 +202,14 @@ class Simulator:
                 self.cycles_at.discard(t)
                 self._cycle(t)
             end = max(end, t)
+        for project in self.quota_of:
+            self._account(project, end)
         ends = [r.finish for r in self.records.values() if r.finish is not None]
         return SimRun(self.cfg, self.quotas, self.records, self.decision_s, self.reclaim_s,
                       self.within_quota, first, max(ends, default=end),
-                      time.perf_counter() - wall, self.timeline or [], self.guarantee_wait_s)
+                      time.perf_counter() - wall, self.timeline or [], self.guarantee_wait_s,
+                      self.borrowed_s, self.wanted_s,
+                      {p.name: p.over_quota_weight for p in self.projects})
 
     # -- events ------------------------------------------------------------------------
     def _submit(self, t: float, job_id: str) -> None:
@@ -203,6 +224,7 @@ class Simulator:
         if never is not None:  # what the policy would say at once; no cycle needed
             rec.unschedulable = str(never)
             return
+        self._account(job.project, t)
         self.active.put(job)
         self._changed(t)
 
@@ -211,6 +233,7 @@ class Simulator:
         job = self.active.get(job_id)
         if job is None or rec.attempt != attempt or not job.running:
             return  # a stale event of an attempt that was preempted
+        self._account(job.project, t)
         if job.preempting:  # its work ended within the grace: exit 0, the job has finished
             rec.finished_while_preempted = True
         rec.allocated_gpu_s += rec.trace.gpus / GPU * (t - rec.attempt_start)
@@ -229,6 +252,7 @@ class Simulator:
             return
         # Still running at the end of its grace: our stop ends it (143 or 137), so it is
         # requeued with the work saved by its last checkpoint.
+        self._account(job.project, t)
         ran = t - rec.attempt_start
         interval = self.cfg.checkpoint_interval_s
         saved = math.floor((ran - self.cfg.grace_s) / interval) * interval if interval > 0 else 0.0
@@ -245,8 +269,43 @@ class Simulator:
         self._changed(t)
 
     def snapshot(self, t: float) -> Snapshot:
-        """What the policy sees at ``t``: the queues kept up to date between cycles."""
-        return Snapshot(t, self.nodes, self.projects, queues=self.active)
+        """What the policy sees at ``t``: the queues kept up to date between cycles, and with
+        fair share over time, each project's decayed borrowing."""
+        past = {}
+        if self.past is not None:
+            for project in self.quota_of:
+                self._account(project, t)
+            if self.past.clock.bucket(self.last_forgot) != self.past.clock.bucket(t):
+                self.past.forget_before(t)
+                self.last_forgot = t
+            past = self.past.decayed(t)
+        return Snapshot(t, self.nodes, self.projects, queues=self.active, past_use=past)
+
+    def _account(self, project: str, t: float) -> None:
+        """Count what ``project`` borrowed (GPUs held beyond its quota) and wanted to borrow
+        (had all its pending jobs run) since it last changed: called before each change to
+        what it holds or queues, and at each cycle with fair share over time."""
+        since = self.accounted.get(project, self.first)
+        self.accounted[project] = t
+        if t <= since:
+            return
+        quota = self.quota_of.get(project, 0)
+        held = self.usage.get(project, 0)
+        want = held + self.active.pending_gpus(project) - quota
+        if want <= 0:
+            return
+        beyond = max(0, held - quota)
+        if beyond and self.past is not None:
+            self.past.add(project, t, beyond * (t - since))
+        while since < t:  # split at the weeks' ends
+            week = int((since - self.first) // WEEK_S)
+            upto = min(t, self.first + (week + 1) * WEEK_S)
+            wanted = self.wanted_s.setdefault(week, {})
+            wanted[project] = wanted.get(project, 0.0) + want / GPU * (upto - since)
+            if beyond:
+                borrowed = self.borrowed_s.setdefault(week, {})
+                borrowed[project] = borrowed.get(project, 0.0) + beyond / GPU * (upto - since)
+            since = upto
 
     def decide(self, snap: Snapshot) -> CycleResult:
         """The policy's decisions on one snapshot: the one place the simulator asks the
@@ -286,6 +345,7 @@ class Simulator:
     def _start(self, t: float, job_id: str, placement) -> None:
         rec = self.records[job_id]
         job = self.active.get(job_id)
+        self._account(job.project, t)
         rec.queued_s += t - rec.pending_since
         rec.attempt_start = t
         self.usage[job.project] += job.gpus
@@ -323,6 +383,7 @@ class Simulator:
         rec = self.records[job_id]
         job = self.active.get(job_id)
         # Checked here, apart from the policy: the guarantee says this never happens.
+        self._account(job.project, t)
         if self.usage[job.project] <= self.quota_of[job.project]:
             self.within_quota += 1
         self.usage[job.project] -= job.gpus
@@ -338,6 +399,7 @@ class Simulator:
     def _apply_waits(self, t: float, result) -> None:
         for w in result.unschedulable:  # can never run as asked
             self.records[w.job].unschedulable = str(w.reason)
+            self._account(self.active.get(w.job).project, t)
             self.active.remove(w.job)
         holder = result.reservation.job if result.reservation else None
         if holder is not None:
@@ -349,8 +411,15 @@ class Simulator:
             if old is not None and old.pending:
                 self.active.put(replace(old, reserved=()))
         self.holder = holder
-        wait = self.policy_config.min_runtime_s
-        if wait > 0:  # a young job becomes preemptible with no event to say so
+        cfg = self.policy_config
+        wait = cfg.min_runtime_s
+        # A young job becomes preemptible with no event to say so: a cycle then, if anyone
+        # may preempt. Only a job waiting within quota (or, with reclaim_fair_share or
+        # preempt_within_project, any borrower) may; one that comes later runs a cycle of
+        # its own, which asks again.
+        claims = result.within_quota_waiting or cfg.reclaim_fair_share or \
+            cfg.preempt_within_project
+        if wait > 0 and claims:
             view = self.active.view()
             young = [j.start_time for j in view.running
                      if not j.preempting and j.start_time + wait > t]

@@ -28,6 +28,47 @@ def guarantee_bound(cfg: SimConfig) -> float:
     return round(cfg.policy_config.min_runtime_s + cfg.grace_s + 2 * cycle, 3)
 
 
+def fair_targets(total: float, weights: dict[str, float], caps: dict[str, float]) -> dict[str, float]:
+    """Divide ``total`` by ``weights``, none beyond its cap; what a capped project leaves
+    goes to the others by weight (water-filling)."""
+    target = dict.fromkeys(weights, 0.0)
+    open_ = {p for p in weights if weights[p] > 0 and caps.get(p, 0.0) > 0}
+    left = total
+    while open_ and left > 1e-9:
+        w = sum(weights[p] for p in open_)
+        capped = {p for p in open_ if target[p] + left * weights[p] / w >= caps[p]}
+        if not capped:
+            for p in open_:
+                target[p] += left * weights[p] / w
+            break
+        for p in capped:
+            left -= caps[p] - target[p]
+            target[p] = caps[p]
+        open_ -= capped
+    return target
+
+
+def borrow_gaps(run: SimRun) -> list[dict]:
+    """Per week, how far borrowing was from the projects' weights: among the projects that
+    wanted to borrow that week, the largest gap between a project's share of the week's
+    borrowed GPU-hours and its fair share of them, by weight and capped by what it wanted
+    (docs/explanation/scheduling.md, "Fair share over time")."""
+    weeks = []
+    for week in sorted(run.wanted_s):
+        wanted = {p: w for p, w in run.wanted_s[week].items() if w > 0}
+        borrowed = run.borrowed_s.get(week, {})
+        total = sum(borrowed.get(p, 0.0) for p in wanted)
+        if len(wanted) < 2 or total <= 0:
+            continue
+        target = fair_targets(total, {p: run.weights.get(p, 1) for p in wanted}, wanted)
+        gaps = {p: (borrowed.get(p, 0.0) - target[p]) / total for p in wanted}
+        worst = max(gaps, key=lambda p: abs(gaps[p]))
+        weeks.append({"week": week, "projects": len(wanted),
+                      "borrowed_gpu_hours": round(total / 3600, 1),
+                      "gap": round(abs(gaps[worst]), 4), "project": worst})
+    return weeks
+
+
 def summarize(run: SimRun) -> dict:
     cfg = run.config
     recs = list(run.records.values())
@@ -37,6 +78,7 @@ def summarize(run: SimRun) -> dict:
     jct = [r.finish - r.trace.submit_time for r in done]
     queued = [r.queued_s for r in done]
     decisions = [d * 1000 for d in run.decision_s]
+    gaps = borrow_gaps(run)
     per_project = {}
     for name in sorted({r.trace.project for r in recs}):
         mine = [r for r in recs if r.trace.project == name]
@@ -80,6 +122,10 @@ def summarize(run: SimRun) -> dict:
         "guarantee_waits": len(run.guarantee_wait_s),
         "guarantee_waits_over_bound": sum(w > guarantee_bound(cfg)
                                           for w in run.guarantee_wait_s),
+        "fair_share_half_life_s": cfg.fair_share.half_life_s if cfg.fair_share else None,
+        "borrow_gap_max": max((w["gap"] for w in gaps), default=0.0),
+        "borrow_gap_mean": round(_mean([w["gap"] for w in gaps]), 4),
+        "borrow_gap_weeks": gaps,
         "cycles": len(decisions),
         "decision_ms": {"p50": round(percentile(decisions, 50), 3),
                         "p99": round(percentile(decisions, 99), 3),

@@ -73,6 +73,7 @@ class CycleResult:
     reservation: Wait | None
     unschedulable: tuple[Wait, ...]
     _explain: Callable[[], tuple[Wait, ...]] = field(repr=False, compare=False)
+    within_quota_waiting: tuple[str, ...] = field(default=(), repr=False, compare=False)
 
     @cached_property
     def waits(self) -> tuple[Wait, ...]:
@@ -124,6 +125,7 @@ class _Admission:
         self.seen: set[str] = set()  # handled before the borrowers' turn
         self.never: list[Wait] = []
         self.claiming: dict[str, TrainJob] = {}  # project → its job reclaiming for its quota
+        self.within_quota_waiting: list[str] = []  # kept within quota but did not start
         self.held: dict[str, int] = {}
         self.victims: set[str] = set()
         self._no_fit: dict[tuple, int] = {}  # (mode, exclusion, nodes) → smallest gang that failed
@@ -140,7 +142,8 @@ class _Admission:
         reservation = self._reserve()
         return CycleResult(tuple(self.starts), tuple(self.preempts), self.deserved, self.usage,
                            self.held, reservation, tuple(self.never),
-                           lambda: self._explain(tail, reservation))
+                           lambda: self._explain(tail, reservation),
+                           tuple(self.within_quota_waiting))
 
     def _room(self, project: str) -> int:
         return self.projects[project].quota - self._committed(project)
@@ -201,6 +204,7 @@ class _Admission:
             return
         if self._try_start(job, frozenset(), "guaranteed"):
             return
+        self.within_quota_waiting.append(job.id)
         if self.config.preemption and self._reclaim(job, "guarantee", frozenset()):
             self.claiming.setdefault(job.project, job)
             return
