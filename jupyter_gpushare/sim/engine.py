@@ -411,15 +411,8 @@ class Simulator:
             if old is not None and old.pending:
                 self.active.put(replace(old, reserved=()))
         self.holder = holder
-        cfg = self.policy_config
-        wait = cfg.min_runtime_s
-        # A young job becomes preemptible with no event to say so: a cycle then, if anyone
-        # may preempt. Only a job waiting within quota (or, with reclaim_fair_share or
-        # preempt_within_project, any borrower) may; one that comes later runs a cycle of
-        # its own, which asks again.
-        claims = result.within_quota_waiting or cfg.reclaim_fair_share or \
-            cfg.preempt_within_project
-        if wait > 0 and claims:
+        wait = self.policy_config.min_runtime_s
+        if wait > 0:  # a young job becomes preemptible with no event to say so
             view = self.active.view()
             young = [j.start_time for j in view.running
                      if not j.preempting and j.start_time + wait > t]
