@@ -179,9 +179,10 @@ def cmd_simulate(args) -> int:
         if args.policy != "guaranteed":
             raise UsageError("--fair-share-half-life divides idle GPUs among projects: it is "
                              "for --policy guaranteed")
-        if args.fair_share_window < 60:
-            raise UsageError("--fair-share-window must be 60 seconds or more")
-        fair_share = FairShareTime(args.fair_share_half_life, args.fair_share_window)
+        try:
+            fair_share = FairShareTime(args.fair_share_half_life, args.fair_share_window)
+        except ValueError as e:
+            raise UsageError(f"{e}: fix --fair-share-half-life or --fair-share-window") from None
     config = SimConfig(
         capacity_gpus=capacity, gpus_per_node=args.gpus_per_node, policy=args.policy,
         grace_s=args.grace_period, checkpoint_interval_s=args.checkpoint_interval,

@@ -36,7 +36,7 @@ def test_fair_share_over_time_and_the_borrowing_gap(capsys, example):
     assert 0 <= summary["borrow_gap_max"] <= 1 and summary["borrow_gap_weeks"]
     code, _, err = run(capsys, "simulate", "--trace", str(trace), "--quotas", str(quotas),
                        "--fair-share-half-life", "86400", "--fair-share-window", "5")
-    assert code == 2 and "--fair-share-window must be 60 seconds or more" in err
+    assert code == 2 and "window must be 60 seconds to a year: fix --fair-share-half-life" in err
     code, _, err = run(capsys, "simulate", "--trace", str(trace), "--quotas", str(quotas),
                        "--fair-share-half-life", "86400", "--policy", "fifo")
     assert code == 2 and "it is for --policy guaranteed" in err and "Traceback" not in err

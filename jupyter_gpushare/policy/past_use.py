@@ -27,6 +27,9 @@ times, so that no project's share of idle GPUs drops to nothing or swallows the 
 BUCKETS_PER_WINDOW = 168
 """A window of a week has hourly buckets; the oldest bucket leaves the window whole."""
 
+LONGEST_S = 366 * 86400.0
+"""The longest half-life and window taken: a year."""
+
 
 @dataclass(frozen=True, slots=True)
 class FairShareTime:
@@ -37,14 +40,16 @@ class FairShareTime:
     window_s: float = 7 * 86400.0
 
     def __post_init__(self):
-        if not (self.half_life_s > 0 and math.isfinite(self.half_life_s)):
-            raise ValueError("the fair share's half-life must be a positive number of seconds")
-        if not (self.window_s > 0 and math.isfinite(self.window_s)):
-            raise ValueError("the fair share's window must be a positive number of seconds")
+        if not 0 < self.half_life_s <= LONGEST_S:  # NaN fails too
+            raise ValueError("the fair share's half-life must be a positive number of seconds, "
+                             "a year at most")
+        if not 60 <= self.window_s <= LONGEST_S:
+            raise ValueError("the fair share's window must be 60 seconds to a year")
 
     @property
-    def bucket_s(self) -> float:
-        return max(60.0, self.window_s / BUCKETS_PER_WINDOW)
+    def bucket_s(self) -> int:
+        """Whole seconds, so that the store keys its rows by exactly the buckets used."""
+        return max(60, int(self.window_s // BUCKETS_PER_WINDOW))
 
     def bucket(self, t: float) -> int:
         return math.floor(t / self.bucket_s)
@@ -57,18 +62,29 @@ class PastUse:
         self.clock = clock
         self.buckets: dict[str, dict[int, float]] = {}
         self._closed: dict[str, float] = {}  # decayed sums of the closed buckets …
-        self._closed_at: int | None = None  # … as of the start of this bucket
+        self._closed_at: tuple[int, int] | None = None  # … as of (this bucket, the first)
         for project, bucket, amount in buckets:
             self.buckets.setdefault(project, {})[bucket] = amount
 
-    def add(self, project: str, t: float, milli_s: float) -> int:
-        """Count ``milli_s`` borrowed milli-GPU-seconds ending at ``t``; returns its bucket."""
-        b = self.clock.bucket(t)
-        if self._closed_at is not None and b < self._closed_at:
-            self._closed_at = None  # a closed bucket changed: sum them again
+    def add(self, project: str, start: float, end: float, milli: int) -> dict[int, float]:
+        """Count ``milli`` milli-GPUs borrowed from ``start`` to ``end``, each bucket its own
+        part; returns the milli-GPU-seconds added per bucket."""
+        added: dict[int, float] = {}
+        if end <= start or milli <= 0:
+            return added
+        size = self.clock.bucket_s
+        b = self.clock.bucket(start)
+        if self._closed_at is not None and b < self._closed_at[0]:
+            self._closed_at = None  # a closed bucket changes: sum them again
         per = self.buckets.setdefault(project, {})
-        per[b] = per.get(b, 0.0) + milli_s
-        return b
+        while True:
+            upto = min(end, (b + 1) * size)
+            if upto > start:
+                per[b] = per.get(b, 0.0) + milli * (upto - start)
+                added[b] = added.get(b, 0.0) + milli * (upto - start)
+            if upto >= end:
+                return added
+            start, b = upto, b + 1
 
     def forget_before(self, t: float) -> int:
         """Drop the buckets wholly older than the window at ``t``; returns the first kept."""
@@ -88,16 +104,16 @@ class PastUse:
         so one factor carries them to ``now``); only the open bucket is read every time."""
         clock = self.clock
         size, half = clock.bucket_s, clock.half_life_s
-        cur = clock.bucket(now)
-        if self._closed_at != cur:
-            first, ref = clock.bucket(now - clock.window_s), cur * size
+        cur, first = clock.bucket(now), clock.bucket(now - clock.window_s)
+        if self._closed_at != (cur, first):
+            ref = cur * size
             self._closed = {}
             for project, per in self.buckets.items():
                 total = sum(amount * 0.5 ** ((ref - (b + 0.5) * size) / half)
                             for b, amount in per.items() if first <= b < cur)
                 if total > 0:
                     self._closed[project] = total
-            self._closed_at = cur
+            self._closed_at = (cur, first)
         carry = 0.5 ** ((now - cur * size) / half)
         open_weight = 0.5 ** (max(0.0, now - (cur + 0.5) * size) / half)
         out = {p: v * carry for p, v in self._closed.items()}

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import os
 import signal
 from pathlib import Path
@@ -32,7 +31,7 @@ from .. import __version__
 from ..backends.base import Backend, private_dir
 from ..backends.local import SIMULATED_LABEL, LocalBackend
 from ..policy.model import DEFAULT_MIN_RUNTIME_S, GPU, TRAIN, PolicyConfig
-from ..policy.past_use import FairShareTime
+from ..policy.past_use import LONGEST_S, FairShareTime
 from ..policy.quotas import overbooking
 from . import dashboard, dashboard_forms, rest
 from .admin import configured_projects
@@ -235,10 +234,10 @@ class PoolService(Application):
     def _check_fair_share(self, proposal):
         value, name = proposal["value"], proposal["trait"].name
         least = 0 if name == "fair_share_half_life" else 60
-        if not (math.isfinite(value) and value >= least):
-            raise TraitError(f"PoolService.{name} is {value!r}: give a number of seconds of "
-                             f"{least} or more" + (" (0 turns fair share over time off)."
-                                                   if least == 0 else "."))
+        if not least <= value <= LONGEST_S:  # NaN fails too
+            raise TraitError(f"PoolService.{name} is {value!r}: give a number of seconds from "
+                             f"{least} to {LONGEST_S:.0f} (a year)" +
+                             (", 0 to turn fair share over time off." if least == 0 else "."))
         return value
 
     @validate("projects")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from dataclasses import dataclass, field, replace
 
@@ -59,7 +60,7 @@ class Scheduler:
         self._held: dict[str, int] = {}  # milli-GPUs beyond quota per project, last cycle
         self._accounted: float | None = None
         self._unsaved: dict[tuple[str, int], float] = {}
-        self._saved_at = 0.0
+        self._saved_at = -math.inf  # monotonic
 
     def train_capacity(self) -> int:
         """Milli-GPUs of the train pool now."""
@@ -211,24 +212,26 @@ class Scheduler:
         clock = self.fair_share
         if clock is None:
             return {}
-        step = round(clock.bucket_s)
         if self.past is None:
             first = clock.bucket(now - clock.window_s)
-            self.past = PastUse(clock, self.store.past_use(step, first))
-        since, self._accounted = self._accounted, now
-        if since is not None and now > since:
+            self.past = PastUse(clock, self.store.past_use(clock.bucket_s, first))
+        # How long since the last cycle by the monotonic clock: a step of the wall clock (NTP,
+        # a paused machine) neither counts as borrowing nor stops the saving.
+        mono = time.monotonic()
+        since, self._accounted = self._accounted, mono
+        if since is not None and mono > since:
             for project, beyond in self._held.items():
-                b = self.past.add(project, now, beyond * (now - since))
-                key = (project, b)
-                self._unsaved[key] = self._unsaved.get(key, 0.0) + beyond * (now - since)
-        if self._unsaved and now - self._saved_at >= self.SAVE_EVERY_S:
+                for b, amount in self.past.add(project, now - (mono - since), now, beyond).items():
+                    key = (project, b)
+                    self._unsaved[key] = self._unsaved.get(key, 0.0) + amount
+        if self._unsaved and mono - self._saved_at >= self.SAVE_EVERY_S:
             first = self.past.forget_before(now)
             try:
-                self.store.add_past_use(step, self._unsaved, first)
+                self.store.add_past_use(clock.bucket_s, self._unsaved, first)
                 self._unsaved = {}
             except Exception:  # kept for the next try; scheduling goes on
                 self.log.exception("keeping the fair share's borrowed GPU-time failed")
-            self._saved_at = now
+            self._saved_at = mono
         return self.past.decayed(now)
 
     def _explain(self, explained: Explanation) -> None:

@@ -296,16 +296,18 @@ class Simulator:
             return
         beyond = max(0, held - quota)
         if beyond and self.past is not None:
-            self.past.add(project, t, beyond * (t - since))
-        while since < t:  # split at the weeks' ends
-            week = int((since - self.first) // WEEK_S)
+            self.past.add(project, since, t, beyond)
+        week = int((since - self.first) // WEEK_S)
+        while since < t:  # split at the weeks' ends; the index, not the float, moves on
             upto = min(t, self.first + (week + 1) * WEEK_S)
-            wanted = self.wanted_s.setdefault(week, {})
-            wanted[project] = wanted.get(project, 0.0) + want / GPU * (upto - since)
-            if beyond:
-                borrowed = self.borrowed_s.setdefault(week, {})
-                borrowed[project] = borrowed.get(project, 0.0) + beyond / GPU * (upto - since)
-            since = upto
+            if upto > since:
+                wanted = self.wanted_s.setdefault(week, {})
+                wanted[project] = wanted.get(project, 0.0) + want / GPU * (upto - since)
+                if beyond:
+                    borrowed = self.borrowed_s.setdefault(week, {})
+                    borrowed[project] = borrowed.get(project, 0.0) + beyond / GPU * (upto - since)
+                since = upto
+            week += 1
 
     def decide(self, snap: Snapshot) -> CycleResult:
         """The policy's decisions on one snapshot: the one place the simulator asks the
