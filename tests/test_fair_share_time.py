@@ -205,6 +205,25 @@ def test_fair_targets_cap_what_a_project_wanted_and_give_the_rest_by_weight():
 
 # -- the service --------------------------------------------------------------------------
 
+def exposition(store, scheduler) -> str:
+    """The pool's metrics as the service exposes them, checked by promtool where it is."""
+    import shutil
+    import subprocess
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from jupyter_gpushare.pool.metrics import _PoolCollector
+
+    registry = CollectorRegistry()
+    registry.register(_PoolCollector(store, scheduler))
+    text = generate_latest(registry).decode()
+    if shutil.which("promtool"):
+        check = subprocess.run(["promtool", "check", "metrics"], input=text,
+                               capture_output=True, text=True)
+        assert check.returncode == 0, check.stdout + check.stderr
+    return text
+
+
 @pytest.mark.asyncio
 async def test_the_borrowed_gpu_time_is_kept_in_the_store_and_survives_a_restart(tmp_path):
     from test_pool_loop import TwoGPUs, submit
@@ -246,6 +265,12 @@ async def test_the_borrowed_gpu_time_is_kept_in_the_store_and_survives_a_restart
         await again.tick()  # the first cycle after it counts nothing yet
         now = time.time()
         assert again.past.decayed(now)["x"] == pytest.approx(first.past.decayed(now)["x"])
+        text = exposition(store, again)
+        line = next(x for x in text.splitlines()
+                    if x.startswith('gpushare_project_recent_borrowed_gpu_seconds{project="x"}'))
+        assert float(line.split()[-1]) > 0
+        assert "gpushare_project_recent_borrowed" not in exposition(
+            store, Scheduler(store, backend, PolicyConfig(), grace_s=3.0, launch_for=launch_for))
     finally:
         await backend.stop(job.id, 1, 0.1)
 

@@ -5,6 +5,7 @@ metrics reference is made from the same table."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -40,6 +41,10 @@ PROJECT_QUOTA = Metric("gpushare_project_quota_gpus", "gauge", "A project's guar
                        ("project",))
 PROJECT_DESERVED = Metric("gpushare_project_deserved_gpus", "gauge",
                           "A project's deserved share in the last cycle", ("project",))
+PROJECT_RECENT_BORROWED = Metric(
+    "gpushare_project_recent_borrowed_gpu_seconds", "gauge", "Fair share over time: a project's "
+    "GPU-seconds beyond its quota, decayed by fair_share_half_life over fair_share_window "
+    "(present only while fair share over time is on)", ("project",))
 JOBS = Metric("gpushare_jobs", "gauge", "Jobs by state and project", ("state", "project"))
 GPU_UTILIZATION = Metric("gpushare_gpu_utilization_ratio", "gauge", "SM utilization of a GPU "
                          "at its last reading (0-1); absent where NVML cannot say (MIG, a lost "
@@ -68,7 +73,8 @@ SLICES_CULLED = Metric("gpushare_slices_culled", "counter", "Notebook servers st
 USAGE_PROBLEMS = Metric("gpushare_usage_problems", "gauge", "Sentences api/pool has about what "
                         "could not be read (MIG, lost GPUs, no NVML, stray processes)")
 
-METRICS = (TRAIN_GPUS, PROJECT_IN_USE, PROJECT_QUOTA, PROJECT_DESERVED, JOBS, GPU_UTILIZATION,
+METRICS = (TRAIN_GPUS, PROJECT_IN_USE, PROJECT_QUOTA, PROJECT_DESERVED, PROJECT_RECENT_BORROWED,
+           JOBS, GPU_UTILIZATION,
            GPU_MEMORY_USED, GPU_MEMORY_TOTAL, GPU_ALLOCATED, GPU_LOST, GPU_OUTSIDE,
            PROJECT_SECONDS, USER_SECONDS, POOL_SECONDS, JOBS_IDLE, SLICES_CULLED, USAGE_PROBLEMS)
 
@@ -94,6 +100,12 @@ class _PoolCollector:
         yield in_use
         yield quota
         yield deserved
+        past = getattr(self.scheduler, "past", None)
+        if past is not None:  # fair share over time is on and has run a cycle
+            borrowed = PROJECT_RECENT_BORROWED.family()
+            for name, seconds in sorted(past.decayed(time.time()).items()):
+                borrowed.add_metric([name], seconds)
+            yield borrowed
         jobs = JOBS.family()
         counts: dict[tuple[str, str], int] = {}
         for row in self.store.active():
