@@ -361,7 +361,10 @@ def test_a_running_job_shows_whole_in_the_panel_at_1280x800_light_and_dark(page,
                                    f"[data-jp-theme-light='{light}']", state="attached",
                                    timeout=30_000)
             page.wait_for_timeout(500)  # the theme's stylesheet applied
-            row.scroll_into_view_if_needed()
+            # Scrolled in one step in the page: the panel redraws the row every second, and a
+            # scroll that waits for the row to hold still can find it replaced (seen in CI:
+            # "Element is not attached to the DOM").
+            row.evaluate("r => r.scrollIntoView({block: 'nearest', inline: 'nearest'})")
             box = panel.bounding_box()
             assert box["width"] < 400, box  # the side bar's own width, not a widened one
             wide = panel.evaluate("p => [p.scrollWidth, p.clientWidth]")
