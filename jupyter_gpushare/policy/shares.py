@@ -2,9 +2,9 @@
 
 Water-filling in integer milli-GPUs: the capacity that quotas leave unused goes to
 projects whose demand is not met, higher ``priority`` tiers first, in proportion to
-``over_quota_weight`` within a tier, never beyond a project's demand or ``limit``. With fair share over time (``past``: each
-project's decayed borrowed GPU-seconds, past_use.py) the weights are scaled by what each
-hungry project borrowed lately.
+``over_quota_weight`` within a tier, never beyond a project's demand or ``limit``. With fair
+share over time (``past``: each project's decayed borrowed GPU-seconds, past_use.py) the
+weights are scaled by what each hungry project borrowed lately.
 """
 
 from __future__ import annotations
