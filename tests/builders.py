@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Iterable
 
-from jupyter_gpushare.policy import (BUILD, GPU, TRAIN, CycleResult, JobState, Node,
-                                     PolicyConfig, Project, Snapshot, TrainJob, cycle)
+from jupyter_gpushare.policy import (BUILD, GPU, TRAIN, CycleResult, Department, JobState,
+                                     Node, PolicyConfig, Project, Snapshot, TrainJob, cycle)
 
 __all__ = [
     "GPU", "JobBuilder", "ProjectBuilder", "ClusterBuilder", "job", "pending", "running",
@@ -108,7 +108,7 @@ def running(id: str, project: str, gpus: int, since: float, node: str = "n0") ->
 # -- projects --------------------------------------------------------------------------
 
 class ProjectBuilder:
-    """``project("joe").quota(2).weight(3).limit(4).priority(1)``."""
+    """``project("joe").quota(2).weight(3).limit(4).priority(1).department("research")``."""
 
     def __init__(self, name: str):
         self._kw: dict = {"name": name}
@@ -129,6 +129,10 @@ class ProjectBuilder:
         self._kw["priority"] = p
         return self
 
+    def department(self, name: str) -> "ProjectBuilder":
+        self._kw["department"] = name
+        return self
+
     def build(self) -> Project:
         return Project(**self._kw)
 
@@ -147,6 +151,11 @@ class ClusterBuilder:
         self._nodes += [Node(f"b{i}", g, BUILD) for i, g in enumerate(build_sizes)]
         self._projects: list[Project] = []
         self._jobs: list[TrainJob] = []
+        self._departments: list[Department] = []
+
+    def departments(self, *departments: Department) -> "ClusterBuilder":
+        self._departments += departments
+        return self
 
     def projects(self, *projects) -> "ClusterBuilder":
         self._projects += [_built(p) for p in projects]
@@ -161,7 +170,8 @@ class ClusterBuilder:
         return tuple(self._nodes)
 
     def at(self, now: float = 0.0) -> Snapshot:
-        return Snapshot(now, tuple(self._nodes), tuple(self._projects), tuple(self._jobs))
+        return Snapshot(now, tuple(self._nodes), tuple(self._projects), tuple(self._jobs),
+                        departments=tuple(self._departments))
 
 
 def cluster(nodes: int = 1, gpus_per_node: int = 8, *, sizes: Iterable[int] | None = None,

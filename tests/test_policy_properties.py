@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from builders import GPU, apply, finish
 from jupyter_gpushare.policy import (CycleResult, JobState, Node, PolicyConfig, Project, Snapshot,
                                      TrainJob, cycle)
+from jupyter_gpushare.policy.model import Department
 from jupyter_gpushare.policy import reasons as R
 from jupyter_gpushare.policy.outcome import SUCCEEDED, after_stop
 from jupyter_gpushare.policy.queues import queue_key
@@ -46,13 +47,14 @@ class World:
     projects: tuple[Project, ...]
     arrivals: tuple[Arrival, ...]  # an arrival at step 0 may already run (it was placed before)
     config: PolicyConfig
+    departments: tuple[Department, ...] = ()
 
 
 @st.composite
 def worlds(draw, max_jobs=20, arrive_until=12, finite=True):
     sizes = draw(st.lists(st.integers(1, 8), min_size=1, max_size=6))
     capacity, biggest = sum(sizes), max(sizes)
-    projects = draw(project_lists(capacity))
+    projects, departments = draw(quota_trees(capacity))
     arrivals = []
     if draw(st.booleans()):  # jobs placed before: by another policy, or before quotas changed
         for node, size in enumerate(sizes):
@@ -77,7 +79,7 @@ def worlds(draw, max_jobs=20, arrive_until=12, finite=True):
                        idle=draw(st.booleans()))  # idle once it runs (GPUs measured unused)
         arrivals.append(Arrival(step, job, duration))
     nodes = tuple(Node(f"n{i}", g) for i, g in enumerate(sizes))
-    return World(nodes, tuple(projects), tuple(arrivals), draw(configs()))
+    return World(nodes, tuple(projects), tuple(arrivals), draw(configs()), departments)
 
 
 @st.composite
@@ -93,6 +95,30 @@ def project_lists(draw, capacity):
     return projects
 
 
+@st.composite
+def quota_trees(draw, capacity):
+    """``project_lists``, perhaps in two levels: 0-2 departments over some of the projects,
+    each with a quota that holds its projects' quotas and fits the pool with the rest, and
+    perhaps a limit."""
+    projects = draw(project_lists(capacity))
+    count = draw(st.sampled_from([0, 0, 1, 2]))
+    if not count:
+        return projects, ()
+    homes = [draw(st.sampled_from([None] + [f"d{k}" for k in range(count)])) for _ in projects]
+    projects = [replace(p, department=home or "") for p, home in zip(projects, homes)]
+    left = capacity - sum(p.quota for p in projects) // GPU
+    departments = []
+    for k in range(count):
+        name = f"d{k}"
+        held = sum(p.quota for p in projects if p.department == name) // GPU
+        quota = held + draw(st.integers(0, left))
+        left -= quota - held
+        limit = draw(st.one_of(st.none(), st.integers(quota, capacity + 2)))
+        departments.append(Department(name, quota * GPU, draw(st.integers(0, 3)),
+                                      None if limit is None else limit * GPU))
+    return projects, tuple(departments)
+
+
 def configs():
     return st.builds(PolicyConfig,
                      min_runtime_s=st.sampled_from([0.0, 0.0, 15.0, 40.0]),
@@ -103,12 +129,14 @@ def configs():
 
 
 @st.composite
-def snapshots(draw, now=100.0):
+def snapshots(draw, now=100.0, two_levels=True):
     """Any state a cycle may meet: jobs placed anywhere (by an earlier policy, before quotas
-    changed), some being preempted, one perhaps holding a reservation."""
+    changed), some being preempted, one perhaps holding a reservation; perhaps departments
+    over the projects (unless not ``two_levels``)."""
     sizes = draw(st.lists(st.integers(1, 8), min_size=1, max_size=6))
     capacity = sum(sizes)
-    projects = draw(project_lists(capacity))
+    projects, departments = draw(quota_trees(capacity)) if two_levels else \
+        (draw(project_lists(capacity)), ())
     names = [p.name for p in projects]
     jobs, free = [], {f"n{i}": g for i, g in enumerate(sizes)}
     for node, size in list(free.items()):  # mostly full nodes of small jobs: contention
@@ -142,7 +170,7 @@ def snapshots(draw, now=100.0):
         held = draw(st.lists(st.sampled_from(sorted(free)), min_size=1, unique=True))
         out[i] = replace(out[i], reserved=tuple(sorted(held)))
     nodes = tuple(Node(f"n{i}", g) for i, g in enumerate(sizes))
-    return Snapshot(now, nodes, tuple(projects), tuple(out))
+    return Snapshot(now, nodes, tuple(projects), tuple(out), departments=departments)
 
 
 @st.composite
@@ -239,11 +267,14 @@ def first_guaranteed(snap: Snapshot) -> TrainJob | None:
     projects."""
     usage, projects = usage_of(snap), {p.name: p for p in snap.projects}
     capacity = snap.train_capacity()
+    departments = {d.name: d for d in snap.departments}
     heads = []
     for name, p in projects.items():
+        d = departments.get(p.department)
         for j in sorted((j for j in snap.jobs if j.pending and j.project == name),
                         key=queue_key):
-            if j.gpus > capacity or (p.limit is not None and j.gpus > p.limit):
+            if j.gpus > capacity or (p.limit is not None and j.gpus > p.limit) or \
+                    (d is not None and d.limit is not None and j.gpus > d.limit):
                 continue
             if usage[name] + j.gpus <= p.quota:
                 heads.append(j)
@@ -277,6 +308,15 @@ def room_for(claimant: TrainJob, snap: Snapshot, config: PolicyConfig) -> bool:
              if p != claimant.project and usage[p] > quota.get(p, 0)}
     victims = [j for j in snap.jobs if j.running and not j.preempting and j.project in spare
                and snap.now - (j.start_time or 0.0) >= config.min_runtime_s]
+    home = next((d for d in snap.departments if d.name == projects_of(snap)[claimant.project]
+                 .department), None)
+    if home is not None and home.limit is not None:  # its siblings must make room under the limit
+        members = {p.name for p in snap.projects if p.department == home.name}
+        excess = sum(usage.get(m, 0) for m in members) + claimant.gpus - home.limit
+        if excess > 0 and sum(min(spare.get(m, 0), sum(v.gpus for v in victims
+                                                         if v.project == m))
+                              for m in members) < excess:
+            return False
     k = ceil_div(claimant.gpus, biggest_node(snap))
     for chosen in combinations(free, k):
         inside = set(chosen)
@@ -287,6 +327,10 @@ def room_for(claimant: TrainJob, snap: Snapshot, config: PolicyConfig) -> bool:
         if have >= claimant.gpus:
             return True
     return False
+
+
+def projects_of(snap: Snapshot) -> dict[str, Project]:
+    return {p.name: p for p in snap.projects}
 
 
 def current_reservation(snap: Snapshot, config: PolicyConfig) -> tuple[str | None, frozenset]:
@@ -321,6 +365,7 @@ class Contract:
         free = self.never_over_allocate(snap, result)  # 1
         self.gangs_are_atomic(snap, result)  # 2
         self.victims_are_over_quota(snap, result)  # 3, 6
+        self.departments_keep_their_limits(snap, result)
         self.within_quota_jobs_get_room(snap, result)  # 3
         self.work_conserving(snap, result, free)  # 4
         self.stats["cycles"] += 1
@@ -389,6 +434,33 @@ class Contract:
                     f"{p.job} preempted for {p.for_job} while project {victim.project} ran "
                     f"{usage[victim.project]}, within its quota {quota.get(victim.project, 0)}")
             usage[victim.project] -= victim.gpus
+
+    def departments_keep_their_limits(self, snap: Snapshot, result: CycleResult) -> None:
+        """No job starts that leaves its department beyond its limit, once this cycle's
+        victims are gone."""
+        limited = {d.name: d.limit for d in snap.departments if d.limit is not None}
+        if not limited:
+            return
+        jobs, projects = {j.id: j for j in snap.jobs}, projects_of(snap)
+        held = dict.fromkeys(limited, 0)
+        for name, amount in usage_of(snap).items():
+            home = projects[name].department if name in projects else ""
+            if home in held:
+                held[home] += amount
+        for p in result.preemptions:
+            home = projects[jobs[p.job].project].department
+            if home in held:
+                held[home] -= jobs[p.job].gpus
+        starting = dict.fromkeys(limited, 0)
+        for s in result.starts:
+            home = projects[jobs[s.job].project].department
+            if home in held:
+                held[home] += jobs[s.job].gpus
+                starting[home] += 1
+        for name, limit in limited.items():
+            assert not starting[name] or held[name] <= limit, (
+                f"department {name} runs {held[name]} once this cycle's jobs start, beyond "
+                f"its limit of {limit}")
 
     def within_quota_jobs_get_room(self, snap: Snapshot, result: CycleResult) -> None:
         """The guarantee, for the first job that keeps its project within quota.
@@ -470,7 +542,7 @@ class Contract:
 def run(world: World, cycles: int, contract: Contract | None = None):
     """Yield (result, snapshot before the cycle) for ``cycles`` cycles of ``world``."""
     duration = {a.job.id: a.duration for a in world.arrivals}
-    snap = Snapshot(0.0, world.nodes, world.projects, ())
+    snap = Snapshot(0.0, world.nodes, world.projects, (), departments=world.departments)
     ended: set[str] = set()
     for t in range(cycles):
         snap = replace(snap, now=t * DT)
@@ -497,6 +569,7 @@ def run(world: World, cycles: int, contract: Contract | None = None):
 def describe(world: World) -> None:
     note(f"nodes: {[n.gpus for n in world.nodes]}")
     note(f"projects: {world.projects}")
+    note(f"departments: {world.departments}")
     note(f"config: {world.config}")
     for a in world.arrivals:
         note(f"  step {a.step}: {a.job.id} {a.job.project} {a.job.gpus // GPU} GPUs "
@@ -511,6 +584,8 @@ def test_every_cycle_keeps_the_contract(world):
     for _ in run(world, 30, contract):
         pass
     event(f"preemptions: {'some' if contract.stats['preemptions'] else 'none'}")
+    event(f"departments: {len(world.departments)}, "
+          f"limited: {sum(d.limit is not None for d in world.departments)}")
     event(f"guarantee by reclaim checked: {bool(contract.stats['guarantees_by_reclaim'])}")
 
 

@@ -1,13 +1,13 @@
 """Pure scheduling: a snapshot in, decisions out. No I/O, no clocks, no asyncio."""
 
 from .cycle import CycleResult, Preempt, Start, Wait, cycle
-from .model import (BUILD, GPU, TRAIN, JobState, Node, PolicyConfig, Project, Slice, Snapshot,
-                    TrainJob, gpus_text)
+from .model import (BUILD, GPU, TRAIN, Department, JobState, Node, PolicyConfig, Project, Slice,
+                    Snapshot, TrainJob, gpus_text)
 from .shares import deserved_shares
 from .slices import SliceRefused, place_slice
 
 __all__ = [
-    "BUILD", "GPU", "TRAIN", "CycleResult", "JobState", "Node", "PolicyConfig", "Preempt",
+    "BUILD", "GPU", "TRAIN", "CycleResult", "Department", "JobState", "Node", "PolicyConfig", "Preempt",
     "Project", "Slice", "SliceRefused", "Snapshot", "Start", "TrainJob", "Wait", "cycle",
     "deserved_shares", "gpus_text", "place_slice",
 ]

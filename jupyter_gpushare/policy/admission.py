@@ -13,7 +13,7 @@ from .decisions import Start, Wait
 from .explain import Explainer
 from .fits import FitMemo, Way
 from .ledger import Ledger
-from .model import GPU, PolicyConfig, Project, TrainJob
+from .model import GPU, Department, PolicyConfig, Project, TrainJob
 from .order import Borrowers, Order
 from .placement import nodes_needed
 from .preemption import Reclaim, Reclaimer
@@ -21,14 +21,16 @@ from .reservation import Reservation
 
 
 def never_fits(job: TrainJob, project: Project, capacity: int,
-               node_sizes: tuple[int, ...] = ()) -> R.Reason | None:
+               node_sizes: tuple[int, ...] = (), department: Department | None = None
+               ) -> R.Reason | None:
     """Why ``job`` can never run as asked: larger than the pool, than the fewest nodes it
-    must use (``node_sizes``, largest first), or than its project's limit."""
-    return never_fits_gpus(job.gpus, project, capacity, node_sizes)
+    must use (``node_sizes``, largest first), or than its project's or department's limit."""
+    return never_fits_gpus(job.gpus, project, capacity, node_sizes, department)
 
 
 def never_fits_gpus(gpus: int, project: Project, capacity: int,
-                    node_sizes: tuple[int, ...] = ()) -> R.Reason | None:
+                    node_sizes: tuple[int, ...] = (), department: Department | None = None
+                    ) -> R.Reason | None:
     """``never_fits`` for a gang of ``gpus`` of ``project``."""
     if gpus > capacity:
         return R.TooLarge(gpus, capacity)
@@ -38,6 +40,9 @@ def never_fits_gpus(gpus: int, project: Project, capacity: int,
             return R.TooLarge(gpus, sum(node_sizes[:k]), nodes=k)
     if project.limit is not None and gpus > project.limit:
         return R.TooLarge(gpus, project.limit, project=project.name)
+    if department is not None and department.limit is not None and gpus > department.limit:
+        return R.TooLarge(gpus, department.limit, project=project.name,
+                          department=department.name)
     return None
 
 
@@ -81,13 +86,15 @@ class Admission:
         self.claiming: dict[str, TrainJob] = {}  # project → its job taking GPUs back for its quota
 
     def never_fits(self, job: TrainJob) -> R.Reason | None:
-        return never_fits(job, self.projects[job.project], self.c.capacity, self.node_sizes)
+        tree = self.c.tree
+        return never_fits(job, self.projects[job.project], self.c.capacity, self.node_sizes,
+                          tree.department(job.project) if tree else None)
 
     def waits_for_nodes(self, job: TrainJob) -> bool:
-        """Whether nodes, not its size or its project's limit, are what ``job`` waits for."""
-        p = self.projects[job.project]
-        limit = p.limit if p.limit is not None else self.c.capacity
-        return self.never_fits(job) is None and self.ledger.committed(p.name) + job.gpus <= limit
+        """Whether nodes, not its size or its (department's) limit, are what ``job`` waits for."""
+        ledger = self.ledger
+        return self.never_fits(job) is None and ledger.beyond_limit(job.project, job.gpus) is None \
+            and ledger.committed(job.project) + job.gpus <= self.c.capacity
 
     # -- within quota ----------------------------------------------------------------------
     def within_quota(self, jobs: Iterable[TrainJob]) -> None:
@@ -96,6 +103,13 @@ class Admission:
             if reason is not None:
                 self.never.append(Wait(job.id, None, reason))
                 continue
+            if self.c.tree:  # within its quota, but beyond its department's limit?
+                at_limit = self.ledger.beyond_limit(job.project, job.gpus)
+                if at_limit is not None and not (
+                        self.config.preemption and self.reclaimer.within_limit(job, at_limit)):
+                    self.within_quota_waiting.append(job.id)
+                    self.waits.append((job, at_limit))
+                    continue
             if self._start(job, frozenset(), Way.WITHIN_QUOTA):
                 continue
             self.within_quota_waiting.append(job.id)
@@ -109,11 +123,11 @@ class Admission:
         """Admit borrowers in fair-share order until no GPU is left to give; the projects
         not visited are parked in ``turn``."""
         queues, smallest, seen = self.order.queues, self.order.smallest, self.order.seen
+        beyond_limit = self.ledger.beyond_limit
         for name, i in turn:
             queue = queues[name]
-            limit = self.projects[name].limit
-            if limit is not None and self.ledger.committed(name) + smallest[name] > limit:
-                turn.park()  # at its limit: no job of the project can start
+            if beyond_limit(name, smallest[name]) is not None:
+                turn.park()  # at its (department's) limit: no job of the project can start
                 continue
             if name in self.claiming:
                 self._behind_claim(queue, i)  # and its queue is done for this cycle
@@ -142,8 +156,10 @@ class Admission:
         seen, project = self.order.seen, queue[i].project
         sizes = self.sizes.get(project) if self.sizes is not None else None
         p = self.projects[project]
-        if sizes is None or any(never_fits_gpus(g, p, self.c.capacity, self.node_sizes)
-                                for g in sizes):
+        tree = self.c.tree
+        department = tree.department(project) if tree else None
+        if sizes is None or any(never_fits_gpus(g, p, self.c.capacity, self.node_sizes,
+                                                department) for g in sizes):
             for job in queue[i:]:
                 if job.id not in seen:
                     reason = self.never_fits(job)
@@ -156,16 +172,15 @@ class Admission:
         """The first job from ``i`` on that might still get GPUs; the ones passed over wait.
         Their project's key does not change meanwhile, so the order is the heap's."""
         seen, memo, node_size = self.order.seen, self.memo, self.c.node_size
-        kept_out, committed = self.reservation.kept_out, self.ledger.committed
+        kept_out, beyond_limit = self.reservation.kept_out, self.ledger.beyond_limit
         for j in range(i, len(queue)):
             job = queue[j]
             if job.id in seen:
                 continue
             excluded = bool(kept_out(job))
             k = nodes_needed(job.gpus, node_size)
-            limit = self.projects[job.project].limit
-            if limit is not None and committed(job.project) + job.gpus > limit:
-                pass  # waits for its own project, whatever is free
+            if beyond_limit(job.project, job.gpus) is not None:
+                pass  # waits for its own project (or department), whatever is free
             elif not memo.fails(Way.BORROWING, excluded, k, job.gpus) or self._may_take(job, k):
                 return j
             self.waits.append((job, None))
@@ -209,7 +224,7 @@ class Admission:
 
     def _admit_borrower(self, job: TrainJob) -> None:
         p = self.projects[job.project]
-        if p.limit is not None and self.ledger.committed(p.name) + job.gpus > p.limit:
+        if self.ledger.beyond_limit(p.name, job.gpus) is not None:
             self.waits.append((job, None))
             return
         exclude = self.reservation.kept_out(job)

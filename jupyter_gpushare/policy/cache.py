@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+from .departments import Tree
 from .model import TRAIN, Project, Snapshot, TrainJob
 from .queues import QueueView
 from .placement import FreeMap
@@ -26,6 +27,7 @@ class Cluster:
     usage: dict[str, int]
     projects: dict[str, Project]
     all_running: tuple[TrainJob, ...]
+    tree: Tree | None = None  # the departments, when quotas have two levels
 
     @cached_property
     def running(self) -> list[TrainJob]:
@@ -67,4 +69,5 @@ class Cluster:
             usage=usage,
             projects=projects,
             all_running=view.running,
+            tree=Tree(projects, snap.departments) if snap.departments else None,
         )

@@ -3,7 +3,8 @@
 The pipeline:
   1. cache    what runs: free and releasing GPUs, usage per project       (cache.py)
   2. shares   each project's deserved share, by weights the decayed past use scales
-              when fair share over time is on                 (shares.py, past_use.py)
+              when fair share over time is on, top-down over departments
+                                               (shares.py, past_use.py, departments.py)
   3. order    requests that keep their project within quota first, by project priority
               and the time a job queues from, its submit or its requeue (a job's priority
               orders its own project's queue only); then
@@ -49,9 +50,9 @@ def cycle(snapshot: Snapshot, config: PolicyConfig = PolicyConfig()) -> CycleRes
             demand[project] += gpus
         projects = cluster.projects
         deserved = deserved_shares(projects.values(), demand, cluster.capacity,         # 2
-                                   snapshot.past_use)
+                                   snapshot.past_use, snapshot.departments)
 
-        ledger = Ledger(cluster.usage, projects)
+        ledger = Ledger(cluster.usage, projects, cluster.tree)
         order = Order(view.pending, view.smallest, projects, deserved, ledger)           # 3
         reservation = Reservation(snapshot, config, cluster, view.pending, projects, deserved,
                                   ledger, view.holder)

@@ -75,7 +75,7 @@ class Explainer:
         never = never_fits(job)
         if never is not None:
             return never
-        committed = self.ledger.committed(p.name)
-        if p.limit is not None and committed + job.gpus > p.limit:
-            return R.AtLimit(p.name, p.limit, committed)
+        at_limit = self.ledger.beyond_limit(p.name, job.gpus)
+        if at_limit is not None:
+            return at_limit
         return self.why_no_room(job, self.reservation.kept_out(job))

@@ -76,7 +76,8 @@ class Project:
 
     ``quota`` and ``limit`` are milli-GPUs; ``limit=None`` means no cap beyond the pool.
     ``over_quota_weight`` sets the project's share of idle GPUs beyond quotas; ``priority``
-    decides which projects borrow first.
+    decides which projects borrow first. ``department`` names the ``Department`` the project
+    belongs to, "" for none.
     """
 
     name: str
@@ -84,6 +85,7 @@ class Project:
     over_quota_weight: int = 1
     limit: int | None = None
     priority: int = 0
+    department: str = ""
 
     def __post_init__(self):
         if self.quota < 0:
@@ -93,6 +95,30 @@ class Project:
         if self.limit is not None and self.limit < self.quota:
             raise ValueError(
                 f"project {self.name}: limit ({gpus_text(self.limit)}) is below its quota "
+                f"({gpus_text(self.quota)}); raise the limit or lower the quota"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class Department:
+    """Projects over projects (as Run:ai's departments, KAI's parent queues): ``quota``
+    milli-GPUs guaranteed to its projects together, ``limit`` (None: no cap) on what they hold
+    together, ``over_quota_weight`` for the department's share of idle GPUs beyond quotas.
+    Its projects name it (``Project.department``); their quotas add up to at most its own."""
+
+    name: str
+    quota: int = 0
+    over_quota_weight: int = 1
+    limit: int | None = None
+
+    def __post_init__(self):
+        if self.quota < 0:
+            raise ValueError(f"department {self.name}: quota must be 0 or more")
+        if self.over_quota_weight < 0:
+            raise ValueError(f"department {self.name}: over_quota_weight must be 0 or more")
+        if self.limit is not None and self.limit < self.quota:
+            raise ValueError(
+                f"department {self.name}: limit ({gpus_text(self.limit)}) is below its quota "
                 f"({gpus_text(self.quota)}); raise the limit or lower the quota"
             )
 
@@ -204,10 +230,17 @@ class Snapshot:
     past_use: Mapping[str, float] = field(default_factory=dict)
     """Fair share over time (past_use.py): each project's decayed borrowed GPU-seconds; empty
     when it is off, and idle GPUs are divided by the projects' weights alone."""
+    departments: tuple[Department, ...] = ()
+    """The departments the projects name; empty when quotas have one level."""
 
     def __post_init__(self):
         if self.queues is not None and self.jobs:
             raise ValueError("a snapshot takes its jobs as jobs or as queues, not both")
+        if self.departments or any(p.department for p in self.projects):
+            from .departments import two_levels  # the rules live with the departments
+            problem = two_levels(self.projects, self.departments)
+            if problem:
+                raise ValueError(problem)
 
     def train_nodes(self) -> tuple[Node, ...]:
         return tuple(n for n in self.nodes if n.pool == TRAIN)

@@ -5,7 +5,8 @@
 the claimant will use and books the victims' GPUs as releasing. Which jobs may go:
 
 Contract point 6 (docs/explanation/scheduling.md#contract-6): only over-quota projects lose jobs;
-prefer victims that leave their project at or above its quota; then idle jobs (``idle``:
+prefer victims that leave their project at or above its quota; then the claimant's siblings
+in its department (departments.py); then idle jobs (``idle``:
 their GPUs stayed unused) before busy ones; then the project most over its deserved share,
 then the lowest priority, then the most recently started job. Remove
 greedily until the claimant fits, then put back every victim that was not needed.
@@ -23,7 +24,7 @@ from .fits import FitMemo
 from .ledger import Ledger
 from .model import PolicyConfig, Project, TrainJob, gpus_text
 from .placement import nodes_needed
-from .victims import Candidates, Floor, choose_victims
+from .victims import Candidates, Floor, VictimPicker, choose_victims
 
 
 class Reclaim(str, enum.Enum):
@@ -83,7 +84,9 @@ class Reclaimer:
         if remember and self.memo.fails(rule, bool(exclude), k, job.gpus):
             return None
         pool = self._pool(rule, job)
-        found = choose_victims(job.gpus, self.c.room, self.c.releasing, pool, exclude)
+        tree = self.c.tree
+        first = tree.siblings(job.project) if tree else frozenset()
+        found = choose_victims(job.gpus, self.c.room, self.c.releasing, pool, exclude, first)
         if found is None:
             if remember:
                 self.memo.failed(rule, bool(exclude), k, job.gpus)
@@ -105,6 +108,31 @@ class Reclaimer:
         for v in victims:
             by_project[v.project] = by_project.get(v.project, 0) + v.gpus
         return R.Reclaiming(job.gpus, k, tuple(sorted(by_project.items())))
+
+    def within_limit(self, job: TrainJob, at: R.AtLimit) -> bool:
+        """A job within its project's quota would take its department beyond its limit
+        (``at``): its siblings borrow what the limit leaves. Preempt the fewest of their jobs
+        beyond their quotas, in contract order, that bring the department back within its
+        limit with ``job``; False (and nothing preempted) if they cannot."""
+        excess = at.usage + job.gpus - at.limit
+        pool = self._pool(Reclaim.GUARANTEE, job)
+        picker = VictimPicker(pool, only=self.c.tree.siblings(job.project))
+        victims, got = [], 0
+        while got < excess:
+            victim = picker.pop()
+            if victim is None:
+                return False
+            victims.append(victim)
+            got += victim.gpus
+        for victim in reversed(list(victims)):  # put back, newest choice first, what is not needed
+            if got - victim.gpus >= excess:
+                victims.remove(victim)
+                got -= victim.gpus
+        self._commit(pool, victims)
+        self._preempt(job, Reclaim.GUARANTEE, victims, {})
+        free = self.c.free.free
+        self.moved({n for v in victims for n in v.placement if n in free})
+        return True
 
     def moved(self, names) -> None:
         """Free or releasing GPUs changed on ``names``: keep the indexes in step."""

@@ -23,9 +23,13 @@ class TooLarge(Reason):
     capacity: int
     project: str = ""  # set when the project's limit, not the pool, is the bound
     nodes: int = 0  # set when the gang's fewest nodes, not the pool, are the bound
+    department: str = ""  # set (with project) when the department's limit is the bound
 
     def __str__(self):
-        if self.project:
+        if self.department:
+            bound = (f"department {self.department} (of project {self.project}) may never use "
+                     f"more than {gpus_text(self.capacity)}")
+        elif self.project:
             bound = f"project {self.project} may never use more than {gpus_text(self.capacity)}"
         elif self.nodes:
             bound = (f"it must run on {self.nodes} nodes and the largest {self.nodes} nodes of "
@@ -40,8 +44,12 @@ class AtLimit(Reason):
     project: str
     limit: int
     usage: int
+    department: str = ""  # set when the project's department is at its limit
 
     def __str__(self):
+        if self.department:
+            return (f"department {self.department} (of project {self.project}) is at its limit "
+                    f"of {gpus_text(self.limit)} ({gpus_text(self.usage)} in use by its projects)")
         return (f"project {self.project} is at its limit of {gpus_text(self.limit)} "
                 f"({gpus_text(self.usage)} in use)")
 

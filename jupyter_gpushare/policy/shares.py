@@ -5,6 +5,13 @@ projects whose demand is not met, higher ``priority`` tiers first, in proportion
 ``over_quota_weight`` within a tier, never beyond a project's demand or ``limit``. With fair
 share over time (``past``: each project's decayed borrowed GPU-seconds, past_use.py) the
 weights are scaled by what each hungry project borrowed lately.
+
+With departments (departments.py) the water is poured top-down, as KAI-Scheduler divides
+fair shares over its queue tree: first among the departments (each as one project with the
+department's quota, limit and weight, its projects' demand and past use together, and the
+highest priority among them) and the projects outside departments; then each department's
+share among its own projects. A department's share holds its projects' quotas, so a
+project's unused quota goes to its siblings before any other department.
 """
 
 from __future__ import annotations
@@ -12,18 +19,50 @@ from __future__ import annotations
 from itertools import groupby
 from typing import Iterable, Mapping
 
-from .model import Project
+from .model import Department, Project
 from .past_use import weight_factors
 
 
 def deserved_shares(projects: Iterable[Project], demand: Mapping[str, int],
-                    capacity: int, past: Mapping[str, float] | None = None) -> dict[str, int]:
+                    capacity: int, past: Mapping[str, float] | None = None,
+                    departments: Iterable[Department] = ()) -> dict[str, int]:
+    departments = tuple(departments)
+    if not departments:
+        return _one_level(projects, demand, capacity, past)
+    projects = list(projects)
+    units, unit_demand, unit_past = [], dict(demand), dict(past or {})
+    members: dict[str, list[Project]] = {d.name: [] for d in departments}
+    for p in projects:
+        if p.department:
+            members[p.department].append(p)
+    for d in departments:
+        key = "\0" + d.name  # never a project's name
+        group = members[d.name]
+        units.append(Project(key, d.quota, d.over_quota_weight, d.limit,
+                             max((p.priority for p in group), default=0)))
+        unit_demand[key] = sum(_target(p, demand) for p in group)
+        if past:
+            unit_past[key] = sum(past.get(p.name, 0.0) for p in group)
+    top = _one_level(units + [p for p in projects if not p.department], unit_demand, capacity,
+                     unit_past if past else None)
+    share = {name: amount for name, amount in top.items() if not name.startswith("\0")}
+    for d in departments:
+        share.update(_one_level(members[d.name], demand, top["\0" + d.name], past))
+    return share
+
+
+def _target(p: Project, demand: Mapping[str, int]) -> int:
+    want = demand.get(p.name, 0)
+    return want if p.limit is None else min(want, p.limit)
+
+
+def _one_level(projects: Iterable[Project], demand: Mapping[str, int], capacity: int,
+               past: Mapping[str, float] | None) -> dict[str, int]:
     projects = sorted(projects, key=lambda p: (-p.priority, p.name))
     target = {}
     share = {}
     for p in projects:
-        want = demand.get(p.name, 0)
-        target[p.name] = want if p.limit is None else min(want, p.limit)
+        target[p.name] = _target(p, demand)
         share[p.name] = min(p.quota, target[p.name])
     left = capacity - sum(share.values())
     for _, tier in groupby(projects, key=lambda p: p.priority):

@@ -153,15 +153,17 @@ class Candidates:
 
 
 def choose_victims(gpus: int, room: FreeMap, releasing: Mapping[str, int], pool: Candidates,
-                   exclude: frozenset[str] = frozenset()
+                   exclude: frozenset[str] = frozenset(), first: frozenset[str] = frozenset()
                    ) -> tuple[list[TrainJob], dict[str, int]] | None:
     """The minimal victim set that lets a gang of ``gpus`` fit, with its placement, or None.
 
     ``room`` is each node's free GPUs plus ``releasing``, those that preempted jobs are
     giving back; the gang does not fit on the free GPUs alone. ``pool`` holds the jobs this
-    kind of reclaim may take. Neither is changed: ``pool.commit`` the victims.
+    kind of reclaim may take; those of the projects in ``first`` (the claimant's siblings in
+    its department) go before others that leave their project as high. Neither is changed:
+    ``pool.commit`` the victims.
     """
-    found = _greedy(gpus, room, releasing, pool, exclude)
+    found = _greedy(gpus, room, releasing, pool, exclude, first)
     if found is not None:
         return found
     # Newest first can spread its victims over nodes none of which then holds the gang (and
@@ -172,7 +174,7 @@ def choose_victims(gpus: int, room: FreeMap, releasing: Mapping[str, int], pool:
         used = {j.project: pool.used[j.project] for j in jobs}
         sub = Candidates(jobs, used, pool.projects, pool.deserved, pool.floor)
         here = FreeMap({n: room.free[n] for n in nodes}, room.node_size)
-        found = _greedy(gpus, here, {}, sub, frozenset())
+        found = _greedy(gpus, here, {}, sub, frozenset(), first)
         if found is not None:
             cost = (sum(v.gpus for v in found[0]), len(found[0]))
             if best is None or cost < best[0]:
@@ -201,7 +203,8 @@ def _node_sets(gpus: int, room: FreeMap, pool: Candidates, exclude
     return sets
 
 
-def _greedy(gpus: int, room: FreeMap, releasing: Mapping[str, int], pool: Candidates, exclude):
+def _greedy(gpus: int, room: FreeMap, releasing: Mapping[str, int], pool: Candidates, exclude,
+            first: frozenset[str] = frozenset()):
     """Take victims in contract order until the gang fits, then put back, newest choice
     first, every victim it can do without.
 
@@ -229,7 +232,7 @@ def _greedy(gpus: int, room: FreeMap, releasing: Mapping[str, int], pool: Candid
     removed: list[TrainJob] = []
     picker = None
     while placement is None:
-        picker = picker or _VictimPicker(pool)
+        picker = picker or VictimPicker(pool, first)
         victim = picker.pop()
         if victim is None:
             for gone in removed:
@@ -262,16 +265,23 @@ def _gain(victim: TrainJob, room: FreeMap, exclude) -> dict[str, int]:
     return {n: a for n, a in victim.placement.items() if n in room.free and n not in exclude}
 
 
-class _VictimPicker:
+class VictimPicker:
     """One search's walk through a pool in contract order: a heap of each project's best
-    victim; taking one changes only its own project's entry, so a step costs a log."""
+    victim; taking one changes only its own project's entry, so a step costs a log. The
+    projects in ``first`` go first among victims that leave their project as high;
+    ``only``, when given, are the only projects it takes from."""
 
-    def __init__(self, pool: Candidates):
-        self.pool = pool
+    def __init__(self, pool: Candidates, first: frozenset[str] = frozenset(),
+                 only: frozenset[str] | None = None):
+        self.pool, self.first = pool, first
         self.used: dict[str, int] = {}
         self.taken: set[str] = set()
-        self.heap = [e for e in pool.best.values() if e is not None]
+        self.heap = [self._ranked(e) for name, e in pool.best.items()
+                     if e is not None and (only is None or name in only)]
         heapq.heapify(self.heap)
+
+    def _ranked(self, entry: tuple) -> tuple:
+        return (entry[0], entry[-2] not in self.first) + entry[1:] if self.first else entry
 
     def pop(self) -> TrainJob | None:
         if not self.heap:
@@ -282,5 +292,5 @@ class _VictimPicker:
         used = self.used[name] = self.used.get(name, self.pool.used[name]) - job.gpus
         nxt = self.pool.entry(name, used, self.taken)
         if nxt is not None:
-            heapq.heappush(self.heap, nxt)
+            heapq.heappush(self.heap, self._ranked(nxt))
         return job
