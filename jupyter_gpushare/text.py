@@ -261,7 +261,20 @@ def format_quota(quota: dict) -> str:
                  _plain(p.get("pending")), gpus(p.get("borrowed")), gpus(p.get("deserved")),
                  gpus(p.get("limit")), _plain(p.get("over_quota_weight")),
                  _plain(p.get("priority"))] for p in projects]
-        lines = [table(headers, rows, numeric=set(headers[1:]))]
+        if any(p.get("department") for p in projects):
+            headers.append("DEPARTMENT")
+            for row, p in zip(rows, projects):
+                row.append(p.get("department") or "-")
+        lines = [table(headers, rows, numeric=set(headers[1:9]))]
+        departments = quota.get("departments") or []
+        if departments:  # the level above: what the projects of each hold together
+            headers = ["DEPARTMENT", "QUOTA", "IN USE", "BORROWED", "DESERVED", "LIMIT",
+                       "WEIGHT", "PROJECTS"]
+            rows = [[d.get("name"), gpus(d.get("quota")), gpus(d.get("in_use")),
+                     gpus(d.get("borrowed")), gpus(d.get("deserved")), gpus(d.get("limit")),
+                     _plain(d.get("over_quota_weight")), ", ".join(d.get("projects") or [])]
+                    for d in departments]
+            lines.append(table(headers, rows, numeric=set(headers[1:7])))
     else:
         lines = ["you are in no project; ask an admin to add you to one"]
     counts = quota.get("jobs") or {}

@@ -95,6 +95,7 @@ def test_migrations_on_postgresql(postgresql):
     store.add_past_use(3600, {("nlp", 5): 1.5}, forget_before=0)
     store.add_past_use(3600, {("nlp", 5): 1.0}, forget_before=0)
     assert Store(url).past_use(3600, 0) == [("nlp", 5, 2.5)]
+    check_departments(store, url)
     check_request_ids(store)
     store.engine.dispose()
 
@@ -111,6 +112,30 @@ def check_request_ids(store: Store):
     assert all(made for _, made in plain) and plain[0][0].id != plain[1][0].id
     with pytest.raises(IntegrityError):  # the constraint holds where two tries race
         store.add_job(time.time(), user="ann", request_id="key-1", **fields)
+
+
+def check_departments(store: Store, url: str):
+    from jupyter_gpushare.pool.projects import ProjectSpec
+
+    store.add_missing_projects([ProjectSpec(n, 2000).row() for n in ("alice", "bob", "carol")])
+    store.put_department("research", {"quota": 4000, "limit": 6000}, ["alice", "bob"], 1.0)
+    again = Store(url)
+    assert again.members("research") == ["alice", "bob"]
+    assert (again.department("research").quota, again.department("research").limit) == \
+        (4000, 6000)
+    store.put_department("research", {"quota": 5000}, ["bob", "carol"], 2.0)  # alice leaves
+    assert again.members("research") == ["bob", "carol"]
+    assert again.project("alice").department is None
+    assert again.department("research").limit == 6000  # unchanged fields stay
+    store.put_department("research", {"limit": None}, None, 3.0)  # members stay
+    assert again.members("research") == ["bob", "carol"]
+    assert again.delete_department("research") and not again.delete_department("research")
+    assert again.departments() == [] and again.project("bob").department is None
+
+
+def test_departments_are_kept_with_their_projects(tmp_path):
+    url = f"sqlite:///{tmp_path / 'pool.sqlite'}"
+    check_departments(Store(url), url)
 
 
 def test_a_request_id_makes_one_job_per_user(tmp_path):
@@ -131,8 +156,9 @@ def test_counts_are_not_capped_by_list_limits(tmp_path):
 
 
 def test_an_0006_database_is_upgraded_with_its_data_kept(tmp_path):
-    """The audit trail and drained nodes (0007) and the fair share's borrowed GPU-time (0008)
-    come to a database an older version made, and its projects and jobs stay."""
+    """The audit trail and drained nodes (0007), the fair share's borrowed GPU-time (0008) and
+    departments (0009) come to a database an older version made, and its projects and jobs
+    stay."""
     from alembic import command
     from alembic.config import Config
 
@@ -157,9 +183,10 @@ def test_an_0006_database_is_upgraded_with_its_data_kept(tmp_path):
     store = Store(url)
     assert store.project("vision").quota == 2000 and store.job("j-1").user == "ann"
     assert store.audit() == [] and store.drained() == {} and store.past_use(3600, 0) == []
+    assert store.departments() == [] and store.project("vision").department is None
     assert schema_diff(store) == []
     with store.engine.connect() as conn:
-        assert MigrationContext.configure(conn).get_current_heads() == ("0008",)
+        assert MigrationContext.configure(conn).get_current_heads() == ("0009",)
 
 
 def test_the_fair_shares_borrowed_gpu_time_adds_up_and_old_buckets_are_forgotten(tmp_path):

@@ -6,11 +6,14 @@ the audit trail: who changed what, when, through which door (``via``), before an
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
-from ..policy.model import GPU, TRAIN
+from ..policy.departments import guaranteed, two_levels
+from ..policy.model import GPU, TRAIN, Project
 from ..policy.quotas import overbooking
 from ..trainjob import ACTIVE
-from .models import DrainRow, JobRow, ProjectRow
+from . import departments as D
+from .models import DepartmentRow, DrainRow, JobRow, ProjectRow
 from .projects import ProjectSpec, changes, project_name
 from .validate import Invalid
 
@@ -46,11 +49,24 @@ def project_changes(store, scheduler, name: str, body) -> tuple[ProjectSpec | No
     current = None if row is None else ProjectSpec.of(row)
     fields = changes(body, current)
     if "quota" in fields:
-        quotas = [p.quota for p in store.projects() if p.name != name]
-        problem = overbooking([*quotas, fields["quota"]], scheduler.train_capacity())
-        if problem:
-            raise Invalid(f"{problem}: lower another project's quota first", 409)
+        projects = [Project(p.name, fields["quota"] if p.name == name else p.quota,
+                            department=p.department or "") for p in store.projects()]
+        if current is None:
+            projects.append(Project(name, fields["quota"]))
+        check_levels(projects, [D.DepartmentSpec.of(d, ()).policy()
+                                for d in store.departments()],
+                     scheduler.train_capacity(), "lower another project's quota first")
     return current, fields
+
+
+def check_levels(projects, departments, capacity: int, then: str) -> None:
+    """Refuse (409) quotas that do not make two levels, or that overbook the train pool."""
+    problem = two_levels(projects, departments)
+    if problem:
+        raise Invalid(problem, 409)
+    problem = overbooking(guaranteed(projects, departments), capacity)
+    if problem:
+        raise Invalid(f"{problem}: {then}", 409)
 
 
 def change_project(store, scheduler, name: str, body, who: str, via: str,
@@ -76,6 +92,96 @@ def change_project(store, scheduler, name: str, body, who: str, via: str,
 def _project(row: ProjectRow) -> dict:
     spec = ProjectSpec.of(row)
     return _shown(spec, [k for k in vars(spec) if k != "name"])
+
+
+def department_changes(store, scheduler, name: str, body
+                       ) -> tuple[D.DepartmentSpec | None, dict]:
+    """The department as it is (None: a new one) and the checked fields ``body`` changes;
+    projects that do not exist or belong to another department, and quotas that do not make
+    two levels or overbook the pool, are refused (409) before anything is stored."""
+    D.department_name(name)
+    row = store.department(name)
+    current = None if row is None else D.DepartmentSpec.of(row, store.members(name))
+    fields = D.changes(body, current)
+    after = replace(current or D.DepartmentSpec(name), **fields)
+    known = {p.name: p for p in store.projects()}
+    for project in after.projects:
+        if project not in known:
+            raise Invalid(f"project {project} does not exist; create it first "
+                          f"(PUT api/projects/{project})", 409)
+        home = known[project].department
+        if home and home != name:
+            raise Invalid(f"project {project} belongs to department {home}; take it out of "
+                          f"{home} first (a project belongs to at most one department)", 409)
+    members = set(after.projects)
+    projects = [Project(p.name, p.quota, department=name if p.name in members else
+                        ("" if p.department == name else p.department or ""))
+                for p in known.values()]
+    departments = [D.DepartmentSpec.of(d, ()).policy() for d in store.departments()
+                   if d.name != name] + [after.policy()]
+    check_levels(projects, departments, scheduler.train_capacity(),
+                 "lower another department's or project's quota first")
+    return current, fields
+
+
+def change_department(store, scheduler, name: str, body, who: str, via: str,
+                      address: str = "") -> D.DepartmentSpec:
+    """Create or change department ``name`` as ``body`` asks (``PUT api/departments/{name}``),
+    noted in the audit trail."""
+    current, fields = department_changes(store, scheduler, name, body)
+    members = list(fields.pop("projects")) if "projects" in fields else None
+    row = store.put_department(name, fields, members, time.time())
+    after = D.DepartmentSpec.of(row, store.members(name))
+    if current is None:
+        record(store, who, "create department", name, None, _department(after), via, address)
+    else:
+        changed = {k for k in D.FIELDS if getattr(current, k) != getattr(after, k)}
+        if changed:
+            record(store, who, "change department", name, _department(current, changed),
+                   _department(after, changed), via, address)
+    scheduler.wake()
+    return after
+
+
+def delete_department(store, scheduler, name: str, who: str, via: str,
+                      address: str = "") -> D.DepartmentSpec:
+    """Remove department ``name`` (``DELETE api/departments/{name}``): its projects keep their
+    quotas, on one level; 404 if there is none."""
+    D.department_name(name)
+    row = store.department(name)
+    if row is None:
+        raise Invalid(f"there is no department {name}", 404)
+    before = D.DepartmentSpec.of(row, store.members(name))
+    store.delete_department(name)
+    record(store, who, "delete department", name, _department(before), None, via, address)
+    scheduler.wake()
+    return before
+
+
+def _department(spec: D.DepartmentSpec, keys=None) -> dict:
+    """A department's fields as admins set them: GPUs, not milli-GPUs."""
+    out = {}
+    for key in sorted(keys or D.FIELDS):
+        value = getattr(spec, key)
+        if key in ("quota", "limit") and value is not None:
+            value = value / GPU
+        out[key] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def configured_departments(store, departments) -> list[str]:
+    """Create the departments of ``PoolService.departments`` the store does not have yet,
+    with their projects (those it has keep what admins set since)."""
+    created = []
+    for spec in departments:
+        if store.department(spec.name) is None:
+            fields = {"quota": spec.quota, "limit": spec.limit,
+                      "over_quota_weight": spec.over_quota_weight}
+            store.put_department(spec.name, fields, list(spec.projects), time.time())
+            record(store, CONFIGURATION, "create department", spec.name, None,
+                   _department(spec), "config")
+            created.append(spec.name)
+    return created
 
 
 def configured_projects(store, projects) -> list[str]:

@@ -29,7 +29,7 @@ from .models import JobRow, ProjectRow
 from .openapi import SPEC
 from .projects import project_name
 from .validate import Invalid, digits, job_spec, request_id
-from .views import job_json, job_says, project_json, slice_json
+from .views import department_json, job_json, job_says, project_json, slice_json
 
 
 class PoolHandler(ServiceHandler):
@@ -85,8 +85,14 @@ class QuotaHandler(PoolHandler):
         counts = {s: 0 for s in STATES} | (self.store.state_counts(self.who.name)
                                            if self.who.kind == "user" else {})
         pending = self.store.pending_counts()
+        mine = self.my_projects()
+        homes = sorted({p.department for p in mine if p.department})
+        departments = [d for d in map(self.store.department, homes) if d is not None]
         self.reply({"user": self.who.name, "admin": self.who.admin,
-                    "projects": [self.project_json(p, pending) for p in self.my_projects()],
+                    "projects": [self.project_json(p, pending) for p in mine],
+                    "departments": [department_json(d, self.store.members(d.name),
+                                                    self.scheduler.explained)
+                                    for d in departments],
                     "jobs": counts})
 
 

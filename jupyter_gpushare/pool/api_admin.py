@@ -1,16 +1,21 @@
-"""REST handlers of the admins' console: ``GET api/audit`` (the audit trail) and
-``PUT api/nodes/{node}`` (drain a train node), admins only (paths and shapes: openapi.py).
-What they change goes through ``admin.py``, as the dashboard's forms do."""
+"""REST handlers of the admins' console: ``GET api/audit`` (the audit trail), ``PUT
+api/nodes/{node}`` (drain a train node), admins only, and departments (``GET
+api/departments``, anyone; ``PUT``/``DELETE api/departments/{name}``, admins) (paths and
+shapes: openapi.py). What they change goes through ``admin.py``, as the dashboard's forms
+do."""
 
 from __future__ import annotations
 
 import time
 
-from .admin import set_drained
+from ..policy.model import GPU
+from .admin import change_department, delete_department, set_drained
+from .departments import DepartmentSpec, department_name
 from .api_usage import parse_time
 from .handlers import ServiceHandler
 from .models import AuditRow
 from .validate import Invalid, digits
+from .views import department_json
 
 MAX_ENTRIES = 1000
 
@@ -74,6 +79,61 @@ class NodeHandler(ServiceHandler):
         self.reply(answer)
 
 
+class DepartmentsHandler(ServiceHandler):
+    def get(self):
+        store, explained = self.store, self.scheduler.explained
+        self.reply({"departments": [department_json(d, store.members(d.name), explained)
+                                    for d in store.departments()]})
+
+
+class DepartmentHandler(ServiceHandler):
+    def get(self, name):
+        row = self._row(name)
+        self.reply(department_json(row, self.store.members(row.name), self.scheduler.explained))
+
+    def put(self, name):
+        if not self.who.admin:
+            self.fail(403, "only admins can change departments")
+        try:
+            spec = change_department(self.store, self.scheduler, name, self.body(),
+                                     self.who.name, self.via(), self.client_address())
+        except Invalid as e:
+            self.fail(e.status, str(e))
+        self._reply(spec)
+
+    def delete(self, name):
+        if not self.who.admin:
+            self.fail(403, "only admins can remove departments")
+        try:
+            spec = delete_department(self.store, self.scheduler, name, self.who.name,
+                                     self.via(), self.client_address())
+        except Invalid as e:
+            self.fail(e.status, str(e))
+        self._reply(spec)
+
+    def _row(self, name: str):
+        try:
+            row = self.store.department(department_name(name))
+        except Invalid:
+            row = None
+        if row is None:
+            self.fail(404, f"there is no department {name[:100]}")
+        return row
+
+    def _reply(self, spec: DepartmentSpec):
+        row = self.store.department(spec.name)
+        if row is None:  # removed: what it was
+            self.reply({"name": spec.name, "quota": spec.quota / GPU,
+                        "over_quota_weight": spec.over_quota_weight,
+                        "limit": None if spec.limit is None else spec.limit / GPU,
+                        "projects": list(spec.projects), "in_use": 0, "borrowed": 0,
+                        "deserved": 0})
+            return
+        self.reply(department_json(row, list(spec.projects), self.scheduler.explained))
+
+
 def routes(prefix: str) -> list:
     p = prefix.rstrip("/")
-    return [(rf"{p}/api/audit", AuditHandler), (rf"{p}/api/nodes/([^/]+)", NodeHandler)]
+    return [(rf"{p}/api/audit", AuditHandler), (rf"{p}/api/nodes/([^/]+)", NodeHandler),
+            (rf"{p}/api/departments", DepartmentsHandler),
+            (rf"{p}/api/departments/([^/]+)", DepartmentHandler)]

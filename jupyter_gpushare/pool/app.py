@@ -30,12 +30,14 @@ from traitlets.config import Application
 from .. import __version__
 from ..backends.base import Backend, private_dir
 from ..backends.local import SIMULATED_LABEL, LocalBackend
-from ..policy.model import DEFAULT_MIN_RUNTIME_S, GPU, TRAIN, PolicyConfig
+from ..policy.departments import guaranteed, two_levels
+from ..policy.model import DEFAULT_MIN_RUNTIME_S, GPU, TRAIN, PolicyConfig, Project
 from ..policy.past_use import LONGEST_S, FairShareTime
 from ..policy.quotas import overbooking
 from . import dashboard, dashboard_forms, rest
-from .admin import configured_projects
+from .admin import configured_departments, configured_projects
 from .build import BuildPool
+from .departments import configured as configured_departments_spec
 from .directory import HubDirectory, HubTokens
 from .follows import Follows
 from .hub import HubAPI
@@ -79,6 +81,17 @@ class PoolService(Application):
         "job_priority_min": -100, "job_priority_max": 0}``; members give their jobs
         priorities within that range, and a job's priority orders it within its project
         only.
+        """).tag(config=True)
+
+    departments = Dict(help="""Departments over the projects (a second level of quotas, as
+        Run:ai's departments and KAI-Scheduler's parent queues): ``{"research": {"quota":
+        GPUs, "limit": GPUs or None, "over_quota_weight": 1, "projects": ["vision",
+        "nlp"]}}``. A department's quota is guaranteed to its projects together and holds
+        their quotas; its limit caps what they hold together; a project's idle quota goes to
+        its siblings before other departments. A project belongs to at most one department;
+        projects in none are scheduled as before. Created in the store the first time they
+        appear, with their projects; afterwards admins change them through ``PUT
+        api/departments/{name}`` and those changes win.
         """).tag(config=True)
 
     state_dir = Unicode(help="Directory of the service's own files: the SQLite database by "
@@ -240,6 +253,14 @@ class PoolService(Application):
                              (", 0 to turn fair share over time off." if least == 0 else "."))
         return value
 
+    @validate("departments")
+    def _check_departments(self, proposal):
+        try:
+            configured_departments_spec(proposal["value"])
+        except Invalid as e:
+            raise TraitError(str(e)) from None
+        return proposal["value"]
+
     @validate("projects")
     def _check_projects(self, proposal):
         try:
@@ -298,13 +319,32 @@ class PoolService(Application):
 
     def init_projects(self):
         capacity = sum(n.milli for n in self.backend.nodes() if n.pool == TRAIN)
-        problem = overbooking((p.quota for p in self.projects.values()), capacity)
+        departments = configured_departments_spec(self.departments).values()
+        home = {p: d.name for d in departments for p in d.projects}
+        projects = [Project(p.name, p.quota, department=home.get(p.name, ""))
+                    for p in self.projects.values()]
+        levels = [d.policy() for d in departments]
+        problem = overbooking(guaranteed(projects, levels), capacity)
         if problem:
-            self._refuse(f"{problem[:1].upper()}{problem[1:]}: lower PoolService.projects "
-                         f"quotas.")
+            self._refuse(f"{problem[:1].upper()}{problem[1:]}: lower PoolService.projects' "
+                         f"or PoolService.departments' quotas.")
         created = configured_projects(self.store, self.projects.values())
         if created:
             self.log.info("created project(s) %s from the configuration", ", ".join(created))
+        known = {p.name: p for p in self.store.projects()}
+        for d in departments:
+            missing = [p for p in d.projects if p not in known]
+            if missing:
+                self._refuse(f"PoolService.departments[{d.name!r}] names project(s) "
+                             f"{', '.join(missing)}, which do not exist: add them to "
+                             f"PoolService.projects.")
+        problem = two_levels([Project(p.name, p.quota, department=home.get(
+            p.name, p.department or "")) for p in known.values()], levels)
+        if problem:
+            self._refuse(f"PoolService.departments: {problem}.")
+        created = configured_departments(self.store, departments)
+        if created:
+            self.log.info("created department(s) %s from the configuration", ", ".join(created))
 
     def init_usage(self):
         self.follows = Follows(self.max_followers_per_user)

@@ -12,7 +12,9 @@ import time
 from dataclasses import dataclass, field, replace
 
 from ..backends.base import LOST, Backend, BackendError, Exit, Handle
-from ..policy import TRAIN, JobState, Node, PolicyConfig, Project, Snapshot, TrainJob, cycle
+from ..policy import (TRAIN, Department, JobState, Node, PolicyConfig, Project, Snapshot, TrainJob,
+                      cycle)
+from ..policy.departments import two_levels
 from ..policy.outcome import FAILED, PREEMPTED, SUCCEEDED, after_stop
 from ..policy.past_use import FairShareTime, PastUse
 from ..policy.reasons import drained_note
@@ -61,6 +63,7 @@ class Scheduler:
         self._accounted: float | None = None
         self._unsaved: dict[tuple[str, int], float] = {}
         self._saved_at = -math.inf  # monotonic
+        self._levels_problem: str | None = None  # departments the store holds do not hold
 
     def train_capacity(self) -> int:
         """Milli-GPUs of the train pool now."""
@@ -173,13 +176,26 @@ class Scheduler:
             self._apply_exits(await self.backend.poll(), now)
             nodes = self.nodes()
             rows = self.store.active()
-            projects = tuple(Project(p.name, p.quota, p.over_quota_weight, p.limit, p.priority)
+            departments = tuple(Department(d.name, d.quota, d.over_quota_weight, d.limit)
+                                for d in self.store.departments())
+            named = {d.name for d in departments}
+            projects = tuple(Project(p.name, p.quota, p.over_quota_weight, p.limit, p.priority,
+                                     p.department if p.department in named else "")
                              for p in self.store.projects())
+            problem = two_levels(projects, departments) if departments else None
+            if problem:  # the admin API refuses this; a store edited by hand may hold it
+                if problem != self._levels_problem:
+                    self.log.error("departments ignored until fixed: %s", problem)
+                self._levels_problem = problem
+                departments = ()
+                projects = tuple(replace(p, department="") for p in projects)
+            else:
+                self._levels_problem = None
             idle = self.idle_jobs()
             jobs = tuple(self._train_job(r, r.id in idle) for r in rows)
             past = self._past_use(now)
-            result = cycle(Snapshot(now, tuple(nodes), projects, jobs, past_use=past),
-                           self.config)
+            result = cycle(Snapshot(now, tuple(nodes), projects, jobs, past_use=past,
+                                    departments=departments), self.config)
             quotas = {p.name: p.quota for p in projects}
             self._held = {p: u - quotas.get(p, 0) for p, u in result.usage.items()
                           if u > quotas.get(p, 0)}

@@ -35,12 +35,20 @@ class Metric:
 
 _GPU = ("node", "gpu", "pool")
 TRAIN_GPUS = Metric("gpushare_train_gpus", "gauge", "GPUs in the train pool")
+_PROJECT = ("project", "department")  # department: "" for a project in none
 PROJECT_IN_USE = Metric("gpushare_project_gpus_in_use", "gauge", "GPUs a project's jobs hold",
-                        ("project",))
+                        _PROJECT)
 PROJECT_QUOTA = Metric("gpushare_project_quota_gpus", "gauge", "A project's guaranteed GPUs",
-                       ("project",))
+                       _PROJECT)
 PROJECT_DESERVED = Metric("gpushare_project_deserved_gpus", "gauge",
-                          "A project's deserved share in the last cycle", ("project",))
+                          "A project's deserved share in the last cycle", _PROJECT)
+DEPARTMENT_IN_USE = Metric("gpushare_department_gpus_in_use", "gauge", "GPUs a department's "
+                           "projects hold together", ("department",))
+DEPARTMENT_QUOTA = Metric("gpushare_department_quota_gpus", "gauge", "A department's "
+                          "guaranteed GPUs, for its projects together", ("department",))
+DEPARTMENT_LIMIT = Metric("gpushare_department_limit_gpus", "gauge", "The most GPUs a "
+                          "department's projects may hold together (absent: no limit)",
+                          ("department",))
 PROJECT_RECENT_BORROWED = Metric(
     "gpushare_project_recent_borrowed_gpu_seconds", "gauge", "Fair share over time: a project's "
     "GPU-seconds beyond its quota, decayed by fair_share_half_life over fair_share_window "
@@ -74,7 +82,7 @@ USAGE_PROBLEMS = Metric("gpushare_usage_problems", "gauge", "Sentences api/pool 
                         "could not be read (MIG, lost GPUs, no NVML, stray processes)")
 
 METRICS = (TRAIN_GPUS, PROJECT_IN_USE, PROJECT_QUOTA, PROJECT_DESERVED, PROJECT_RECENT_BORROWED,
-           JOBS, GPU_UTILIZATION,
+           DEPARTMENT_IN_USE, DEPARTMENT_QUOTA, DEPARTMENT_LIMIT, JOBS, GPU_UTILIZATION,
            GPU_MEMORY_USED, GPU_MEMORY_TOTAL, GPU_ALLOCATED, GPU_LOST, GPU_OUTSIDE,
            PROJECT_SECONDS, USER_SECONDS, POOL_SECONDS, JOBS_IDLE, SLICES_CULLED, USAGE_PROBLEMS)
 
@@ -93,13 +101,27 @@ class _PoolCollector:
         in_use = PROJECT_IN_USE.family()
         quota = PROJECT_QUOTA.family()
         deserved = PROJECT_DESERVED.family()
+        held: dict[str, int] = {}
         for p in self.store.projects():
-            in_use.add_metric([p.name], ex.usage.get(p.name, 0) / GPU)
-            quota.add_metric([p.name], p.quota / GPU)
-            deserved.add_metric([p.name], ex.deserved.get(p.name, 0) / GPU)
+            labels = [p.name, p.department or ""]
+            in_use.add_metric(labels, ex.usage.get(p.name, 0) / GPU)
+            quota.add_metric(labels, p.quota / GPU)
+            deserved.add_metric(labels, ex.deserved.get(p.name, 0) / GPU)
+            if p.department:
+                held[p.department] = held.get(p.department, 0) + ex.usage.get(p.name, 0)
         yield in_use
         yield quota
         yield deserved
+        d_in_use, d_quota, d_limit = (DEPARTMENT_IN_USE.family(), DEPARTMENT_QUOTA.family(),
+                                      DEPARTMENT_LIMIT.family())
+        for d in self.store.departments():
+            d_in_use.add_metric([d.name], held.get(d.name, 0) / GPU)
+            d_quota.add_metric([d.name], d.quota / GPU)
+            if d.limit is not None:
+                d_limit.add_metric([d.name], d.limit / GPU)
+        yield d_in_use
+        yield d_quota
+        yield d_limit
         past = getattr(self.scheduler, "past", None)
         if past is not None:  # fair share over time is on and has run a cycle
             borrowed = PROJECT_RECENT_BORROWED.family()

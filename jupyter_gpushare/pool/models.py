@@ -29,6 +29,22 @@ class ProjectRow(Base):
     # orders it within its project only.
     job_priority_min: Mapped[int] = mapped_column(Integer, default=-100, server_default="-100")
     job_priority_max: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # The department the project belongs to (DepartmentRow.name), None for none.
+    department: Mapped[str | None] = mapped_column(String(100), nullable=True, default=None)
+
+
+class DepartmentRow(Base):
+    """Projects over projects (``policy/departments.py``): ``quota`` milli-GPUs guaranteed to
+    its projects together (they name it in ``ProjectRow.department``), ``limit`` on what they
+    hold together (None: none), ``over_quota_weight`` for its share of idle GPUs."""
+
+    __tablename__ = "departments"
+
+    name: Mapped[str] = mapped_column(String(100), primary_key=True)
+    quota: Mapped[int] = mapped_column(Integer, default=0)
+    over_quota_weight: Mapped[int] = mapped_column(Integer, default=1)
+    limit: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    updated: Mapped[float] = mapped_column(Float, default=0.0)
 
 
 class JobRow(Base):

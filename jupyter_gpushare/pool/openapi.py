@@ -160,6 +160,37 @@ SPEC = {
                     "groups": {"type": "array", "items": {"type": "string"}},
                     "in_use": {"type": "number"}, "borrowed": {"type": "number"},
                     "deserved": {"type": "number"}, "pending": {"type": "integer"},
+                    "department": {"type": "string", "nullable": True,
+                                   "description": "the department the project belongs to"},
+                }},
+            "Department": {
+                "type": "object",
+                "required": ["name", "quota", "over_quota_weight", "limit", "projects",
+                             "in_use", "borrowed", "deserved"],
+                "properties": {
+                    "name": {"type": "string"}, "quota": {"type": "number"},
+                    "over_quota_weight": {"type": "integer"},
+                    "limit": {"type": "number", "nullable": True},
+                    "projects": {"type": "array", "items": {"type": "string"}},
+                    "in_use": {"type": "number", "description": "GPUs its projects hold"},
+                    "borrowed": {"type": "number", "description": "GPUs its projects hold "
+                                 "beyond the department's quota"},
+                    "deserved": {"type": "number"},
+                }},
+            "DepartmentList": {"type": "object", "required": ["departments"], "properties": {
+                "departments": {"type": "array",
+                                "items": {"$ref": "#/components/schemas/Department"}}}},
+            "DepartmentUpdate": {
+                "type": "object", "additionalProperties": False,
+                "properties": {
+                    "quota": {"type": "number", "minimum": 0, "maximum": 1_000_000},
+                    "over_quota_weight": {"type": "integer", "minimum": 0, "maximum": 1000},
+                    "limit": {"type": "number", "minimum": 0, "maximum": 1_000_000,
+                              "nullable": True},
+                    "projects": {"type": "array", "maxItems": 1000,
+                                 "items": {"type": "string"},
+                                 "description": "its projects, all of them: those left out "
+                                                "leave the department"},
                 }},
             "ProjectList": {"type": "object", "required": ["projects"], "properties": {
                 "projects": {"type": "array", "items": {"$ref": "#/components/schemas/Project"}}}},
@@ -367,6 +398,9 @@ SPEC = {
                       "properties": {
                 "user": {"type": "string"}, "admin": {"type": "boolean"},
                 "projects": {"type": "array", "items": {"$ref": "#/components/schemas/Project"}},
+                "departments": {"type": "array", "description": "the departments your "
+                                "projects belong to",
+                                "items": {"$ref": "#/components/schemas/Department"}},
                 "jobs": {"type": "object", "additionalProperties": {"type": "integer"}}}},
         },
     },
@@ -441,6 +475,28 @@ SPEC = {
                     "requestBody": {"required": True, "content": {"application/json": {
                         "schema": {"$ref": "#/components/schemas/ProjectUpdate"}}}},
                     "responses": {"200": _ok("Project"), **_errors(400, 409, 413)}},
+        },
+        "/api/departments": {"get": {"summary": "Every department with its quota, projects "
+                                            "and use",
+                                     "responses": {"200": _ok("DepartmentList"), **_errors()}}},
+        "/api/departments/{name}": {
+            "get": {"summary": "One department",
+                    "parameters": [{"name": "name", "in": "path", "required": True,
+                                    "schema": {"type": "string"}}],
+                    "responses": {"200": _ok("Department"), **_errors(404)}},
+            "put": {"summary": "Change or create a department (admins): its projects' quotas "
+                               "must fit in its quota, and departments' quotas in the train "
+                               "pool. Noted in the audit trail",
+                    "parameters": [{"name": "name", "in": "path", "required": True,
+                                    "schema": {"type": "string"}}, VIA],
+                    "requestBody": {"required": True, "content": {"application/json": {
+                        "schema": {"$ref": "#/components/schemas/DepartmentUpdate"}}}},
+                    "responses": {"200": _ok("Department"), **_errors(400, 409, 413)}},
+            "delete": {"summary": "Remove a department (admins): its projects keep their "
+                                  "quotas, on one level. Noted in the audit trail",
+                       "parameters": [{"name": "name", "in": "path", "required": True,
+                                       "schema": {"type": "string"}}, VIA],
+                       "responses": {"200": _ok("Department"), **_errors(400, 404)}},
         },
         "/api/nodes/{node}": {
             "put": {"summary": "Drain a train node (admins): no new job starts there; with "

@@ -27,8 +27,8 @@ from sqlalchemy.orm import sessionmaker
 
 from ..trainjob import ACTIVE, PENDING, RUNNING
 from .book import JobBook
-from .models import (AttemptRow, AuditRow, DrainRow, EventRow, FairShareRow, JobRow, ProjectRow,
-                     SliceRow)
+from .models import (AttemptRow, AuditRow, DepartmentRow, DrainRow, EventRow, FairShareRow, JobRow,
+                     ProjectRow, SliceRow)
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 
@@ -201,6 +201,52 @@ class Store:
             row.updated = now
             s.commit()
             return row
+
+    # -- departments ----------------------------------------------------------------------
+    def departments(self) -> list[DepartmentRow]:
+        with self.session() as s:
+            return list(s.scalars(select(DepartmentRow).order_by(DepartmentRow.name)))
+
+    def department(self, name: str) -> DepartmentRow | None:
+        with self.session() as s:
+            return s.get(DepartmentRow, name)
+
+    def members(self, department: str) -> list[str]:
+        """The projects of ``department``, by name."""
+        with self.session() as s:
+            return list(s.scalars(select(ProjectRow.name).where(
+                ProjectRow.department == department).order_by(ProjectRow.name)))
+
+    def put_department(self, name: str, fields: dict, members: list[str] | None,
+                       now: float) -> DepartmentRow:
+        """Create or change department ``name``; ``members`` (when given) become its only
+        projects, in one transaction, so that no cycle sees half of the change."""
+        with self.session() as s:
+            row = s.get(DepartmentRow, name)
+            if row is None:
+                row = DepartmentRow(name=name, quota=0, over_quota_weight=1, limit=None)
+                s.add(row)
+            for key, value in fields.items():
+                setattr(row, key, value)
+            row.updated = now
+            if members is not None:
+                for project in s.scalars(select(ProjectRow).where(
+                        (ProjectRow.department == name) | ProjectRow.name.in_(members))):
+                    project.department = name if project.name in members else None
+            s.commit()
+            return row
+
+    def delete_department(self, name: str) -> bool:
+        """Remove a department; its projects belong to none from then on."""
+        with self.session() as s:
+            row = s.get(DepartmentRow, name)
+            if row is None:
+                return False
+            for project in s.scalars(select(ProjectRow).where(ProjectRow.department == name)):
+                project.department = None
+            s.delete(row)
+            s.commit()
+            return True
 
     # -- jobs -----------------------------------------------------------------------------
     def add_job(self, now: float | None, **fields) -> JobRow:

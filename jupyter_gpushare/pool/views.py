@@ -13,7 +13,7 @@ from ..backends.ranks import world_size
 from ..policy.model import GPU
 from ..trainjob import ACTIVE, PENDING, RUNNING
 from .loop import Explanation
-from .models import JobRow, ProjectRow, SliceRow
+from .models import DepartmentRow, JobRow, ProjectRow, SliceRow
 
 
 class JobSays(NamedTuple):
@@ -79,7 +79,18 @@ def project_json(p: ProjectRow, explained: Explanation, pending: int) -> dict:
             "job_priority_min": p.job_priority_min, "job_priority_max": p.job_priority_max,
             "groups": list(p.groups or ()), "in_use": used / GPU,
             "borrowed": max(0, used - p.quota) / GPU,
-            "deserved": explained.deserved.get(p.name, 0) / GPU, "pending": pending}
+            "deserved": explained.deserved.get(p.name, 0) / GPU, "pending": pending,
+            "department": p.department or None}
+
+
+def department_json(d: DepartmentRow, members: list[str], explained: Explanation) -> dict:
+    """A department as the API shows it: what admins set, and what its projects use and
+    deserve together now."""
+    used = sum(explained.usage.get(m, 0) for m in members)
+    return {"name": d.name, "quota": d.quota / GPU, "over_quota_weight": d.over_quota_weight,
+            "limit": None if d.limit is None else d.limit / GPU, "projects": list(members),
+            "in_use": used / GPU, "borrowed": max(0, used - d.quota) / GPU,
+            "deserved": sum(explained.deserved.get(m, 0) for m in members) / GPU}
 
 
 def slice_json(row: SliceRow, uuid: str | None, usage: dict | None, cull: dict | None) -> dict:
