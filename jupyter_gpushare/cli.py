@@ -64,6 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="CSV project,quota (GPUs), or 'proportional' to derive quotas from each "
                      "project's share of the trace's GPU-hours; projects left out have quota 0 "
                      "(with --from-pool: the changed quotas; projects left out keep theirs)")
+    sim.add_argument("--departments", metavar="FILE",
+                     help="CSV department,quota,limit,projects (GPUs; an empty limit is none; "
+                     "projects space-separated), optionally over_quota_weight: a second level "
+                     "of quotas over the projects, for --policy guaranteed. Its quotas are "
+                     "never scaled: where --scale-quotas or proportional quotas give a "
+                     "department's projects more than its quota, the quota (and a lower "
+                     "limit) is raised to what they add up to, and the run says so on stderr")
     sim.add_argument("--capacity", type=_capacity, metavar="GPUS", help="GPUs in the train pool (default: the "
                      "sum of the quotas file); with --from-pool the changed capacity: +K "
                      "(K more GPUs), -K, or N GPUs in all")
@@ -127,6 +134,9 @@ def main(argv=None) -> int:
 
 def cmd_simulate(args) -> int:
     if args.from_pool:
+        if args.departments:
+            raise UsageError("--departments is for a trace (--trace FILE); --from-pool replays "
+                             "the pool's own projects")
         from .cli_whatif import cmd_from_pool
         return cmd_from_pool(args)
     for name in ("since", "until"):
@@ -143,7 +153,8 @@ def cmd_simulate(args) -> int:
     from .policy.past_use import FairShareTime
     from .sim.engine import SimConfig, Simulator
     from .sim.metrics import summarize
-    from .sim.trace import TraceError, apportion, proportional_quotas, read_quotas, read_trace
+    from .sim.trace import (TraceError, apportion, departments_problem, hold_projects,
+                            proportional_quotas, read_departments, read_quotas, read_trace)
 
     try:
         jobs = read_trace(args.trace)
@@ -153,6 +164,7 @@ def cmd_simulate(args) -> int:
             quotas = read_quotas(args.quotas)
         else:
             quotas = {}
+        departments = read_departments(args.departments) if args.departments else {}
     except TraceError as e:
         raise UsageError(str(e)) from None
     capacity = args.capacity
@@ -163,12 +175,24 @@ def cmd_simulate(args) -> int:
         if total % GPU:
             raise UsageError("the quotas add up to a fraction of a GPU; give --capacity GPUS")
         capacity = total // GPU
+    derived = quotas is None or (args.scale_quotas and sum(quotas.values()) > 0)
     if quotas is None:
         quotas = proportional_quotas(jobs, capacity)
     elif args.scale_quotas and sum(quotas.values()) > 0:
         quotas = apportion({p: q for p, q in quotas.items()}, capacity)
     elif problem := overbooking(quotas.values(), capacity * GPU):
         raise UsageError(f"{problem}: lower them, raise --capacity or pass --scale-quotas")
+    if departments:
+        if args.policy != "guaranteed":
+            raise UsageError("--departments divides quotas on two levels: it is for --policy "
+                             "guaranteed")
+        raised = []
+        if derived:  # the projects' quotas moved; each department still holds its own
+            departments, raised = hold_projects(departments, quotas)
+        if problem := departments_problem(departments, quotas, capacity * GPU):
+            raise UsageError(f"{args.departments}: {problem}")
+        for sentence in raised:  # on stderr: --json keeps stdout one JSON object
+            print(sentence, file=sys.stderr)
     for job in jobs:
         if job.kind == "train" and job.gpus > capacity * GPU:
             raise UsageError(f"{args.trace}, line {job.line}: job {job.id} asks for "
@@ -191,11 +215,13 @@ def cmd_simulate(args) -> int:
                                    reserve_after_s=args.reserve_after))
     events = _open_out(args.events)
     try:
-        run = Simulator(jobs, quotas, config, events=events, timeline=bool(args.plot)).run()
+        run = Simulator(jobs, quotas, config, events=events, timeline=bool(args.plot),
+                        departments=departments).run()
     finally:
         if events is not None:
             events.close()
     summary = summarize(run)
+    summary["departments_file"] = args.departments
     if args.plot:
         from .sim.plot import plot_run
         try:
@@ -251,4 +277,13 @@ def format_summary(s: dict) -> str:
     for name, p in s["per_project"].items():
         lines.append(f"  {name:<12}{p['quota_gpus']:>7g}{p['jobs']:>7}{p['completed']:>7}"
                      f"{p['gpu_hours']:>10.1f}{hours(p['avg_queue_s']):>12}{p['preemptions']:>11}")
+    if s.get("departments"):
+        lines += ["", f"  departments of {s['departments_file']}",
+                  f"  {'department':<12}{'quota':>7}{'limit':>7}{'jobs':>7}{'GPU-h':>10}"
+                  f"{'avg GPUs':>10}{'avg queue':>12}{'preempted':>11}"]
+        for name, d in s["departments"].items():
+            limit = "-" if d["limit_gpus"] is None else f"{d['limit_gpus']:g}"
+            lines.append(f"  {name:<12}{d['quota_gpus']:>7g}{limit:>7}{d['jobs']:>7}"
+                         f"{d['gpu_hours']:>10.1f}{d['avg_allocated_gpus']:>10.1f}"
+                         f"{hours(d['avg_queue_s']):>12}{d['preemptions']:>11}")
     return "\n".join(lines)

@@ -118,3 +118,89 @@ def test_console_script_exit_status_and_no_traceback(tmp_path):
     assert proc.returncode == 2
     assert "the header lacks column(s) duration" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+DEPARTMENTS = "department,quota,limit,projects\n"
+
+
+def test_departments_file_runs_and_is_named_in_the_summary(capsys, example, tmp_path):
+    trace, quotas = example
+    departments = tmp_path / "d.csv"
+    departments.write_text(DEPARTMENTS + "ml,24,,vision nlp\naudio,8,16,speech\n")
+    code, out, _ = run(capsys, "simulate", "--trace", str(trace), "--quotas", str(quotas),
+                       "--departments", str(departments), "--json")
+    summary = json.loads(out)
+    assert code == 0 and summary["departments_file"] == str(departments)
+    assert summary["within_quota_preemptions"] == 0
+    assert summary["departments"]["audio"]["limit_gpus"] == 16
+    assert summary["departments"]["ml"]["projects"] == ["vision", "nlp"]
+    assert summary["departments"]["ml"]["jobs"] == 300  # vision's 60 and nlp's 240
+    code, out, err = run(capsys, "simulate", "--trace", str(trace), "--quotas", str(quotas),
+                         "--departments", str(departments))
+    assert code == 0 and f"departments of {departments}" in out and err == ""
+
+
+def test_scaled_quotas_raise_a_department_that_no_longer_holds_its_projects(capsys, example,
+                                                                            tmp_path):
+    # At 16 GPUs the quotas scale to vision 8, nlp 4, speech 4: ml's 10 cannot hold 12.
+    trace, quotas = example
+    departments = tmp_path / "d.csv"
+    departments.write_text(DEPARTMENTS + "ml,10,11,vision nlp\naudio,4,,speech\n")
+    code, out, err = run(capsys, "simulate", "--trace", str(trace), "--quotas", str(quotas),
+                         "--capacity", "16", "--scale-quotas", "--departments",
+                         str(departments), "--json")
+    assert code == 0 and json.loads(out)["departments"]["ml"]["quota_gpus"] == 12
+    assert err == ("raised department ml's quota from 10 GPUs to 12 GPUs (and its limit from "
+                   "11 GPUs), what its projects' quotas add up to once apportioned to the "
+                   "capacity\n")
+
+
+@pytest.mark.parametrize("body, words", [
+    ("ml,lots,,vision\n", "d.csv, line 2: quota must be a number, not 'lots'"),
+    ("ml,-1,,vision\n", "d.csv, line 2: quota must be 0 or more GPUs, not -1"),
+    ("ml,8,4,vision\n", "d.csv, line 2: limit (4 GPUs) is below the quota (8 GPUs)"),
+    ("ml,8,,vision nlp\naudio,8,,nlp\n",
+     "d.csv, line 3: project 'nlp' is named in department 'ml' too; a project belongs to "
+     "one department"),
+    ("ml,8,,vision\nml,8,,nlp\n", "d.csv, line 3: department 'ml' appears twice"),
+    ("ml,8,,vision,extra\n", "d.csv, line 2: does not have the header's 4 fields"),
+    ("".join(f"d{i},0,,\n" for i in range(1001)), "d.csv, line 1002: has more than 1000 "
+                                                     "departments"),
+    ("ml,8,,vision " + "n" * 200_000 + "\n", "d.csv, line 2: cannot be read as CSV (field "
+                                               "larger than field limit"),
+    ("", "d.csv: has no departments"),
+    ("ml,10,,vision nlp\naudio,8,,speech\n",
+     "d.csv: the quotas of department ml's projects add up to 24 GPUs, more than its quota "
+     "of 10 GPUs; raise the department's quota or lower its projects'"),
+    ("ml,24,,vision nlp\naudio,9,,speech\n",
+     "d.csv: the quotas add up to 33 GPUs but the train pool has 32"),
+], ids=["bad-number", "negative-quota", "limit-below-quota", "project-in-two",
+        "duplicate-department", "extra-field", "too-many-rows", "too-long-field",
+        "header-only", "projects-beyond-department", "departments-beyond-pool"])
+def test_bad_departments_file_gets_one_sentence_and_exit_2(capsys, example, tmp_path, body,
+                                                           words):
+    departments = tmp_path / "d.csv"
+    departments.write_text(DEPARTMENTS + body)
+    code, out, err = run(capsys, "simulate", "--trace", str(example[0]), "--quotas",
+                         str(example[1]), "--departments", str(departments))
+    assert code == 2 and out == "" and words in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_departments_refused_where_they_mean_nothing(capsys, example, tmp_path):
+    trace, quotas = example
+    departments = tmp_path / "d.csv"
+    departments.write_text(DEPARTMENTS + "ml,24,,vision nlp\n")
+    for extra, words in [
+        (["--policy", "fifo"], "--departments divides quotas on two levels: it is for "
+                               "--policy guaranteed"),
+        (["--from-pool"], "--departments is for a trace (--trace FILE)"),
+    ]:
+        code, _, err = run(capsys, "simulate", "--trace", str(trace), "--quotas", str(quotas),
+                           "--departments", str(departments), *extra)
+        assert code == 2 and words in err and err.count("\n") == 1
+    departments.write_text("department,quota,projects\nml,24,vision\n")
+    code, _, err = run(capsys, "simulate", "--trace", str(trace), "--quotas", str(quotas),
+                       "--departments", str(departments))
+    assert code == 2 and "d.csv, line 1: the header lacks column(s) limit; it needs " \
+        "department,quota,limit,projects" in err

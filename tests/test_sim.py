@@ -2,14 +2,16 @@
 
 import io
 import json
+from pathlib import Path
 
 import pytest
 
-from jupyter_gpushare.policy import Snapshot
+from jupyter_gpushare.policy import Department, Snapshot
 from jupyter_gpushare.policy.model import DEFAULT_MIN_RUNTIME_S, GPU, PolicyConfig
 from jupyter_gpushare.sim.engine import SimConfig, Simulator, make_nodes
 from jupyter_gpushare.sim.metrics import percentile, summarize
-from jupyter_gpushare.sim.trace import TraceJob, apportion, read_quotas, read_trace
+from jupyter_gpushare.sim.trace import (TraceJob, apportion, departments_problem, hold_projects,
+                                        read_departments, read_quotas, read_trace)
 
 
 def tj(job_id, t, duration, gpus, project):
@@ -188,3 +190,50 @@ def test_a_victim_whose_work_ends_within_its_grace_finishes_and_is_never_rerun(c
         assert starts == [("a", 1), ("b", 1), ("a", 2)]
         assert summary["finished_while_preempted"] == 0
         assert summary["lost_gpu_hours"] == pytest.approx(2 * 80 / 3600, abs=0.01)
+
+
+def test_a_projects_idle_quota_goes_to_its_sibling_before_another_department():
+    # a (quota 4) is idle; b (quota 0, a's sibling) and c (quota 4, in another department)
+    # each want 8 GPUs at once. On one level a's 4 idle GPUs are shared by weight, b 2 and c
+    # 2; with departments they are d1's, so b has them all. x, named only in d2, has quota 0.
+    jobs = [tj(f"c{i}", 0, 1000, 1, "c") for i in range(8)]
+    jobs += [tj(f"b{i}", 0, 1000, 1, "b") for i in range(8)]
+    two = {Department("d1", 4 * GPU): ("a", "b"), Department("d2", 4 * GPU): ("c", "x")}
+    held = []
+    for departments in (None, two):
+        events = io.StringIO()
+        run = Simulator(jobs, {"a": 4 * GPU, "c": 4 * GPU}, SimConfig(8), events=events,
+                        departments=departments).run()
+        first = {}
+        for e in map(json.loads, events.getvalue().splitlines()):
+            if e["event"] == "start" and e["t"] == 0:
+                first[e["project"]] = first.get(e["project"], 0) + e["gpus"]
+        held.append(first)
+    assert held == [{"b": 2, "c": 6}, {"b": 4, "c": 4}]
+    assert run.quotas == {"a": 4 * GPU, "b": 0, "c": 4 * GPU, "x": 0}
+    assert {p.name: p.department for p in Simulator(jobs, {}, SimConfig(8),
+                                                    departments=two).projects} == \
+        {"a": "d1", "b": "d1", "c": "d2", "x": "d2"}
+    summary = summarize(run)
+    assert summary["within_quota_preemptions"] == 0
+    assert summary["departments"]["d1"] == {
+        "quota_gpus": 4.0, "limit_gpus": None, "over_quota_weight": 1, "projects": ["a", "b"],
+        "jobs": 8, "gpu_hours": round(8 * 1000 / 3600, 2),
+        "avg_allocated_gpus": 4.0, "avg_queue_s": 500.0, "preemptions": 0}  # 8 GPU-ks in 2 ks
+
+
+def test_departments_are_for_the_guaranteed_policy():
+    with pytest.raises(ValueError, match="departments are for the guaranteed policy"):
+        Simulator([tj("a", 0, 10, 1, "a")], {}, SimConfig(8, policy="static"),
+                  departments={Department("d", 0): ("a",)})
+
+
+def test_philly_departments_hold_exactly_their_projects_scaled_quotas(philly):
+    # docs/howto/simulate.md: each department's quota is its projects' quotas scaled to 512.
+    quotas = apportion(read_quotas(philly[1]), 512)
+    departments = read_departments(Path(__file__).parents[1] / "benchmarks" /
+                                   "philly_departments.csv")
+    assert {p for names in departments.values() for p in names} == set(quotas)
+    assert all(d.quota == sum(quotas[p] for p in names) for d, names in departments.items())
+    assert hold_projects(departments, quotas) == (departments, [])
+    assert departments_problem(departments, quotas, 512 * GPU) is None

@@ -18,11 +18,11 @@ import json
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import IO, Callable
+from typing import IO, Callable, Iterable, Mapping
 
 from ..policy import CycleResult, Node, PolicyConfig, Snapshot, TrainJob, cycle
 from ..policy.cycle import never_fits
-from ..policy.model import GPU, JobState, Project
+from ..policy.model import GPU, Department, JobState, Project
 from ..policy.past_use import FairShareTime, PastUse
 from ..policy.queues import Queues
 from .baselines import config_for, projects_for, queue_of
@@ -94,6 +94,8 @@ class SimRun:
     """Week → project → GPU-seconds it would have held beyond its quota had all its pending
     jobs run: what it wanted to borrow (``borrowed_s`` included)."""
     weights: dict[str, int] = field(default_factory=dict)  # over-quota weight per project
+    departments: dict[Department, tuple[str, ...]] = field(default_factory=dict)
+    """Each department the run decided with and its projects; empty on one level."""
 
 
 def make_nodes(capacity_gpus: int, gpus_per_node: int) -> tuple[Node, ...]:
@@ -108,21 +110,36 @@ class Simulator:
                  events: IO[str] | None = None, timeline: bool = False,
                  nodes: tuple[Node, ...] | None = None,
                  projects: tuple[Project, ...] | None = None,
-                 on_progress: Callable[[float], None] | None = None):
+                 on_progress: Callable[[float], None] | None = None,
+                 departments: Mapping[Department, Iterable[str]] | None = None):
         """``nodes`` and ``projects`` (guaranteed policy only) replace the uniform nodes of
         ``config`` and the quota-only projects of ``quotas``: a replay of the pool's own
-        settings (``history.py``); trace projects not among them get quota 0."""
+        settings (``history.py``); trace projects not among them get quota 0.
+        ``departments`` (guaranteed policy only) maps each department to its projects'
+        names: a second level of quotas (``trace.read_departments``); a project named there
+        and nowhere else gets quota 0. Whether they fit is the caller's to check
+        (``trace.departments_problem``); a snapshot refuses what two_levels refuses."""
         self.cfg = config
         self.on_progress = on_progress  # hears the share of submits done, now and then
+        departments = {d: tuple(names) for d, names in (departments or {}).items()}
+        if departments and config.policy != "guaranteed":
+            raise ValueError(f"departments are for the guaranteed policy, not {config.policy}")
+        member_of = {name: d.name for d, names in departments.items() for name in names}
         if projects is not None:
             quotas = {p.name: p.quota for p in projects}
-        self.quotas = {p: quotas.get(p, 0) for p in sorted({j.project for j in jobs} | set(quotas))}
+        self.quotas = {p: quotas.get(p, 0)
+                       for p in sorted({j.project for j in jobs} | set(quotas) | set(member_of))}
         self.nodes = nodes if nodes is not None else \
             make_nodes(config.capacity_gpus, config.gpus_per_node)
         self.projects = projects_for(config.policy, self.quotas)
         if projects is not None and config.policy == "guaranteed":
             given = {p.name: p for p in projects}
             self.projects = tuple(given.get(p.name, p) for p in self.projects)
+        if member_of:
+            self.projects = tuple(replace(p, department=member_of.get(p.name, p.department))
+                                  for p in self.projects)
+        self.departments = departments
+        self.department_list = tuple(departments)  # as each snapshot takes them
         self.policy_config = config_for(config.policy, config.policy_config)
         self.quota_of = {p.name: p.quota for p in self.projects}
         self.project = {p.name: p for p in self.projects}
@@ -209,7 +226,7 @@ class Simulator:
                       self.within_quota, first, max(ends, default=end),
                       time.perf_counter() - wall, self.timeline or [], self.guarantee_wait_s,
                       self.borrowed_s, self.wanted_s,
-                      {p.name: p.over_quota_weight for p in self.projects})
+                      {p.name: p.over_quota_weight for p in self.projects}, self.departments)
 
     # -- events ------------------------------------------------------------------------
     def _submit(self, t: float, job_id: str) -> None:
@@ -279,7 +296,8 @@ class Simulator:
                 self.past.forget_before(t)
                 self.last_forgot = t
             past = self.past.decayed(t)
-        return Snapshot(t, self.nodes, self.projects, queues=self.active, past_use=past)
+        return Snapshot(t, self.nodes, self.projects, queues=self.active, past_use=past,
+                        departments=self.department_list)
 
     def _account(self, project: str, t: float) -> None:
         """Count what ``project`` borrowed (GPUs held beyond its quota) and wanted to borrow

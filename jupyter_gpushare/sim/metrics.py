@@ -95,6 +95,21 @@ def summarize(run: SimRun) -> dict:
             "preemptions": sum(r.preemptions for r in mine),
             "lost_gpu_hours": round(sum(r.lost_gpu_s for r in mine) / 3600, 2),
         }
+    departments = {}
+    for dept, names in run.departments.items():
+        mine = [r for r in recs if r.trace.project in names]
+        held = sum(r.allocated_gpu_s for r in mine)
+        departments[dept.name] = {
+            "quota_gpus": dept.quota / GPU,
+            "limit_gpus": None if dept.limit is None else dept.limit / GPU,
+            "over_quota_weight": dept.over_quota_weight,
+            "projects": list(names),
+            "jobs": len(mine),
+            "gpu_hours": round(held / 3600, 2),
+            "avg_allocated_gpus": round(held / span, 2) if span else 0.0,
+            "avg_queue_s": round(_mean([r.queued_s for r in mine if r.finish is not None]), 1),
+            "preemptions": sum(r.preemptions for r in mine),
+        }
     return {
         "policy": cfg.policy,
         "capacity_gpus": cfg.capacity_gpus,
@@ -134,4 +149,5 @@ def summarize(run: SimRun) -> dict:
         "grace_s": cfg.grace_s,
         "checkpoint_interval_s": cfg.checkpoint_interval_s,
         "per_project": per_project,
+        "departments": departments,
     }
