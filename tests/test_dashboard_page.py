@@ -518,3 +518,19 @@ def test_the_whatif_page_shows_the_form_the_progress_and_the_result():
     assert "Replayed, changed settings" in page and "vision (quota 8 → 12)" in page
     failed = {**running, "state": "error", "error": "the quotas add up to <20> GPUs"}
     assert "the quotas add up to &lt;20&gt; GPUs" in render_whatif({**data, "run": failed})
+
+
+def test_departments_are_shown_with_their_projects_and_each_projects_department():
+    data = sample()
+    data["projects"][0]["department"] = "research <r>"
+    data["departments"] = [{"name": "research <r>", "quota": 4, "limit": None,
+                            "over_quota_weight": 1, "in_use": 2, "deserved": 4,
+                            "projects": ["vision"]}]
+    page = render(data, nonce="n0nce")
+    check(page)
+    settings = page[page.index('<section id="settings">'):page.index('<section id="queue">')]
+    assert "research &lt;r&gt;" in settings and "<r>" not in settings
+    text = unescape(re.sub(r"<[^>]+>", " ", settings))
+    assert re.search(r"Departments\s+Department\s+Quota\s+Limit\s+Weight\s+In use now\s+"
+                     r"Deserved\s+Projects\s+research <r>\s+4\s+none\s+1\s+2\s+4\s+vision", text), text
+    assert "Departments" not in render(sample(), nonce="n0nce")  # none: no table

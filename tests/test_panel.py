@@ -148,6 +148,19 @@ def test_project_bars_say_guaranteed_in_use_and_borrowed():
     assert project_bars({"projects": [dict(quota["projects"][0])]})[0]["scale"] == 3.0
 
 
+def test_project_bars_name_the_department_and_draw_it_too():
+    quota = {"projects": [{"name": "vision", "quota": 2.0, "in_use": 3.0, "borrowed": 1.0,
+                           "pending": 0, "limit": None, "department": "research"}],
+             "departments": [{"name": "research", "quota": 4.0, "in_use": 5.0, "borrowed": 1.0,
+                              "limit": 6.0, "projects": ["nlp", "vision"], "deserved": 5.0}]}
+    vision, research = project_bars(quota, capacity=8)
+    assert vision["text"] == ("vision (research): 3 of 2 guaranteed GPUs in use, 1 borrowed "
+                              "beyond the quota")
+    assert research["name"] == "department research"
+    assert research["text"] == ("department research: 5 of 4 guaranteed GPUs in use by nlp, "
+                                "vision, 1 borrowed beyond the quota (at most 6)")
+
+
 def test_slice_view():
     quarter = BuildSlice(0.25, "GPU-a", "pinned")
     report = {"over": True, "used": 5 * 2**30, "limit": 4 * 2**30, "problem": None,

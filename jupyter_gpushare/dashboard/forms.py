@@ -234,14 +234,30 @@ def settings_table(base: str, projects: list[dict]) -> str:
               f'{p.get("over_quota_weight", 1):g}', f'{p.get("priority", 0):g}',
               f'{p.get("job_priority_min", -100)} to {p.get("job_priority_max", 0)}',
               escape(_shown("groups", p.get("groups") or [])),
+              escape(p.get("department") or "–"),
               f'<a href="{escape(base)}dashboard/project?name={escape(p["name"])}" '
               f'aria-label="Change project {escape(p["name"])}">Change…</a>']
              for p in sorted(projects, key=lambda p: p["name"])]
     return (table(["Project", "Quota", "Limit", "Weight", "Priority", "Job priorities",
-                   "Groups", ""], cells, numeric={1, 2, 3, 4}, empty="No projects yet.",
-                  cls="settings")
+                   "Groups", "Department", ""], cells, numeric={1, 2, 3, 4},
+                  empty="No projects yet.", cls="settings")
             + f'<p><a href="{escape(base)}dashboard/project" id="new-project">Create a '
               f'project…</a></p>')
+
+
+def departments_table(departments: list[dict]) -> str:
+    """The departments over the projects: quota, limit, weight, projects and what they hold
+    together now (changed through ``PUT api/departments/{name}``)."""
+    if not departments:
+        return ""
+    cells = [[f'<b>{escape(d["name"])}</b>', f'{d["quota"]:g}', _shown("limit", d.get("limit")),
+              f'{d.get("over_quota_weight", 1):g}', f'{d.get("in_use", 0):g}',
+              f'{d.get("deserved", 0):g}', escape(", ".join(d.get("projects") or []) or "–")]
+             for d in departments]
+    return ('<h3>Departments</h3>'
+            + table(["Department", "Quota", "Limit", "Weight", "In use now", "Deserved",
+                     "Projects"], cells, numeric={1, 2, 3, 4, 5}, empty="No departments.",
+                    cls="departments"))
 
 
 def cancel_link(base: str, job: dict) -> str:

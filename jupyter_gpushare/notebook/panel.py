@@ -153,15 +153,21 @@ def details_html(row: dict) -> str:
 
 
 def project_bars(quota: dict, capacity: float | None = None) -> list[dict]:
-    """One bar per project of ``GET api/quota``: guaranteed GPUs, GPUs in use, the part of
-    them borrowed beyond the quota, and the scale to draw them on (the train pool's
-    ``capacity`` when known)."""
+    """One bar per project of ``GET api/quota``, then per department of those projects:
+    guaranteed GPUs, GPUs in use, the part of them borrowed beyond the quota, and the scale
+    to draw them on (the train pool's ``capacity`` when known)."""
     bars = []
-    for p in quota.get("projects", []):
+    departments = [{**d, "name": f"department {d['name']}",
+                    "by": ", ".join(d.get("projects") or []) or "no project"}
+                   for d in quota.get("departments") or []]
+    for p in [*quota.get("projects", []), *departments]:
         guaranteed, in_use = p.get("quota", 0), p.get("in_use", 0)
         borrowed = p.get("borrowed", max(0, in_use - guaranteed))
         scale = max(capacity or 0, guaranteed, in_use, p.get("limit") or 0, 1)
-        text = f"{p['name']}: {in_use:g} of {guaranteed:g} guaranteed GPUs in use"
+        name = f"{p['name']} ({p['department']})" if p.get("department") else p["name"]
+        text = f"{name}: {in_use:g} of {guaranteed:g} guaranteed GPUs in use"
+        if p.get("by"):
+            text += f" by {p['by']}"
         if borrowed:
             text += f", {borrowed:g} borrowed beyond the quota"
         if p.get("pending"):

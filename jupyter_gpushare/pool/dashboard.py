@@ -34,6 +34,7 @@ from .api_admin import audit_listing, audit_query
 from .api_history import start_whatif, whatif_request
 from .api_usage import MAX_WINDOW, parse_time, send_csv
 from .usage_store import Scope
+from .views import department_json
 from .validate import Invalid
 
 REFRESH_S = 15
@@ -226,6 +227,9 @@ async def gather(handler: PoolHandler, window) -> dict:
             "base": handler.base,
             "window": window, "refresh_s": REFRESH_S, "pool": pool_json(handler),
             "projects": [handler.project_json(p, counts) for p in store.projects()],
+            "departments": [department_json(d, store.members(d.name),
+                                            handler.scheduler.explained)
+                            for d in store.departments()],
             "usage": usage, "idle_jobs": idle_jobs, "idle_slices": idle_slices,
             "jobs": [handler.job_json(r, False) for r in rows.values()],
             "slices": [handler.slice_json(s) for s in store.slices()],

@@ -68,13 +68,27 @@ export interface Project {
   borrowed: number;
   deserved: number;
   pending: number;
+  /** The department the project belongs to, null for none. */
+  department?: string | null;
 }
 
-/** `api/quota`: the user's projects and the user's job counts by state. */
+/** A department over projects as `api/quota` answers it (openapi.py, `Department`). */
+export interface Department {
+  name: string;
+  quota: number;
+  limit: number | null;
+  projects: string[];
+  in_use: number;
+  borrowed: number;
+  deserved: number;
+}
+
+/** `api/quota`: the user's projects, their departments and the user's job counts by state. */
 export interface Quota {
   user: string;
   admin: boolean;
   projects: Project[];
+  departments?: Department[];
   jobs: Partial<Record<JobState, number>>;
 }
 
@@ -359,8 +373,18 @@ export interface QuotaBar {
   label: string;
 }
 
-export function barScale(projects: Project[]): number {
+export function barScale(projects: Array<Project | Department>): number {
   return Math.max(1000, ...projects.map(p => Math.max(milli(p.quota), milli(p.in_use)))) / 1000;
+}
+
+/**
+ * A department's bar, drawn as a project's: what its projects hold together against the
+ * department's quota; the label names them.
+ */
+export function departmentBar(department: Department, scale: number): QuotaBar {
+  const bar = quotaBar({ ...department, pending: 0 }, scale);
+  bar.label += ` by ${department.projects.join(', ') || 'no project'}`;
+  return bar;
 }
 
 export function quotaBar(project: Project, scale: number): QuotaBar {

@@ -12,11 +12,13 @@ import {
   Job,
   Usage,
   barScale,
+  departmentBar,
   cullWarning,
   gpuAmount,
   idleText,
   jobRow,
   minuteValues,
+  QuotaBar,
   quotaBar,
   sparkline,
   usageText
@@ -208,28 +210,38 @@ export class GpusharePanel extends Widget {
 
   private _renderQuotas(): void {
     const projects = this.model.quota?.projects ?? [];
-    const scale = barScale(projects);
+    const departments = this.model.quota?.departments ?? [];
+    const scale = barScale([...projects, ...departments]);
     this._quotas.replaceChildren();
     if (this.model.quota && projects.length === 0) {
       this._quotas.append(el('p', '', 'You are in no project; ask an admin to add you to one.'));
     }
     for (const project of projects) {
-      const bar = quotaBar(project, scale);
-      const row = el('div', 'jp-GpusharePanel-quota');
-      row.dataset.project = project.name;
-      const track = el('div', 'jp-GpusharePanel-bar');
-      track.title = bar.label;
-      for (const [part, width] of [['used', bar.used], ['borrowed', bar.borrowed], ['free', bar.free]] as const) {
-        const seg = el('span', `jp-GpusharePanel-${part}`);
-        seg.style.width = `${width}%`;
-        track.append(seg);
-      }
-      const mark = el('span', 'jp-GpusharePanel-quotaMark');
-      mark.style.left = `${bar.quotaAt}%`;
-      track.append(mark);
-      row.append(el('div', 'jp-GpusharePanel-projectName', project.name), track, el('div', 'jp-GpusharePanel-label', bar.label));
-      this._quotas.append(row);
+      const name = project.department ? `${project.name} · ${project.department}` : project.name;
+      this._quotaRow(quotaBar(project, scale), name, { project: project.name });
     }
+    for (const department of departments) {
+      this._quotaRow(departmentBar(department, scale), `department ${department.name}`, {
+        department: department.name
+      });
+    }
+  }
+
+  private _quotaRow(bar: QuotaBar, name: string, data: Record<string, string>): void {
+    const row = el('div', 'jp-GpusharePanel-quota');
+    Object.assign(row.dataset, data);
+    const track = el('div', 'jp-GpusharePanel-bar');
+    track.title = bar.label;
+    for (const [part, width] of [['used', bar.used], ['borrowed', bar.borrowed], ['free', bar.free]] as const) {
+      const seg = el('span', `jp-GpusharePanel-${part}`);
+      seg.style.width = `${width}%`;
+      track.append(seg);
+    }
+    const mark = el('span', 'jp-GpusharePanel-quotaMark');
+    mark.style.left = `${bar.quotaAt}%`;
+    track.append(mark);
+    row.append(el('div', 'jp-GpusharePanel-projectName', name), track, el('div', 'jp-GpusharePanel-label', bar.label));
+    this._quotas.append(row);
   }
 
   // A side bar is narrow: each job is a group of three rows, its name across the width, its

@@ -21,6 +21,7 @@ import {
   minuteValues,
   newRequestId,
   percent,
+  departmentBar,
   quotaBar,
   retrying,
   sentence,
@@ -205,6 +206,13 @@ describe('quota bars', () => {
       assert.ok(bar.used + bar.borrowed + bar.free <= 100.05);
     }
     assert.equal(barScale([]), 1);
+  });
+
+  test("a department's bar: its projects together against its quota, named", () => {
+    const research = { name: 'research', quota: 4, limit: null, projects: ['nlp', 'vision'], in_use: 6, borrowed: 2, deserved: 6 };
+    const bar = departmentBar(research, barScale([research, project('vision', 2, 1)]));
+    assert.deepEqual([bar.used, bar.borrowed, bar.free, bar.quotaAt], [66.7, 33.3, 0, 66.7]);
+    assert.equal(bar.label, '6 of 4 guaranteed in use · 2 borrowed by nlp, vision');
   });
 
   test('a project with no quota only borrows', () => {
