@@ -156,3 +156,49 @@ def test_a_departments_quota_counts_once_against_the_pool():
     assert "add up to 18 GPUs" in overbooking(guaranteed(projects, [research(quota=12)]), milli(16))
     with pytest.raises(ValueError, match="limit .* is below its quota"):
         Department("research", milli(8), 1, milli(4))
+
+
+def test_a_departments_whole_quota_is_guaranteed_not_only_its_projects_quotas():
+    # research holds 8 but its projects' quotas only 2 each: 4 GPUs of slack, which carol
+    # (ops, quota 4) borrowed while research was idle. bob, beyond his own quota but within
+    # research's, takes them back.
+    snap = (cluster(nodes=2, gpus_per_node=8)
+            .departments(research(), Department("ops", milli(4)))
+            .projects(project("alice").quota(2).department("research"),
+                      project("bob").quota(2).department("research"),
+                      project("carol").quota(4).department("ops"))
+            .jobs(running("a0", "alice", 2, since=0, node="n0"),
+                  running("b0", "bob", 2, since=0, node="n0"),
+                  running("c0", "carol", 4, since=0, node="n1"),
+                  running("c1", "carol", 4, since=10, node="n1"),
+                  running("c2", "carol", 4, since=20, node="n0"),
+                  pending("b2", "bob", 4, submitted=100))).at(100)
+    result, _ = step(snap)  # research runs 8 with b2: within its quota; ops runs 12
+    assert [(p.job, p.kind) for p in result.preemptions] == [("c2", "guarantee")]
+    assert isinstance(reason_of(result, "b2"), R.Reclaiming)
+    flat = replace(snap, departments=(), projects=tuple(replace(p, department="")
+                                                        for p in snap.projects))
+    assert step(flat)[0].preemptions == ()  # one level: bob only borrows
+
+
+def test_a_department_within_its_quota_keeps_its_projects_borrowed_jobs():
+    # bob borrows beyond his quota within research's (8); carol (ops) claims her quota.
+    # research is within its quota, so bob's jobs stay; dave, alone and beyond his quota, gives.
+    snap = (cluster(nodes=2, gpus_per_node=8)
+            .departments(research(), Department("ops", milli(4)))
+            .projects(project("alice").quota(2).department("research"),
+                      project("bob").quota(2).department("research"),
+                      project("carol").quota(4).department("ops"), project("dave").quota(0))
+            .jobs(running("b0", "bob", 4, since=0, node="n0"),
+                  running("b1", "bob", 4, since=50, node="n0"),
+                  running("d0", "dave", 4, since=0, node="n1"),
+                  running("c0", "carol", 4, since=0, node="n1"),
+                  pending("c1", "carol", 4, submitted=100))).at(100)
+    result, _ = step(snap)
+    assert started(result) == {} and [p.job for p in result.preemptions] == []
+    # carol runs her quota already: c1 only borrows. Give her 4 more of quota, in ops' 8.
+    snap = replace(snap, projects=tuple(replace(p, quota=milli(8)) if p.name == "carol" else p
+                                        for p in snap.projects),
+                   departments=(research(), Department("ops", milli(8))))
+    result, _ = step(snap)
+    assert [p.job for p in result.preemptions] == ["d0"]  # not b1, though it is newer

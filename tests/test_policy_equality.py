@@ -14,7 +14,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 import reference_policy
@@ -85,5 +85,7 @@ def test_a_reclaim_burst_is_decided_as_before(tmp_path, fair):
 @settings(max_examples=300, deadline=None)
 @given(st.one_of(snapshots(two_levels=False), full_pools(), full_pools(young=True)), configs())
 def test_any_snapshot_is_decided_as_before(snap, config):
+    note(f"snapshot: {snap}")
+    note(f"config: {config}")
     assert decisions(cycle(snap, config)) == decisions(reference_policy.cycle(snap, config))
 

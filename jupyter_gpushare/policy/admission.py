@@ -91,10 +91,14 @@ class Admission:
                           tree.department(job.project) if tree else None)
 
     def waits_for_nodes(self, job: TrainJob) -> bool:
-        """Whether nodes, not its size or its (department's) limit, are what ``job`` waits for."""
-        ledger = self.ledger
-        return self.never_fits(job) is None and ledger.beyond_limit(job.project, job.gpus) is None \
-            and ledger.committed(job.project) + job.gpus <= self.c.capacity
+        """Whether nodes, not its size, its (department's) limit or its project's claim (it
+        waits behind it: ``_behind_claim``), are what ``job`` waits for."""
+        if job.project in self.claiming:
+            return False
+        ledger, p = self.ledger, self.projects[job.project]
+        limit = p.limit if p.limit is not None else self.c.capacity
+        return self.never_fits(job) is None and ledger.committed(p.name) + job.gpus <= limit \
+            and ledger.beyond_limit(p.name, job.gpus) is None
 
     # -- within quota ----------------------------------------------------------------------
     def within_quota(self, jobs: Iterable[TrainJob]) -> None:
@@ -105,11 +109,13 @@ class Admission:
                 continue
             if self.c.tree:  # within its quota, but beyond its department's limit?
                 at_limit = self.ledger.beyond_limit(job.project, job.gpus)
-                if at_limit is not None and not (
-                        self.config.preemption and self.reclaimer.within_limit(job, at_limit)):
-                    self.within_quota_waiting.append(job.id)
-                    self.waits.append((job, at_limit))
-                    continue
+                if at_limit is not None and at_limit.department:
+                    went = self._within_limit(job, at_limit)
+                    if went is None:
+                        self.within_quota_waiting.append(job.id)
+                        self.waits.append((job, at_limit))
+                    if went != "free":
+                        continue  # it waits, or claimed
             if self._start(job, frozenset(), Way.WITHIN_QUOTA):
                 continue
             self.within_quota_waiting.append(job.id)
@@ -117,6 +123,25 @@ class Admission:
                 self.claiming.setdefault(job.project, job)
                 continue
             self.waits.append((job, self.explainer.why_no_room(job, frozenset())))
+
+    def _within_limit(self, job: TrainJob, at_limit: R.AtLimit) -> str | None:
+        """A job within quota whose department would pass its limit: its siblings' borrowed
+        jobs give back what the limit needs. Where the job fits on free GPUs, any of them
+        do ("free": it starts there); elsewhere only a claim that also makes it room
+        ("claimed", here). None, and nothing preempted, when they cannot: no job is
+        preempted for a claimant that could not run once they are gone."""
+        if not self.config.preemption:
+            return None
+        if self.c.free.fit(job.gpus, frozenset()) is not None:
+            return "free" if self.reclaimer.within_limit(job, at_limit) else None
+        reason = self.reclaimer.claim(job, Reclaim.GUARANTEE, frozenset(), at_limit)
+        if reason is None:
+            return None
+        self.done.add(job.id)
+        self.within_quota_waiting.append(job.id)
+        self.claiming.setdefault(job.project, job)
+        self.waits.append((job, reason))
+        return "claimed"
 
     # -- borrowers -------------------------------------------------------------------------
     def borrowers(self, turn: Borrowers) -> None:

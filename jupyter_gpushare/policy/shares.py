@@ -46,8 +46,8 @@ def deserved_shares(projects: Iterable[Project], demand: Mapping[str, int],
     top = _one_level(units + [p for p in projects if not p.department], unit_demand, capacity,
                      unit_past if past else None)
     share = {name: amount for name, amount in top.items() if not name.startswith("\0")}
-    for d in departments:
-        share.update(_one_level(members[d.name], demand, top["\0" + d.name], past))
+    for d in departments:  # (what a department holds is its projects' even at weight 0)
+        share.update(_one_level(members[d.name], demand, top["\0" + d.name], past, True))
     return share
 
 
@@ -57,7 +57,9 @@ def _target(p: Project, demand: Mapping[str, int]) -> int:
 
 
 def _one_level(projects: Iterable[Project], demand: Mapping[str, int], capacity: int,
-               past: Mapping[str, float] | None) -> dict[str, int]:
+               past: Mapping[str, float] | None, all_share: bool = False) -> dict[str, int]:
+    """Water-filling on one level; ``all_share``: when no hungry project of a tier has a
+    weight, they share what is left evenly (a department's share is its projects')."""
     projects = sorted(projects, key=lambda p: (-p.priority, p.name))
     target = {}
     share = {}
@@ -68,8 +70,12 @@ def _one_level(projects: Iterable[Project], demand: Mapping[str, int], capacity:
     for _, tier in groupby(projects, key=lambda p: p.priority):
         if left <= 0:
             break
+        tier = list(tier)
         hungry = [p for p in tier if p.over_quota_weight > 0 and target[p.name] > share[p.name]]
         weights = {p.name: p.over_quota_weight for p in hungry}
+        if all_share and not hungry:
+            hungry = [p for p in tier if target[p.name] > share[p.name]]
+            weights = dict.fromkeys((p.name for p in hungry), 1)
         if past:  # integer weights still: a factor in thousandths
             factors = weight_factors(weights, past)
             weights = {n: max(1, round(w * factors[n] * 1000)) for n, w in weights.items()}

@@ -560,10 +560,12 @@ class _Admission:
         return never_fits(job, self.projects[job.project], self.c.capacity, self.node_sizes)
 
     def _waits_for_nodes(self, job: TrainJob) -> bool:
-        """Whether nodes, not its size or its project's limit, are what ``job`` waits for."""
+        """Whether nodes, not its size, its project's limit or its project's claim, are what
+        ``job`` waits for."""
         p = self.projects[job.project]
         limit = p.limit if p.limit is not None else self.c.capacity
-        return self._never_fits(job) is None and self._committed(p.name) + job.gpus <= limit
+        return self._never_fits(job) is None and self._committed(p.name) + job.gpus <= limit \
+            and p.name not in self.claiming
 
     def _drain_nodes(self, gpus: int) -> tuple[str, ...]:
         """The freest nodes that can hold the gang once drained (as many as its placement
