@@ -10,7 +10,10 @@ kept at that size while jobs finish and arrive between cycles. For every cycle i
 and checks that ours and the baseline decide the same. Ratios are from the same run.
 
     .venv/bin/python benchmarks/cycle_scale.py [--cycles 60] [--nodes 1000] [--projects 500]
-        [--backlog 20000] [--preset kai]
+        [--backlog 20000] [--preset kai] [--departments N]
+
+``--departments N`` puts the projects in N departments (round-robin), each with its projects'
+quotas and an even part of the 10 % of the pool no project's quota holds: two levels.
 
 ``--preset kai`` is the size KAI-Scheduler reports on (2.35 s a cycle at 4,000 nodes and
 140,000 pods, in Go): 4,000 nodes x 8 GPUs, 2,000 projects, 100,000 pending jobs, 20 cycles.
@@ -25,18 +28,23 @@ from jupyter_gpushare.policy import GPU, JobState, Node, PolicyConfig, Project, 
 from jupyter_gpushare.policy.model import TrainJob
 from jupyter_gpushare.policy.queues import Queues
 from jupyter_gpushare.sim.metrics import percentile
-from jupyter_gpushare.sim.trace import apportion
+from jupyter_gpushare.sim.trace import apportion, departments_over
 
 PRESETS = {"kai": {"nodes": 4000, "projects": 2000, "backlog": 100000, "cycles": 20}}
 SIZES = [1] * 12 + [2] * 3 + [4] * 2 + [8] * 2 + [16]
 
 
-def build(rng, n_nodes, n_projects, backlog):
+def build(rng, n_nodes, n_projects, backlog, n_departments=0):
     nodes = tuple(Node(f"node-{i:04d}", 8) for i in range(n_nodes))
     names = [f"p{i:03d}" for i in range(n_projects)]
     quotas = apportion({p: rng.uniform(1, 10) for p in names}, int(n_nodes * 8 * 0.9))
+    departments = departments_over(quotas, n_departments,
+                                   n_nodes * 8 * GPU - sum(quotas.values())) \
+        if n_departments else {}
+    home = {p: d.name for d, group in departments.items() for p in group}
     projects = tuple(Project(p, quota=quotas[p], over_quota_weight=rng.choice([1, 1, 2, 3]),
-                             priority=1 if i % 50 == 0 else 0) for i, p in enumerate(names))
+                             priority=1 if i % 50 == 0 else 0, department=home.get(p, ""))
+                     for i, p in enumerate(names))
     queues = Queues()
     serial = 0
     for node in nodes:  # fill every node
@@ -51,7 +59,7 @@ def build(rng, n_nodes, n_projects, backlog):
     for _ in range(backlog):
         serial += 1
         queues.put(new_job(rng, names, serial, 0.0))
-    return nodes, projects, names, queues, serial
+    return nodes, projects, names, queues, serial, tuple(departments)
 
 
 def new_job(rng, names, serial, now):
@@ -65,6 +73,8 @@ def main():
     ap.add_argument("--nodes", type=int, default=1000)
     ap.add_argument("--projects", type=int, default=500)
     ap.add_argument("--backlog", type=int, default=20000)
+    ap.add_argument("--departments", type=int, default=0,
+                    help="put the projects in this many departments (0: one level)")
     ap.add_argument("--preset", choices=sorted(PRESETS),
                     help="a named size; options given as well override it")
     preset = ap.parse_known_args()[0].preset
@@ -73,20 +83,21 @@ def main():
     args = ap.parse_args()
     rng = random.Random(1)
     wall = time.perf_counter()
-    nodes, projects, names, queues, serial = build(rng, args.nodes, args.projects, args.backlog)
+    nodes, projects, names, queues, serial, departments = build(
+        rng, args.nodes, args.projects, args.backlog, args.departments)
     config = PolicyConfig(min_runtime_s=60)
     ours, base, explain, starts, preempts = [], [], [], 0, 0
     now = 0.0
     for _ in range(args.cycles):
         now += 10
-        snap = Snapshot(now, nodes, projects, queues=queues)
+        snap = Snapshot(now, nodes, projects, queues=queues, departments=departments)
         t = time.perf_counter()
         result = cycle(snap, config)
         ours.append(time.perf_counter() - t)
         t = time.perf_counter()
         waits = result.waits
         explain.append(time.perf_counter() - t)
-        plain = Snapshot(now, nodes, projects, queues.jobs())
+        plain = Snapshot(now, nodes, projects, queues.jobs(), departments=departments)
         t = time.perf_counter()
         check = cycle(plain, config)
         base.append(time.perf_counter() - t)
@@ -116,8 +127,9 @@ def main():
     def ms(values, q):
         return percentile([v * 1000 for v in values], q)
 
-    print(f"{args.nodes} nodes x 8 GPUs, {args.projects} projects, backlog {args.backlog:,}, "
-          f"{args.cycles} cycles: {starts:,} starts, {preempts:,} preemptions")
+    level = f" in {len(departments)} departments" if departments else ""
+    print(f"{args.nodes} nodes x 8 GPUs, {args.projects} projects{level}, backlog "
+          f"{args.backlog:,}, {args.cycles} cycles: {starts:,} starts, {preempts:,} preemptions")
     print(f"{'':10}{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}")
     for name, values in (("ours", ours), ("baseline", base), ("explain", explain)):
         print(f"{name:10}{ms(values, 50):>10.1f}{ms(values, 99):>10.1f}{ms(values, 100):>10.1f}")

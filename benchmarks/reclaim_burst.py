@@ -15,6 +15,11 @@ and checks that ours and the reference reach the same figures.
 
     .venv/bin/python benchmarks/reclaim_burst.py [--jobs 20000] [--projects 500] [--capacity 8000]
         [--policies guaranteed,reference,fifo] [--trace-out FILE] [--profile FILE]
+        [--departments N]
+
+``--departments N`` puts the projects in N departments (round-robin), each with its projects'
+quotas (they add up to the pool): two levels. The reference policy knows one level only, so
+it is left out then.
 """
 
 import argparse
@@ -28,7 +33,7 @@ from pathlib import Path
 from jupyter_gpushare.policy.model import DEFAULT_MIN_RUNTIME_S, PolicyConfig
 from jupyter_gpushare.sim.engine import SimConfig, Simulator
 from jupyter_gpushare.sim.metrics import summarize
-from jupyter_gpushare.sim.trace import proportional_quotas, read_trace
+from jupyter_gpushare.sim.trace import departments_over, proportional_quotas, read_trace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import reference_policy  # noqa: E402  (tests/ is not a package on the path by default)
@@ -56,14 +61,16 @@ class ReferenceSimulator(Simulator):
         return reference_policy.cycle(snap, self.policy_config)
 
 
-def simulate(jobs, capacity: int, policy: str) -> dict:
+def simulate(jobs, capacity: int, policy: str, departments: int = 0) -> dict:
     """What ``gpushare simulate --quotas proportional`` runs, with its defaults."""
     quotas = proportional_quotas(jobs, capacity)
     config = SimConfig(capacity, gpus_per_node=8,
                        policy="guaranteed" if policy == "reference" else policy,
                        policy_config=PolicyConfig(min_runtime_s=DEFAULT_MIN_RUNTIME_S))
     kind = ReferenceSimulator if policy == "reference" else Simulator
-    return summarize(kind(jobs, quotas, config).run())
+    levels = departments_over(quotas, departments) \
+        if departments and policy == "guaranteed" else None
+    return summarize(kind(jobs, quotas, config, departments=levels).run())
 
 
 def main():
@@ -74,21 +81,28 @@ def main():
     ap.add_argument("--policies", default="guaranteed,reference,fifo")
     ap.add_argument("--trace-out", help="keep the trace CSV here")
     ap.add_argument("--profile", help="write a cProfile of the guaranteed run to this file")
+    ap.add_argument("--departments", type=int, default=0,
+                    help="put the projects in this many departments (0: one level)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(args.trace_out or Path(tmp) / "burst.csv")
         write_burst(path, args.jobs, args.projects)
         jobs = read_trace(path)
-    print(f"{len(jobs):,} jobs in the first minute, {args.projects} projects, "
+    level = f" in {args.departments} departments" if args.departments else ""
+    print(f"{len(jobs):,} jobs in the first minute, {args.projects} projects{level}, "
           f"{args.capacity:,} GPUs (8 per node), quotas proportional")
     results = {}
-    for policy in args.policies.split(","):
+    policies = args.policies.split(",")
+    if args.departments:
+        policies = [p for p in policies if p != "reference"]  # it knows one level only
+    for policy in policies:
         if policy == "guaranteed" and args.profile:
             profile = cProfile.Profile()
-            results[policy] = profile.runcall(simulate, jobs, args.capacity, policy)
+            results[policy] = profile.runcall(simulate, jobs, args.capacity, policy,
+                                              args.departments)
             profile.dump_stats(args.profile)
         else:
-            results[policy] = simulate(jobs, args.capacity, policy)
+            results[policy] = simulate(jobs, args.capacity, policy, args.departments)
         r = results[policy]
         print(f"  {policy}: {r['cycles']:,} cycles, {r['preemptions']:,} preemptions, "
               f"done in {r['wall_s']:.1f} s", file=sys.stderr)

@@ -6,10 +6,17 @@ from jupyter_gpushare.gpus import NVMLInventory
 
 c = get_config()  # noqa: F821
 
-# Two projects with a guaranteed 2 GPUs each on the 8-GPU demo pool; either may borrow the rest.
+# Three projects with a guaranteed 2 GPUs each on the 8-GPU demo pool; any may borrow the rest.
 c.PoolService.projects = {
     "vision": {"quota": 2, "groups": ["vision"]},
     "nlp": {"quota": 2, "groups": ["nlp"]},
+    "speech": {"quota": 2, "groups": ["speech"]},
+}
+# Two departments over them: vision and nlp share research's 4 GPUs (an idle quota of one goes
+# to the other first), speech is alone in operations.
+c.PoolService.departments = {
+    "research": {"quota": 4, "projects": ["vision", "nlp"]},
+    "operations": {"quota": 2, "projects": ["speech"]},
 }
 c.PoolService.grace_period = 10
 c.LocalBackend.simulated_nodes = 2

@@ -38,7 +38,7 @@ from jupyter_gpushare.dashboard import HUB_TEMPLATES  # noqa: E402
 STATE = Path(os.environ.get("GPUSHARE_DEMO_STATE", HERE.parent / ".demo-state"))
 STATE.mkdir(mode=0o700, parents=True, exist_ok=True)
 os.chmod(STATE, 0o700)  # the hub's database, cookie secret, tokens and password
-DEMO_USERS = {"alice": "vision", "bob": "nlp", "admin": None}
+DEMO_USERS = {"alice": "vision", "bob": "nlp", "carol": "speech", "admin": None}
 AS_ROOT = os.geteuid() == 0
 
 
@@ -128,6 +128,7 @@ c.Authenticator.admin_users = {"admin"}
 c.JupyterHub.load_groups = {
     "vision": {"users": ["alice"]},
     "nlp": {"users": ["bob"]},
+    "speech": {"users": ["carol"]},
 }
 
 # Users may reach the pool service; the service may read users and groups (to know who is an

@@ -10,6 +10,7 @@ system's python3 into a folder of this test's own, once per run (about a minute)
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import re
@@ -21,8 +22,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from urllib.error import URLError
-from urllib.request import urlopen
+from urllib.error import HTTPError, URLError
+from urllib.request import Request, urlopen
 
 import pytest
 
@@ -226,6 +227,14 @@ def test_alice_trains_on_two_gpus_as_herself_and_her_terminal_finds_gpushare(dem
         ran = next(line for line in lines if line.startswith("ran "))
         assert ran.split()[1].startswith(str(Path(python).parent)) and "," in ran, text
         assert "succeeded" in text, text
+
+        # The GPU panel shows her project with its department, and the department's bar.
+        page.locator(".jp-GpushareStatus").first.click()
+        page.wait_for_selector(".jp-GpusharePanel-projectName:has-text('vision · research')",
+                               timeout=60_000)
+        page.wait_for_selector(".jp-GpusharePanel-projectName:has-text('department research')",
+                               timeout=60_000)
+        page.screenshot(path=str(ARTIFACTS / "panel-departments.png"))
         browser.close()
     home = demo["homes"] / "alice"
     assert home.stat().st_uid == uid  # her server ran in the test's home for her, not /home
@@ -253,6 +262,91 @@ def test_the_admin_sees_the_pool_dashboard(demo):
         assert "are warned, then stopped 2m later" in page.locator("#culls").inner_text()
         page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
         browser.close()
+
+
+def _token(demo, user: str) -> str:
+    """A token for ``user``, asked of the hub with the demo's password (as a script would)."""
+    password = demo["admin_password"] if user == "admin" else demo["password"]
+    req = Request(f"{demo['url']}/hub/api/users/{user}/tokens", method="POST",
+                  data=json.dumps({"auth": {"username": user, "password": password},
+                                   "note": "test_demo"}).encode(),
+                  headers={"Content-Type": "application/json"})
+    with urlopen(req, timeout=30) as r:
+        return json.loads(r.read())["token"]
+
+
+def _pool(demo, method: str, path: str, token: str, body=None):
+    req = Request(f"{demo['url']}/services/gpushare/{path}", method=method,
+                  data=None if body is None else json.dumps(body).encode(),
+                  headers={"Authorization": f"token {token}",
+                           "Content-Type": "application/json"})
+    try:
+        with urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def test_a_sibling_borrows_an_idle_quota_first_and_quota_shows_both_levels(demo):
+    """The demo's departments: alice's vision and bob's nlp share research (4 GPUs), carol's
+    speech is in operations. All 8 GPUs busy (vision 2, nlp 2, speech 4), bob and carol each
+    ask 2 more, alice's job ends: bob's job takes her idle quota, carol's waits, though
+    speech's weight (10 here) would give carol the GPUs on one level."""
+    tokens = {u: _token(demo, u) for u in ("alice", "bob", "carol", "admin")}
+    if AS_ROOT:  # their homes, as the spawner makes them for a server (jobs checkpoint there)
+        for user in ("alice", "bob", "carol"):
+            home = demo["homes"] / user
+            if not home.exists():
+                home.mkdir(mode=0o700)
+                entry = pwd.getpwnam(user)
+                os.chown(home, entry.pw_uid, entry.pw_gid)
+    assert _pool(demo, "PUT", "api/projects/speech", tokens["admin"],
+                 {"over_quota_weight": 10})[0] == 200
+    shown = subprocess.run([str(Path(sys.executable).with_name("gpushare")), "quota"],
+                           env={**os.environ, "JUPYTERHUB_API_TOKEN": tokens["bob"],
+                                "GPUSHARE_URL": demo["url"] + "/services/gpushare/"},
+                           capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    lines = [line.split() for line in shown.stdout.splitlines()]
+    assert lines[1][0] == "nlp" and lines[1][-1] == "research", shown.stdout
+    assert lines[2][0] == "DEPARTMENT" and lines[3][0] == "research", shown.stdout
+    sleep = "import time; time.sleep(600)"
+    jobs = []
+
+    def submit(user, gpus):
+        status, job = _pool(demo, "POST", "api/jobs", tokens[user],
+                            {"gpus": gpus, "source": sleep})
+        assert status in (200, 201), job
+        jobs.append((user, job["id"]))
+        return job["id"]
+
+    def state(user, job_id):
+        return _pool(demo, "GET", f"api/jobs/{job_id}", tokens[user])[1]
+
+    def until(check, timeout=120):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if check():
+                return
+            time.sleep(0.5)
+        raise AssertionError(f"not in {timeout} s: {[(u, state(u, j)) for u, j in jobs]}")
+
+    try:
+        first = [("alice", submit("alice", 2)), ("bob", submit("bob", 2)),
+                 ("carol", submit("carol", 2)), ("carol", submit("carol", 2))]
+        until(lambda: all(state(u, j)["state"] == "running" for u, j in first))
+        carol_more, bob_more = submit("carol", 2), submit("bob", 2)
+        until(lambda: state("bob", bob_more)["reason"] and state("carol", carol_more)["reason"])
+        assert _pool(demo, "DELETE", f"api/jobs/{first[0][1]}", tokens["alice"])[0] == 200
+        until(lambda: state("bob", bob_more)["state"] == "running")
+        waiting = state("carol", carol_more)
+        assert waiting["state"] == "pending", waiting
+        research = _pool(demo, "GET", "api/departments/research", tokens["bob"])[1]
+        assert (research["in_use"], research["projects"]) == (4, ["nlp", "vision"]), research
+    finally:
+        for user, job_id in jobs:
+            _pool(demo, "DELETE", f"api/jobs/{job_id}", tokens[user])
+        _pool(demo, "PUT", "api/projects/speech", tokens["admin"], {"over_quota_weight": 1})
 
 
 def test_the_demo_stops_soon_and_says_no_error(demo):

@@ -258,6 +258,17 @@ def departments_problem(departments: Mapping[Department, tuple[str, ...]],
     return None
 
 
+def departments_over(quotas: Mapping[str, int], count: int, spare: int = 0
+                     ) -> dict[Department, tuple[str, ...]]:
+    """``count`` departments over the projects of ``quotas`` (milli-GPUs), dealt round-robin
+    by name: each department's quota holds its projects' quotas and an even part of ``spare``
+    milli-GPUs that no project's quota holds (the benchmarks' department level)."""
+    names = sorted(quotas)
+    groups = [tuple(names[k::count]) for k in range(count)]
+    return {Department(f"dept-{k:03d}", sum(quotas[p] for p in group) + spare // count): group
+            for k, group in enumerate(groups) if group}
+
+
 def apportion(weights: dict[str, float], total_gpus: int) -> dict[str, int]:
     """Whole GPUs (as milli) in proportion to ``weights``, summing to ``total_gpus`` exactly
     (largest remainder; ties by name)."""
