@@ -9,7 +9,8 @@ from dataclasses import replace
 
 import pytest
 
-from builders import cluster, milli, pending, project, reason_of, running, started, step
+from builders import (cluster, finish, milli, pending, project, reason_of, running, started,
+                      step)
 from jupyter_gpushare.policy import Department, PolicyConfig, deserved_shares
 from jupyter_gpushare.policy import reasons as R
 from jupyter_gpushare.policy.departments import guaranteed, two_levels
@@ -158,10 +159,10 @@ def test_a_departments_quota_counts_once_against_the_pool():
         Department("research", milli(8), 1, milli(4))
 
 
-def test_a_departments_whole_quota_is_guaranteed_not_only_its_projects_quotas():
-    # research holds 8 but its projects' quotas only 2 each: 4 GPUs of slack, which carol
-    # (ops, quota 4) borrowed while research was idle. bob, beyond his own quota but within
-    # research's, takes them back.
+def test_what_a_department_holds_beyond_its_projects_quotas_is_a_first_claim_not_reclaimed():
+    # research holds 8 but its projects' quotas only 2 each: 4 GPUs no project's quota holds,
+    # which carol (ops) borrowed while research was idle. bob, beyond his own quota, waits
+    # for idle GPUs as a borrower: nothing is preempted for him (docs: known limits)...
     snap = (cluster(nodes=2, gpus_per_node=8)
             .departments(research(), Department("ops", milli(4)))
             .projects(project("alice").quota(2).department("research"),
@@ -173,32 +174,24 @@ def test_a_departments_whole_quota_is_guaranteed_not_only_its_projects_quotas():
                   running("c1", "carol", 4, since=10, node="n1"),
                   running("c2", "carol", 4, since=20, node="n0"),
                   pending("b2", "bob", 4, submitted=100))).at(100)
-    result, _ = step(snap)  # research runs 8 with b2: within its quota; ops runs 12
-    assert [(p.job, p.kind) for p in result.preemptions] == [("c2", "guarantee")]
-    assert isinstance(reason_of(result, "b2"), R.Reclaiming)
-    flat = replace(snap, departments=(), projects=tuple(replace(p, department="")
-                                                        for p in snap.projects))
-    assert step(flat)[0].preemptions == ()  # one level: bob only borrows
+    result, after = step(snap)
+    assert result.preemptions == () and isinstance(reason_of(result, "b2"), R.NoIdleGpus)
+    # ... but it is research's first: once carol's c2 ends, bob gets the GPUs before carol's
+    # next job, though carol asked first.
+    after = finish(after, "c2")
+    after = replace(after, jobs=after.jobs + (pending("c3", "carol", 4, submitted=50).build(),))
+    result, _ = step(after)
+    assert set(started(result)) == {"b2"}
 
 
-def test_a_department_within_its_quota_keeps_its_projects_borrowed_jobs():
-    # bob borrows beyond his quota within research's (8); carol (ops) claims her quota.
-    # research is within its quota, so bob's jobs stay; dave, alone and beyond his quota, gives.
-    snap = (cluster(nodes=2, gpus_per_node=8)
-            .departments(research(), Department("ops", milli(4)))
-            .projects(project("alice").quota(2).department("research"),
-                      project("bob").quota(2).department("research"),
-                      project("carol").quota(4).department("ops"), project("dave").quota(0))
-            .jobs(running("b0", "bob", 4, since=0, node="n0"),
-                  running("b1", "bob", 4, since=50, node="n0"),
-                  running("d0", "dave", 4, since=0, node="n1"),
-                  running("c0", "carol", 4, since=0, node="n1"),
-                  pending("c1", "carol", 4, submitted=100))).at(100)
+def test_at_its_limit_a_job_within_quota_claims_room_and_its_siblings_give_back():
+    # research may hold 8 together; bob borrows alice's idle quota on n0 and n1 is carol's:
+    # no free GPU. alice's job needs both its room (a victim on a node it fits on) and the
+    # limit (bob's GPUs): carol's job on n1 is no help for the limit, bob's on n0 is both.
+    snap = two_departments(running("b0", "bob", 4, since=0, node="n0"),
+                           running("b1", "bob", 4, since=5, node="n0"),
+                           running("c0", "carol", 8, since=0, node="n1"),
+                           pending("a1", "alice", 4, submitted=100), limit=8).at(100)
     result, _ = step(snap)
-    assert started(result) == {} and [p.job for p in result.preemptions] == []
-    # carol runs her quota already: c1 only borrows. Give her 4 more of quota, in ops' 8.
-    snap = replace(snap, projects=tuple(replace(p, quota=milli(8)) if p.name == "carol" else p
-                                        for p in snap.projects),
-                   departments=(research(), Department("ops", milli(8))))
-    result, _ = step(snap)
-    assert [p.job for p in result.preemptions] == ["d0"]  # not b1, though it is newer
+    assert [(p.job, p.kind) for p in result.preemptions] == [("b1", "guarantee")]
+    assert isinstance(reason_of(result, "a1"), R.Reclaiming)

@@ -264,8 +264,7 @@ def ahead(snap: Snapshot, a: TrainJob, b: TrainJob) -> bool:
 def first_guaranteed(snap: Snapshot) -> TrainJob | None:
     """The job the policy must serve first: of each project's queue, the first job that keeps
     its project within quota (and could ever run at all); of those, the earliest across
-    projects. Without one, the same for the jobs that keep their department within its
-    quota."""
+    projects."""
     usage, projects = usage_of(snap), {p.name: p for p in snap.projects}
     capacity = snap.train_capacity()
     departments = {d.name: d for d in snap.departments}
@@ -280,44 +279,7 @@ def first_guaranteed(snap: Snapshot) -> TrainJob | None:
             if usage[name] + j.gpus <= p.quota:
                 heads.append(j)
                 break
-    if not heads:  # then the jobs that keep their department within its quota
-        for name, p in projects.items():
-            d = departments.get(p.department)
-            if d is None:
-                continue
-            for j in sorted((j for j in snap.jobs if j.pending and j.project == name),
-                            key=queue_key):
-                if dept_usage(snap, usage, d.name) + j.gpus <= d.quota and \
-                        (p.limit is None or usage[name] + j.gpus <= p.limit) and \
-                        j.gpus <= capacity and (d.limit is None or j.gpus <= d.limit):
-                    heads.append(j)
-                    break
     return min(heads, key=order_key(snap), default=None)
-
-
-def claimed_the_department(snap: Snapshot, claimant: TrainJob, first: TrainJob | None) -> bool:
-    """Whether ``claimant`` claimed its department's quota beyond its project's, and
-    ``first``, now served before it, keeps its own project within quota: every project's
-    quota goes before what departments hold beyond their projects' quotas."""
-    projects, usage = projects_of(snap), usage_of(snap)
-    mine = projects[claimant.project]
-    if first is None or not mine.department or usage[mine.name] + claimant.gpus <= mine.quota:
-        return False
-    theirs = projects[first.project]
-    return usage[theirs.name] + first.gpus <= theirs.quota
-
-
-def keeps_within(snap: Snapshot, job: TrainJob) -> bool:
-    """Whether ``job`` keeps its project, or its department, within quota."""
-    p, usage = projects_of(snap)[job.project], usage_of(snap)
-    if usage[p.name] + job.gpus <= p.quota:
-        return True
-    d = next((d for d in snap.departments if d.name == p.department), None)
-    return d is not None and dept_usage(snap, usage, d.name) + job.gpus <= d.quota
-
-
-def dept_usage(snap: Snapshot, usage: dict[str, int], department: str) -> int:
-    return sum(usage.get(p.name, 0) for p in snap.projects if p.department == department)
 
 
 def best_subset_sum(amounts: list[int], cap: int) -> int:
@@ -348,15 +310,6 @@ def room_for(claimant: TrainJob, snap: Snapshot, config: PolicyConfig) -> bool:
                and snap.now - (j.start_time or 0.0) >= config.min_runtime_s]
     home = next((d for d in snap.departments if d.name == projects_of(snap)[claimant.project]
                  .department), None)
-    # What each department may give (departments.py): another one what it runs beyond its
-    # quota; the claimant's own, what it would run beyond its quota, and only for a claimant
-    # within its project's quota.
-    of = {p.name: p.department for p in snap.projects if p.department}
-    gives = {d.name: dept_usage(snap, usage, d.name) - d.quota for d in snap.departments}
-    if home is not None:
-        within = usage.get(claimant.project, 0) + claimant.gpus <= quota[claimant.project]
-        gives[home.name] = dept_usage(snap, usage, home.name) + claimant.gpus - home.quota \
-            if within else 0
     if home is not None and home.limit is not None:  # its siblings must make room under the limit
         members = {p.name for p in snap.projects if p.department == home.name}
         excess = sum(usage.get(m, 0) for m in members) + claimant.gpus - home.limit
@@ -368,14 +321,9 @@ def room_for(claimant: TrainJob, snap: Snapshot, config: PolicyConfig) -> bool:
     for chosen in combinations(free, k):
         inside = set(chosen)
         have = sum(free[n] + releasing[n] for n in chosen)
-        by_dept = dict.fromkeys(gives, 0)
         for p, cap in spare.items():
             mine = [v.gpus for v in victims if v.project == p and set(v.placement) <= inside]
-            if p in of:
-                by_dept[of[p]] += best_subset_sum(mine, cap)
-            else:
-                have += best_subset_sum(mine, cap)
-        have += sum(max(0, min(gives[d], got)) for d, got in by_dept.items())
+            have += best_subset_sum(mine, cap)
         if have >= claimant.gpus:
             return True
     return False
@@ -485,7 +433,6 @@ class Contract:
                 assert usage[victim.project] > quota.get(victim.project, 0), (
                     f"{p.job} preempted for {p.for_job} while project {victim.project} ran "
                     f"{usage[victim.project]}, within its quota {quota.get(victim.project, 0)}")
-                self.departments_floor(snap, result, usage, victim, claimant, p.kind)
             usage[victim.project] -= victim.gpus
 
     def departments_keep_their_limits(self, snap: Snapshot, result: CycleResult) -> None:
@@ -514,39 +461,6 @@ class Contract:
             assert not starting[name] or held[name] <= limit, (
                 f"department {name} runs {held[name]} once this cycle's jobs start, beyond "
                 f"its limit of {limit}")
-
-    def departments_floor(self, snap: Snapshot, result: CycleResult, usage: dict[str, int],
-                          victim: TrainJob, claimant: TrainJob, kind: str) -> None:
-        """A guarantee's victim of another department comes from one that runs beyond its
-        quota; a sibling's, from a department the claimant (within its project's quota) would
-        take beyond its quota (as it ran before the cycle) or its limit (with the jobs the
-        cycle starts)."""
-        if kind != "guarantee":
-            return
-        projects = projects_of(snap)
-        home, theirs = projects[claimant.project].department, projects[victim.project].department
-        if not theirs:
-            return
-        d = next(d for d in snap.departments if d.name == theirs)
-        held = dept_usage(snap, usage, theirs)
-        if theirs != home:
-            assert held > d.quota, (
-                f"{victim.id} of department {theirs} preempted for {claimant.id} while the "
-                f"department ran {held}, within its quota {d.quota}")
-            return
-        within = usage_of(snap)[claimant.project] + claimant.gpus <= \
-            projects[claimant.project].quota
-        jobs = {j.id: j for j in snap.jobs}
-        starting = sum(jobs[s.job].gpus for s in result.starts
-                       if projects[jobs[s.job].project].department == theirs)
-        starting += sum(jobs[w.job].gpus for w in result.waits  # claims count as starts
-                        if isinstance(w.reason, CLAIMS) and w.job != claimant.id
-                        and projects[jobs[w.job].project].department == theirs)
-        over_limit = d.limit is not None and held + starting + claimant.gpus > d.limit
-        assert (within and held + claimant.gpus > d.quota) or over_limit, (
-            f"sibling {victim.id} preempted for {claimant.id} while department {theirs} ran "
-            f"{held}, its quota {d.quota}, and {claimant.id} was "
-            f"{'within' if within else 'beyond'} its project's quota")
 
     def within_quota_jobs_get_room(self, snap: Snapshot, result: CycleResult) -> None:
         """The guarantee, for the first job that keeps its project within quota.
@@ -582,13 +496,10 @@ class Contract:
                     return
                 mine = [j for j in fork.jobs if j.pending and j.project == claimant.project
                         and ahead(fork, j, claimant)]
-                if any(keeps_within(fork, j) for j in mine):
+                if any(usage_of(fork)[claimant.project] + j.gpus <=
+                       projects_of(fork)[claimant.project].quota for j in mine):
                     # e.g. a requeued victim of higher job priority, ahead in its own queue
                     event("guarantee excused: a job ahead in its own project took the room")
-                    return
-                if claimed_the_department(fork, claimant, first):
-                    event("guarantee excused: a job within its project's quota went before "
-                          "one within its department's")
                     return
                 # Contract 4 lets a later job of the claimant's own project borrow idle GPUs
                 # the gang cannot use; that uses up the quota room it counted on (contract 3).

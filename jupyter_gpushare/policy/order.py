@@ -1,7 +1,6 @@
 """Step 3, order: which pending job the cycle considers next.
 
-First the jobs that keep their project within quota (or its department within the
-department's quota: departments.py), merged across projects by project
+First the jobs that keep their project within quota, merged across projects by project
 priority and the time each queues from (``TrainJob.waiting_since``: its submit, or its
 requeue); each project's queue is already in job priority order, so a
 job's own priority orders its project's queue only. Then the borrowers, project by project
@@ -44,56 +43,33 @@ class Order:
     # -- within quota --------------------------------------------------------------------
     def within_quota(self) -> Iterator[TrainJob]:
         """Jobs that keep their project within quota, in order; each is asked for after the
-        one before was admitted, so it sees the room that admission left. Then, with
-        departments, the jobs that keep their department within its quota: a project's own
-        quota goes before what its department holds beyond its projects' quotas, or a job
-        within its project's quota would take back, from a sibling, GPUs that sibling would
-        take again at once."""
-        yield from self._within(self._room)
-        if self.ledger.tree:
-            yield from self._within(self._department_room)
-
-    def _within(self, room) -> Iterator[TrainJob]:
+        one before was admitted, so it sees the room that admission left."""
         heap = []
         for name, queue in self.queues.items():
-            i = self._next_within(name, queue, 0, room)
+            i = self._next_within(name, queue, 0)
             if i is not None:
                 heap.append((self.global_key(queue[i]), name, i))
         heapq.heapify(heap)
-        seen = self.seen
         while heap:
             _, name, i = heapq.heappop(heap)
             queue = self.queues[name]
             job = queue[i]
-            if job.id not in seen and job.gpus <= room(name):  # the room may have shrunk
-                seen.add(job.id)
+            if job.gpus <= self._room(name):  # the room may have shrunk since it was pushed
+                self.seen.add(job.id)
                 yield job
-            nxt = self._next_within(name, queue, i + 1, room)
+            nxt = self._next_within(name, queue, i + 1)
             if nxt is not None:
                 heapq.heappush(heap, (self.global_key(queue[nxt]), name, nxt))
 
     def _room(self, project: str) -> int:
         return self.projects[project].quota - self.ledger.committed(project)
 
-    def _department_room(self, project: str) -> int:
-        """What the project may still take within its department's quota (which its siblings
-        share), but not beyond its own limit; nothing outside departments."""
-        ledger, p = self.ledger, self.projects[project]
-        d = ledger.tree.department(project)
-        if d is None:
-            return 0
-        room = d.quota - ledger.department_committed(d.name)
-        if p.limit is not None:
-            room = min(room, p.limit - ledger.committed(project))
-        return room
-
-    def _next_within(self, name: str, queue, i: int, room) -> int | None:
-        room = room(name)
+    def _next_within(self, name: str, queue, i: int) -> int | None:
+        room = self._room(name)
         if room < self.smallest.get(name, 0):
             return None  # not even the project's smallest job keeps it within quota
-        seen = self.seen
         for j in range(i, len(queue)):
-            if queue[j].gpus <= room and queue[j].id not in seen:
+            if queue[j].gpus <= room:
                 return j
         return None
 

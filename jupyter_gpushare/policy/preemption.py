@@ -24,7 +24,7 @@ from .fits import FitMemo
 from .ledger import Ledger
 from .model import PolicyConfig, Project, TrainJob, gpus_text
 from .placement import nodes_needed
-from .victims import Candidates, Floor, Home, Levels, VictimPicker, choose_victims
+from .victims import Candidates, Floor, VictimPicker, choose_victims
 
 
 class Reclaim(str, enum.Enum):
@@ -79,28 +79,19 @@ class Reclaimer:
         """Preempt the fewest victims that let ``job`` fit (or claim GPUs already being
         released) and say why it waits for them; None if this rule cannot serve it.
         ``at_limit``: the job's department would pass its limit, so its siblings' victims
-        must also bring it back within the limit."""
+        must also bring the department back within it."""
         k = nodes_needed(job.gpus, self.c.node_size)
         # A priority pool is the claimant's own (its lower-priority jobs): a failure says
         # nothing of the next claimant's; nor does one that had to meet a limit too.
         remember = rule is not Reclaim.PRIORITY and at_limit is None
-        if self.memo.fails(rule, bool(exclude), k, job.gpus) and rule is not Reclaim.PRIORITY:
+        if rule is not Reclaim.PRIORITY and self.memo.fails(rule, bool(exclude), k, job.gpus):
             return None
         pool = self._pool(rule, job)
         tree = self.c.tree
         first = tree.siblings(job.project) if tree else frozenset()
-        need = 0
-        if at_limit is not None:
-            need = at_limit.usage + job.gpus - at_limit.limit
-            home = Home(at_limit.department, max(need, self._home(job).siblings))
-        elif pool.levels is None:
-            home = None
-        elif rule is Reclaim.FAIR:  # a borrower's fair share never comes out of a department's
-            home = Home(self.c.tree.of.get(job.project), 0)  # quota, its own or another's
-        else:
-            home = self._home(job)
+        need = 0 if at_limit is None else at_limit.usage + job.gpus - at_limit.limit
         found = choose_victims(job.gpus, self.c.room, self.c.releasing, pool, exclude, first,
-                               home, need)
+                               need)
         if found is None:
             if remember:
                 self.memo.failed(rule, bool(exclude), k, job.gpus)
@@ -130,8 +121,7 @@ class Reclaimer:
         limit with ``job``; False (and nothing preempted) if they cannot."""
         excess = at.usage + job.gpus - at.limit
         pool = self._pool(Reclaim.GUARANTEE, job)
-        picker = VictimPicker(pool, only=self.c.tree.siblings(job.project),
-                              home=Home(at.department, excess))
+        picker = VictimPicker(pool, only=self.c.tree.siblings(job.project))
         victims, got = [], 0
         while got < excess:
             victim = picker.pop()
@@ -148,20 +138,6 @@ class Reclaimer:
         free = self.c.free.free
         self.moved({n for v in victims for n in v.placement if n in free})
         return True
-
-    def _home(self, job: TrainJob) -> Home:
-        """The claimant's department, and what its siblings may give it: within its project's
-        quota, what the department (as it ran before the cycle) would run beyond its own quota
-        with it; beyond its project's quota (it claims its department's quota), nothing."""
-        d = self.c.tree.department(job.project)
-        if d is None:
-            return Home(None, 0)
-        p = self.projects[job.project]
-        if self.ledger.committed(p.name) + job.gpus > p.quota:
-            return Home(d.name, 0)
-        kept = self.ledger.kept  # what ran before the cycle, as every floor is judged on
-        held = sum(kept.get(name, 0) for name in self.c.tree.members[d.name])
-        return Home(d.name, held + job.gpus - d.quota)
 
     def moved(self, names) -> None:
         """Free or releasing GPUs changed on ``names``: keep the indexes in step."""
@@ -198,11 +174,8 @@ class Reclaimer:
                 jobs.append(j)
             elif usage[j.project] > self.projects[j.project].quota:
                 self.too_young += 1
-        tree = self.c.tree
-        levels = Levels(tree.of, {n: d.quota for n, d in tree.departments.items()},
-                        self.ledger.kept) if tree else None
         return Candidates(jobs, self.ledger.kept, self.projects, self.deserved,
-                          rule.floor(self.projects, self.deserved), self.c.room, levels)
+                          rule.floor(self.projects, self.deserved), self.c.room)
 
     def _commit(self, pool: Candidates, victims: list[TrainJob]) -> None:
         """The victims are gone from the searching pool and from every pool gathered."""
@@ -223,14 +196,7 @@ class Reclaimer:
         floors = [p.quota]
         if self.config.reclaim_fair_share:
             floors.append(self.deserved.get(p.name, 0))
-        if not all(left >= floor or after <= floor for floor in floors):
-            return False
-        d = self.c.tree.department(p.name) if self.c.tree else None
-        if d is None:  # else the same for its department: a victim that keeps the department
-            return True  # within its quota goes before this borrower too
-        gone = sum(v.gpus for v in victims)
-        left = self.ledger.department_committed(d.name) - self.ledger.claimed[p.name] - gone
-        return left >= d.quota or left + self.ledger.claimed[p.name] + job.gpus <= d.quota
+        return all(left >= floor or after <= floor for floor in floors)
 
     def _hold(self, placement: Mapping[str, int]) -> dict[str, int]:
         """Hold the free GPUs of ``placement``, then claim releasing ones; return what each

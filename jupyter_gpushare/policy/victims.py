@@ -17,34 +17,6 @@ from .model import Project, TrainJob
 from .placement import FreeMap, nodes_needed
 
 
-class Levels:
-    """Departments' floors for one pool of candidates (departments.py): a department's
-    projects lose jobs to another department's claimant only while the department runs more
-    than its quota, so what its quota holds beyond its projects' quotas is guaranteed too.
-    ``used`` is what each department runs, kept up to date as victims are committed."""
-
-    __slots__ = ("of", "quota", "used")
-
-    def __init__(self, of: Mapping[str, str], quota: Mapping[str, int], usage: Mapping[str, int]):
-        self.of, self.quota = of, quota
-        self.used = dict.fromkeys(quota, 0)
-        for project, amount in usage.items():
-            d = of.get(project)
-            if d is not None:
-                self.used[d] += amount
-
-
-@dataclass(frozen=True, slots=True)
-class Home:
-    """Who claims, for the departments' floors: the claimant's ``department`` (None: none),
-    and how much its siblings may give (``siblings``): the part of the claimant's project
-    quota its department would run beyond the department's quota; 0 for a claimant beyond its
-    project's quota (it claims the department's own quota, which its siblings share)."""
-
-    department: str | None
-    siblings: int
-
-
 @dataclass(frozen=True, slots=True)
 class Floor:
     """Which jobs of a project may go, by milli-GPUs the project runs.
@@ -70,7 +42,7 @@ class Candidates:
 
     def __init__(self, jobs: list[TrainJob], usage: Mapping[str, int],
                  projects: Mapping[str, Project], deserved: Mapping[str, int], floor: Floor,
-                 room: FreeMap | None = None, levels: Levels | None = None):
+                 room: FreeMap | None = None):
         self.by_project: dict[str, list[TrainJob]] = {}
         self.on_node: dict[str, list[TrainJob]] = {}
         for job in sorted(jobs, key=lambda j: (not j.idle, -(j.start_time or 0.0), j.id)):
@@ -81,7 +53,6 @@ class Candidates:
         self.projects, self.deserved, self.floor = projects, deserved, floor
         self.best = {name: self.entry(name, self.used[name], ()) for name in self.by_project}
         self.room = room  # free and releasing GPUs per node, kept up to date by the cycle
-        self.levels = levels  # the departments' floors, None on one level
         self._movable: dict[str, int] = {}  # node → GPUs of movable jobs on it
         self._gains: FreeMap | None = None  # node → room + movable; made at the first need
 
@@ -128,8 +99,6 @@ class Candidates:
                     changed |= self._count(victim, -1)
             if victim.project in self.used:
                 self.used[victim.project] -= victim.gpus
-            if self.levels is not None and victim.project in self.levels.of:
-                self.levels.used[self.levels.of[victim.project]] -= victim.gpus
         for name in names:
             if name in was_movable and not self.movable(name):  # its jobs stay put from now on
                 for job in self.by_project.get(name, ()):
@@ -185,19 +154,17 @@ class Candidates:
 
 def choose_victims(gpus: int, room: FreeMap, releasing: Mapping[str, int], pool: Candidates,
                    exclude: frozenset[str] = frozenset(), first: frozenset[str] = frozenset(),
-                   home: Home | None = None, need: int = 0
-                   ) -> tuple[list[TrainJob], dict[str, int]] | None:
+                   need: int = 0) -> tuple[list[TrainJob], dict[str, int]] | None:
     """The minimal victim set that lets a gang of ``gpus`` fit, with its placement, or None.
 
     ``room`` is each node's free GPUs plus ``releasing``, those that preempted jobs are
     giving back; the gang does not fit on the free GPUs alone. ``pool`` holds the jobs this
     kind of reclaim may take; those of the projects in ``first`` (the claimant's siblings in
-    its department) go before others that leave their project as high; ``home`` says who
-    claims, for the departments' floors; ``need``: milli-GPUs the victims of ``first`` must
-    give whether or not the gang needs them (its department's limit). Neither is changed:
-    ``pool.commit`` the victims.
+    its department) go before others that leave their project as high; ``need``: milli-GPUs
+    the victims of ``first`` must give whether or not the gang needs them (its department's
+    limit). Neither is changed: ``pool.commit`` the victims.
     """
-    found = _greedy(gpus, room, releasing, pool, exclude, first, home, need)
+    found = _greedy(gpus, room, releasing, pool, exclude, first, need)
     if found is not None:
         return found
     # Newest first can spread its victims over nodes none of which then holds the gang (and
@@ -206,10 +173,9 @@ def choose_victims(gpus: int, room: FreeMap, releasing: Mapping[str, int], pool:
     best = None
     for nodes, jobs in _node_sets(gpus, room, pool, exclude):
         used = {j.project: pool.used[j.project] for j in jobs}
-        sub = Candidates(jobs, used, pool.projects, pool.deserved, pool.floor,
-                         levels=pool.levels)
+        sub = Candidates(jobs, used, pool.projects, pool.deserved, pool.floor)
         here = FreeMap({n: room.free[n] for n in nodes}, room.node_size)
-        found = _greedy(gpus, here, {}, sub, frozenset(), first, home, need)
+        found = _greedy(gpus, here, {}, sub, frozenset(), first, need)
         if found is not None:
             cost = (sum(v.gpus for v in found[0]), len(found[0]))
             if best is None or cost < best[0]:
@@ -239,7 +205,7 @@ def _node_sets(gpus: int, room: FreeMap, pool: Candidates, exclude
 
 
 def _greedy(gpus: int, room: FreeMap, releasing: Mapping[str, int], pool: Candidates, exclude,
-            first: frozenset[str] = frozenset(), home: Home | None = None, need: int = 0):
+            first: frozenset[str] = frozenset(), need: int = 0):
     """Take victims in contract order until the gang fits, then put back, newest choice
     first, every victim it can do without.
 
@@ -268,7 +234,7 @@ def _greedy(gpus: int, room: FreeMap, releasing: Mapping[str, int], pool: Candid
     picker = None
     given = 0  # by the projects of ``first``
     while placement is None or given < need:
-        picker = picker or VictimPicker(pool, first, home=home)
+        picker = picker or VictimPicker(pool, first)
         victim = picker.pop()
         if victim is None:
             for gone in removed:
@@ -312,25 +278,13 @@ class VictimPicker:
     """One search's walk through a pool in contract order: a heap of each project's best
     victim; taking one changes only its own project's entry, so a step costs a log. The
     projects in ``first`` go first among victims that leave their project as high;
-    ``only``, when given, are the only projects it takes from.
-
-    With departments (``pool.levels``) a project of another department loses a job only while
-    that department runs more than its quota, and a sibling of the claimant (``home``) only
-    while they may give; a victim that would take its department below that goes last, as one
-    that takes its project below its quota does. Both only shrink during a search, so an
-    entry found out of bounds is dropped, and one found to cut in is ranked again."""
+    ``only``, when given, are the only projects it takes from."""
 
     def __init__(self, pool: Candidates, first: frozenset[str] = frozenset(),
-                 only: frozenset[str] | None = None, home: Home | None = None):
-        self.pool, self.first, self.home = pool, first, home
+                 only: frozenset[str] | None = None):
+        self.pool, self.first = pool, first
         self.used: dict[str, int] = {}
         self.taken: set[str] = set()
-        levels = pool.levels
-        self.left: dict[str, int] | None = None  # what each department may still give
-        if levels is not None:
-            self.left = {d: levels.used[d] - q for d, q in levels.quota.items()}
-            if home is not None and home.department is not None:
-                self.left[home.department] = home.siblings
         self.heap = [self._ranked(e) for name, e in pool.best.items()
                      if e is not None and (only is None or name in only)]
         heapq.heapify(self.heap)
@@ -339,22 +293,13 @@ class VictimPicker:
         return (entry[0], entry[-2] not in self.first) + entry[1:] if self.first else entry
 
     def pop(self) -> TrainJob | None:
-        heap, left = self.heap, self.left
-        while heap:
-            entry = heapq.heappop(heap)
-            name, job = entry[-2], entry[-1]
-            d = self.pool.levels.of.get(name) if left is not None else None
-            if d is not None:
-                if left[d] <= 0:
-                    continue  # its department is at its quota: none of its projects gives
-                if job.gpus > left[d] and not entry[0]:  # it would cut in: last, as below
-                    heapq.heappush(heap, (True,) + entry[1:])
-                    continue
-                left[d] -= job.gpus
-            self.taken.add(job.id)
-            used = self.used[name] = self.used.get(name, self.pool.used[name]) - job.gpus
-            nxt = self.pool.entry(name, used, self.taken)
-            if nxt is not None:
-                heapq.heappush(heap, self._ranked(nxt))
-            return job
-        return None
+        if not self.heap:
+            return None
+        entry = heapq.heappop(self.heap)
+        name, job = entry[-2], entry[-1]
+        self.taken.add(job.id)
+        used = self.used[name] = self.used.get(name, self.pool.used[name]) - job.gpus
+        nxt = self.pool.entry(name, used, self.taken)
+        if nxt is not None:
+            heapq.heappush(self.heap, self._ranked(nxt))
+        return job

@@ -86,9 +86,8 @@ class PoolService(Application):
     departments = Dict(help="""Departments over the projects (a second level of quotas, as
         Run:ai's departments and KAI-Scheduler's parent queues): ``{"research": {"quota":
         GPUs, "limit": GPUs or None, "over_quota_weight": 1, "projects": ["vision",
-        "nlp"]}}``. A department's quota is guaranteed to its projects together (each
-        project's own quota first) and holds their quotas; its limit caps what they hold
-        together; a project's idle quota goes to
+        "nlp"]}}``. A department's quota holds its projects' quotas (each guaranteed) and
+        is their first claim on idle GPUs; its limit caps what they hold together; a project's idle quota goes to
         its siblings before other departments. A project belongs to at most one department;
         projects in none are scheduled as before. Created in the store the first time they
         appear, with their projects; afterwards admins change them through ``PUT
