@@ -116,7 +116,7 @@ def add_pool_commands(sub) -> None:
                        "share, by project (yours; admins: all), user, job, slice or GPU (admins). "
                        "With --step, one row per calendar day, week or month and group "
                        "(showback), each period asked of api/usage itself.")
-    p.add_argument("--by", choices=("project", "user", "job", "slice", "gpu"),
+    p.add_argument("--by", choices=("project", "department", "user", "job", "slice", "gpu"),
                    default="project", help="one row per project (default), user, job, slice "
                    "or GPU")
     p.add_argument("--since", default="7d", metavar="WHEN", help="start of the window: 7d "

@@ -63,15 +63,16 @@ def usage_line(usage) -> str:
     return ", ".join(parts)
 
 
-HEADERS = {"project": "PROJECT", "user": "USER", "job": "JOB", "slice": "SLICE", "gpu": "GPU",
-           "node": "NODE"}
+HEADERS = {"project": "PROJECT", "department": "DEPARTMENT", "user": "USER", "job": "JOB",
+           "slice": "SLICE", "gpu": "GPU", "node": "NODE"}
 
 
 def format_usage(answer: dict) -> str:
     """The ``gpushare usage`` table of an ``api/usage`` answer."""
     by = answer.get("by", "project")
-    names = {"project": ["project"], "user": ["user"], "job": ["job", "project", "user"],
-             "slice": ["slice", "user"], "gpu": ["node", "gpu"]}[by]
+    names = {"project": ["project"], "department": ["department"], "user": ["user"],
+             "job": ["job", "project", "user"], "slice": ["slice", "user"],
+             "gpu": ["node", "gpu"]}[by]
     pools = answer.get("pools") or {}
     lines = []
     for name in ("train", "build"):

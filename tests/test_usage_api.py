@@ -14,6 +14,7 @@ import pytest
 
 import debian
 from hubtest import running_hub
+from jupyter_gpushare.text import format_usage
 from jupyter_gpushare.usage.nvml_standin import write_script
 
 GiB = 2**30
@@ -143,6 +144,32 @@ def test_who_reads_which_usage_rows(hub, world, by, field, seen):
         assert names(body, field) == expected, (user, body)
 
 
+def test_usage_by_department_adds_up_its_projects(hub, world):
+    """by=department: each project's rows in the department it belongs to now; a member
+    sees only what their projects add to it, as by=project shows them."""
+    assert hub.api("PUT", "api/departments/research", "admin",
+                   {"quota": 2, "projects": ["vision"]})[0] == 200
+    try:
+        by_project = {r["project"]: r for r in usage(hub, "admin", "by=project&since=1h")[1]["rows"]}
+        status, body = usage(hub, "admin", "by=department&since=1h")
+        assert status == 200 and body["by"] == "department", body
+        rows = {r["department"]: r for r in body["rows"]}
+        assert sorted(rows) == ["(no department)", "research"]
+        assert rows["research"]["allocated_gpu_seconds"] == \
+            by_project["vision"]["allocated_gpu_seconds"]
+        assert rows["(no department)"]["allocated_gpu_seconds"] == \
+            by_project["nlp"]["allocated_gpu_seconds"]
+        assert names(usage(hub, "bob", "by=department&since=1h")[1], "department") == \
+            ["(no department)"]
+        assert names(usage(hub, "alice", "by=department&since=1h")[1], "department") == \
+            ["research"]
+        shown = format_usage(body).splitlines()
+        assert any(line.split()[:1] == ["DEPARTMENT"] for line in shown), shown
+        assert any(line.startswith("research ") for line in shown), shown
+    finally:
+        hub.api("DELETE", "api/departments/research", "admin")
+
+
 def test_gpus_are_for_admins_and_services_read_no_usage(hub, world):
     status, body = usage(hub, "admin", "by=gpu&since=1h")
     assert status == 200 and BUILD_GPU in names(body, "gpu")
@@ -153,7 +180,7 @@ def test_gpus_are_for_admins_and_services_read_no_usage(hub, world):
 
 
 @pytest.mark.parametrize("query, words", [
-    ("by=team", "by must be one of project, user, job, slice, gpu"),
+    ("by=team", "by must be one of project, department, user, job, slice, gpu"),
     ("since=yesterday", "since must be a time like 7d"),
     ("since=1h&until=2h", "since must be before until"),
     ("since=500d", "the window may be at most 400 days"),

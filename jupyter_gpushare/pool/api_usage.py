@@ -27,6 +27,8 @@ from .usage_service import job_owner, slice_owner
 from .usage_store import Scope
 from .validate import Invalid, digits
 
+NO_DEPARTMENT = "(no department)"  # no department's name can have a space or parentheses
+
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])\Z")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": DAY, "w": 7 * DAY}
 MAX_WINDOW = 400 * DAY
@@ -124,12 +126,16 @@ class UsageHandler(ServiceHandler):
         except Invalid as e:
             self.fail(e.status, str(e))
         if q["by"] == "gpu" and not self.who.admin:
-            self.fail(403, "only admins can read usage by GPU; by=project, user, job or slice "
-                           "shows yours")
+            self.fail(403, "only admins can read usage by GPU; by=project, department, user, "
+                           "job or slice shows yours")
         scope = Scope() if self.who.admin else \
             Scope(self.who.name, frozenset(p.name for p in self.my_projects()))
+        fold = None
+        if q["by"] == "department":  # each project's rows into its department's, as it is now
+            home = {p.name: p.department or NO_DEPARTMENT for p in self.store.projects()}
+            fold = lambda key: (home.get(key[0], NO_DEPARTMENT),)  # noqa: E731
         answer = await self.usage.meter.query(q["since"], q["until"], BY[q["by"]], scope,
-                                              q["step"], q["sort"], q["limit"])
+                                              q["step"], q["sort"], q["limit"], fold)
         if q["format"] == "csv":
             send_csv(self, showback.to_csv(showback.showback_rows(answer, q["by"])), "usage.csv")
             return

@@ -556,8 +556,12 @@ SPEC = {
                          "30m, epoch seconds or ISO 8601", "schema": {"type": "string"}},
                         {"name": "until", "in": "query", "description": "now (default), or as "
                          "since", "schema": {"type": "string"}},
-                        {"name": "by", "in": "query", "schema": {"type": "string", "enum": [
-                            "project", "user", "job", "slice", "gpu"], "default": "project"}},
+                        {"name": "by", "in": "query", "description": "department: the "
+                         "projects' rows added up by the department each belongs to now "
+                         "((no department) for the rest)",
+                         "schema": {"type": "string", "enum": [
+                            "project", "department", "user", "job", "slice", "gpu"],
+                            "default": "project"}},
                         {"name": "step", "in": "query", "description": "a time series too, one "
                          "point per step (1m, 1h, 1d; whole minutes)", "schema": {"type":
                                                                                 "string"}},

@@ -269,10 +269,12 @@ class UsageMeter:
         return [n for node in sorted(self._notes) for n in self._notes[node]]
 
     async def query(self, since: float, until: float, by, scope, series_step: int | None = None,
-                    sort: str = "allocated", limit: int | None = None) -> dict:
+                    sort: str = "allocated", limit: int | None = None,
+                    fold: Callable[[tuple], tuple] | None = None) -> dict:
         """``api/usage``'s answer over [since, until) (``report.py``), rows the ``scope``
         (``pool/usage_store.Scope``) admits. The database is read in a worker thread; the
-        rows not written yet are added from memory."""
+        rows not written yet are added from memory. ``fold`` maps each row's group to the one
+        it is added into (a project's to its department's) before the figures are made."""
         now = self.clock()
         horizon = int(now - self.settings.rollup_after) // HOUR * HOUR
         # Nothing is measured after now; a window that reaches past it (until tomorrow, the
@@ -297,6 +299,9 @@ class UsageMeter:
                 if series_step:
                     _add(s_sums, (start // series_step * series_step, *group), t)
         pools = {k[0]: t for k, t in pools.items()}
+        if fold is not None:
+            sums = _folded(sums, fold)
+            s_sums = _folded(s_sums, lambda key: (key[0], *fold(key[1:])))
         answer = {"since": lo, "until": hi, "step": series_step,
                   "pools": report.pool_figures(pools),
                   "rows": report.rows(sums, pools, by, sort, limit)}
@@ -333,6 +338,13 @@ class UsageMeter:
             if since <= tally.start < until:
                 out += [(tally.start, k, t) for k, t in tally.rows.items()]
         return out
+
+
+def _folded(sums: dict, fold: Callable[[tuple], tuple]) -> dict:
+    out: dict = {}
+    for key, t in sums.items():
+        _add(out, fold(key), t)
+    return out
 
 
 def _add(into: dict, key: tuple, t: Totals) -> None:

@@ -28,6 +28,8 @@ class By:
 
 BY = {
     "project": By(("project",), ("key",), ("project",), ("train",)),
+    # the projects' rows, folded into their departments as they are now (meter.query's fold)
+    "department": By(("project",), ("key",), ("department",), ("train",)),
     "user": By(("job", "slice"), ("user",), ("user",), ("train", "build")),
     "job": By(("job",), ("job", "project", "user"), ("job", "project", "user"), ("train",)),
     "slice": By(("slice",), ("key", "user"), ("slice", "user"), ("build",)),

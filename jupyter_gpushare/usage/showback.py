@@ -20,7 +20,7 @@ from ..text import percent, table
 STEPS = ("day", "week", "month")
 DATE = re.compile(r"\d{4}-\d{2}-\d{2}\Z")
 FIGURES = ("allocated", "utilized", "idle")
-NAMES = {"project": ("project",), "user": ("user",), "job": ("job", "project", "user"),
+NAMES = {"project": ("project",), "department": ("department",), "user": ("user",), "job": ("job", "project", "user"),
          "slice": ("slice", "user"), "gpu": ("node", "gpu")}
 
 
