@@ -277,29 +277,35 @@ def _gain(victim: TrainJob, room: FreeMap, exclude) -> dict[str, int]:
 class VictimPicker:
     """One search's walk through a pool in contract order: a heap of each project's best
     victim; taking one changes only its own project's entry, so a step costs a log. The
-    projects in ``first`` go first among victims that leave their project as high;
-    ``only``, when given, are the only projects it takes from."""
+    projects in ``first`` go first among victims that leave their project as high: they
+    have a heap of their own (a department's few projects), so that the pool's entries are
+    not ranked again for every claimant. ``only``, when given, are the only projects it
+    takes from."""
 
     def __init__(self, pool: Candidates, first: frozenset[str] = frozenset(),
                  only: frozenset[str] | None = None):
         self.pool, self.first = pool, first
         self.used: dict[str, int] = {}
         self.taken: set[str] = set()
-        self.heap = [self._ranked(e) for name, e in pool.best.items()
-                     if e is not None and (only is None or name in only)]
+        best = pool.best
+        self.heap = [e for name, e in best.items()
+                     if e is not None and name not in first and (only is None or name in only)]
         heapq.heapify(self.heap)
-
-    def _ranked(self, entry: tuple) -> tuple:
-        return (entry[0], entry[-2] not in self.first) + entry[1:] if self.first else entry
+        self.heap_first = [e for name in first
+                           if (e := best.get(name)) is not None and (only is None or name in only)]
+        heapq.heapify(self.heap_first)
 
     def pop(self) -> TrainJob | None:
-        if not self.heap:
+        heap, mine = self.heap, self.heap_first
+        if mine and (not heap or mine[0][0] <= heap[0][0]):  # a sibling's unless it is below
+            heap = mine  # its project's quota and another's is not
+        if not heap:
             return None
-        entry = heapq.heappop(self.heap)
+        entry = heapq.heappop(heap)
         name, job = entry[-2], entry[-1]
         self.taken.add(job.id)
         used = self.used[name] = self.used.get(name, self.pool.used[name]) - job.gpus
         nxt = self.pool.entry(name, used, self.taken)
         if nxt is not None:
-            heapq.heappush(self.heap, self._ranked(nxt))
+            heapq.heappush(heap, nxt)
         return job
