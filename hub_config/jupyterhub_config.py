@@ -240,7 +240,7 @@ def _from(variable, file):
     return variable if os.environ.get(variable) else STATE / file
 
 
-print(f"gpushare demo: log in at http://127.0.0.1:{PORT} as alice or bob with the password "
-      f"{DEMO_PASSWORD} (from {_from('GPUSHARE_DEMO_PASSWORD', 'demo-password')}), as admin "
-      f"with {ADMIN_PASSWORD} (from "
+print(f"gpushare demo: log in at http://127.0.0.1:{PORT} as alice, bob or carol with the "
+      f"password {DEMO_PASSWORD} (from {_from('GPUSHARE_DEMO_PASSWORD', 'demo-password')}), "
+      f"as admin with {ADMIN_PASSWORD} (from "
       f"{_from('GPUSHARE_DEMO_ADMIN_PASSWORD', 'demo-admin-password')})", file=sys.stderr)

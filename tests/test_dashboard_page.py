@@ -532,5 +532,6 @@ def test_departments_are_shown_with_their_projects_and_each_projects_department(
     assert "research &lt;r&gt;" in settings and "<r>" not in settings
     text = unescape(re.sub(r"<[^>]+>", " ", settings))
     assert re.search(r"Departments\s+Department\s+Quota\s+Limit\s+Weight\s+In use now\s+"
-                     r"Deserved\s+Projects\s+research <r>\s+4\s+none\s+1\s+2\s+4\s+vision", text), text
+                     r"Deserved\s+Projects\s+research <r>\s+4\s+none\s+1\s+2\s+4\s+vision",
+                     text), text
     assert "Departments" not in render(sample(), nonce="n0nce")  # none: no table

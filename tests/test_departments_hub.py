@@ -128,7 +128,8 @@ def test_departments_are_created_changed_and_removed_in_the_trail(hub):
     status, made = hub.api("PUT", "api/departments/lab", "admin",
                            {"quota": 0, "limit": 1, "projects": ["spare"]})
     assert status == 200 and made["projects"] == ["spare"], made
-    home = {p["name"]: p["department"] for p in hub.api("GET", "api/projects", "admin")[1]["projects"]}
+    listed = hub.api("GET", "api/projects", "admin")[1]["projects"]
+    home = {p["name"]: p["department"] for p in listed}
     assert home["spare"] == "lab"
     status, changed = hub.api("PUT", "api/departments/lab", "admin", {"limit": 2})
     assert status == 200 and changed["limit"] == 2 and changed["projects"] == ["spare"]

@@ -150,7 +150,8 @@ def test_usage_by_department_adds_up_its_projects(hub, world):
     assert hub.api("PUT", "api/departments/research", "admin",
                    {"quota": 2, "projects": ["vision"]})[0] == 200
     try:
-        by_project = {r["project"]: r for r in usage(hub, "admin", "by=project&since=1h")[1]["rows"]}
+        by_project = {r["project"]: r
+                      for r in usage(hub, "admin", "by=project&since=1h")[1]["rows"]}
         status, body = usage(hub, "admin", "by=department&since=1h")
         assert status == 200 and body["by"] == "department", body
         rows = {r["department"]: r for r in body["rows"]}

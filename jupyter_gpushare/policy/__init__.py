@@ -7,7 +7,7 @@ from .shares import deserved_shares
 from .slices import SliceRefused, place_slice
 
 __all__ = [
-    "BUILD", "GPU", "TRAIN", "CycleResult", "Department", "JobState", "Node", "PolicyConfig", "Preempt",
-    "Project", "Slice", "SliceRefused", "Snapshot", "Start", "TrainJob", "Wait", "cycle",
+    "BUILD", "GPU", "TRAIN", "CycleResult", "Department", "JobState", "Node", "PolicyConfig",
+    "Preempt", "Project", "Slice", "SliceRefused", "Snapshot", "Start", "TrainJob", "Wait", "cycle",
     "deserved_shares", "gpus_text", "place_slice",
 ]

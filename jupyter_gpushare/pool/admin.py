@@ -13,7 +13,7 @@ from ..policy.model import GPU, TRAIN, Project
 from ..policy.quotas import overbooking
 from ..trainjob import ACTIVE
 from . import departments as D
-from .models import DepartmentRow, DrainRow, JobRow, ProjectRow
+from .models import DrainRow, JobRow, ProjectRow
 from .projects import ProjectSpec, changes, project_name
 from .validate import Invalid
 

@@ -87,11 +87,11 @@ class PoolService(Application):
         Run:ai's departments and KAI-Scheduler's parent queues): ``{"research": {"quota":
         GPUs, "limit": GPUs or None, "over_quota_weight": 1, "projects": ["vision",
         "nlp"]}}``. A department's quota holds its projects' quotas (each guaranteed) and
-        is their first claim on idle GPUs; its limit caps what they hold together; a project's idle quota goes to
-        its siblings before other departments. A project belongs to at most one department;
-        projects in none are scheduled as before. Created in the store the first time they
-        appear, with their projects; afterwards admins change them through ``PUT
-        api/departments/{name}`` and those changes win.
+        is their first claim on idle GPUs; its limit caps what they hold together; a
+        project's idle quota goes to its siblings before other departments. A project
+        belongs to at most one department; projects in none are scheduled as before.
+        Created in the store the first time they appear, with their projects; afterwards
+        admins change them through ``PUT api/departments/{name}`` and those changes win.
         """).tag(config=True)
 
     state_dir = Unicode(help="Directory of the service's own files: the SQLite database by "

@@ -83,7 +83,7 @@ def configured(departments: dict) -> dict[str, DepartmentSpec]:
         try:
             department_name(name)
             if not isinstance(value, dict):
-                raise Invalid(f"must be a dict like {{'quota': 8, 'projects': ['vision']}}")
+                raise Invalid("must be a dict like {'quota': 8, 'projects': ['vision']}")
             spec = replace(DepartmentSpec(name), **changes(value, None)) if value else \
                 DepartmentSpec(name)
         except Invalid as e:

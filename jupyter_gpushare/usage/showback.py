@@ -20,8 +20,8 @@ from ..text import percent, table
 STEPS = ("day", "week", "month")
 DATE = re.compile(r"\d{4}-\d{2}-\d{2}\Z")
 FIGURES = ("allocated", "utilized", "idle")
-NAMES = {"project": ("project",), "department": ("department",), "user": ("user",), "job": ("job", "project", "user"),
-         "slice": ("slice", "user"), "gpu": ("node", "gpu")}
+NAMES = {"project": ("project",), "department": ("department",), "user": ("user",),
+         "job": ("job", "project", "user"), "slice": ("slice", "user"), "gpu": ("node", "gpu")}
 
 
 def parse_date(text: str, option: str) -> date:
