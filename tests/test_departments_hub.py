@@ -227,3 +227,60 @@ def test_metrics_carry_the_department_and_pass_promtool(hub):
         check = subprocess.run(["promtool", "check", "metrics"], input=text, text=True,
                                capture_output=True, timeout=60)
         assert check.returncode == 0, check.stdout + check.stderr
+
+
+def _service(tmp_path, departments=None):
+    from jupyter_gpushare.pool.app import PoolService
+
+    config = tmp_path / "gpushare_config.py"
+    config.write_text("c.PoolService.projects = {'vision': {'quota': 1}, 'nlp': {'quota': 1}}\n"
+                      f"c.PoolService.departments = {departments or {}!r}\n"
+                      "c.LocalBackend.simulated_nodes = 1\n"
+                      "c.LocalBackend.simulated_gpus_per_node = 4\n")
+    service = PoolService()
+    service.initialize([f"--PoolService.config_file={config}",
+                        f"--PoolService.state_dir={tmp_path / 'state'}"])
+    return service
+
+
+def test_departments_made_through_the_api_survive_a_restart_and_bind_the_configuration(
+        tmp_path, capsys):
+    from jupyter_gpushare.pool.admin import change_department
+
+    service = _service(tmp_path)
+    change_department(service.store, service.scheduler, "lab", {"quota": 2, "projects": ["vision"]},
+                      "admin", "api")
+    again = _service(tmp_path)  # the API's change wins, and the service starts
+    assert again.store.members("lab") == ["vision"]
+    for departments, sentence in [
+            ({"research": {"quota": 1, "projects": ["vision"]}},
+             "PoolService.departments['research'] names project vision, which belongs to "
+             "department lab (set through the API): take it out of lab first, or leave it out "
+             "here."),
+            ({"research": {"quota": 3, "projects": ["nlp"]}},
+             "The quotas add up to 5 GPUs but the train pool has 4; a guarantee that cannot be "
+             "honoured is refused: lower PoolService.projects' or PoolService.departments' "
+             "quotas, or those set through the API.")]:
+        with pytest.raises(SystemExit):
+            _service(tmp_path, departments)
+        err = capsys.readouterr().err
+        assert sentence in err and "Traceback" not in err, err
+    assert again.store.members("lab") == ["vision"] and again.store.department("research") is None
+
+
+def test_a_department_row_that_is_not_valid_leaves_the_pool_on_one_level(tmp_path):
+    """The API refuses a limit below the quota; a row edited by hand may hold one. The
+    scheduler then schedules on one level and says so once; changes refuse with what to do."""
+    import asyncio
+
+    from jupyter_gpushare.pool.admin import change_project
+    from jupyter_gpushare.pool.validate import Invalid
+
+    service = _service(tmp_path, {"research": {"quota": 2, "projects": ["vision", "nlp"]}})
+    service.store.put_department("research", {"limit": 500}, None, 0.0)  # by hand: 0.5 < 2
+    asyncio.run(service.scheduler.tick())
+    assert "limit (0.5 GPU) is below its quota" in service.scheduler._levels_problem
+    with pytest.raises(Invalid) as refused:
+        change_project(service.store, service.scheduler, "nlp", {"quota": 0}, "admin", "api")
+    assert refused.value.status == 409 and "fix it first with PUT api/departments/research" \
+        in str(refused.value)

@@ -53,10 +53,24 @@ def project_changes(store, scheduler, name: str, body) -> tuple[ProjectSpec | No
                             department=p.department or "") for p in store.projects()]
         if current is None:
             projects.append(Project(name, fields["quota"]))
-        check_levels(projects, [D.DepartmentSpec.of(d, ()).policy()
-                                for d in store.departments()],
-                     scheduler.train_capacity(), "lower another project's quota first")
+        check_levels(projects, stored_levels(store), scheduler.train_capacity(),
+                     "lower another project's quota first")
     return current, fields
+
+
+def stored_levels(store, but: str | None = None) -> list:
+    """The store's departments as the policy takes them, but ``but``; one that is not valid
+    (edited by hand) is refused (409) with what to do."""
+    out = []
+    for d in store.departments():
+        if d.name == but:
+            continue
+        try:
+            out.append(D.DepartmentSpec.of(d, ()).policy())
+        except ValueError as e:
+            raise Invalid(f"the store holds a department that is not valid ({e}); fix it first "
+                          f"with PUT api/departments/{d.name}", 409) from None
+    return out
 
 
 def check_levels(projects, departments, capacity: int, then: str) -> None:
@@ -103,7 +117,12 @@ def department_changes(store, scheduler, name: str, body
     row = store.department(name)
     current = None if row is None else D.DepartmentSpec.of(row, store.members(name))
     fields = D.changes(body, current)
+    if current is None and len(store.departments()) >= D.MAX_DEPARTMENTS:
+        raise Invalid(f"the pool has {D.MAX_DEPARTMENTS} departments, the most it takes; "
+                      f"remove one first", 409)
     after = replace(current or D.DepartmentSpec(name), **fields)
+    if current is not None and not {"quota", "projects"} & set(fields):
+        return current, fields  # a limit or a weight: no guarantee changes
     known = {p.name: p for p in store.projects()}
     for project in after.projects:
         if project not in known:
@@ -117,8 +136,7 @@ def department_changes(store, scheduler, name: str, body
     projects = [Project(p.name, p.quota, department=name if p.name in members else
                         ("" if p.department == name else p.department or ""))
                 for p in known.values()]
-    departments = [D.DepartmentSpec.of(d, ()).policy() for d in store.departments()
-                   if d.name != name] + [after.policy()]
+    departments = stored_levels(store, but=name) + [after.policy()]
     check_levels(projects, departments, scheduler.train_capacity(),
                  "lower another department's or project's quota first")
     return current, fields

@@ -37,7 +37,7 @@ from ..policy.quotas import overbooking
 from . import dashboard, dashboard_forms, rest
 from .admin import configured_departments, configured_projects
 from .build import BuildPool
-from .departments import configured as configured_departments_spec
+from .departments import DepartmentSpec, configured as configured_departments_spec
 from .directory import HubDirectory, HubTokens
 from .follows import Follows
 from .hub import HubAPI
@@ -331,18 +331,40 @@ class PoolService(Application):
         created = configured_projects(self.store, self.projects.values())
         if created:
             self.log.info("created project(s) %s from the configuration", ", ".join(created))
+        # What the store will hold, checked as the API checks it: its own departments and
+        # projects (admins' changes win) and the configured departments it has not yet.
+        stored = {d.name: d for d in self.store.departments()}
+        new = [d for d in departments if d.name not in stored]
         known = {p.name: p for p in self.store.projects()}
-        for d in departments:
+        for d in new:
             missing = [p for p in d.projects if p not in known]
             if missing:
                 self._refuse(f"PoolService.departments[{d.name!r}] names project(s) "
                              f"{', '.join(missing)}, which do not exist: add them to "
                              f"PoolService.projects.")
-        problem = two_levels([Project(p.name, p.quota, department=home.get(
-            p.name, p.department or "")) for p in known.values()], levels)
+            for p in d.projects:
+                held = known[p].department
+                if held and held in stored:
+                    self._refuse(f"PoolService.departments[{d.name!r}] names project {p}, "
+                                 f"which belongs to department {held} (set through the API): "
+                                 f"take it out of {held} first, or leave it out here.")
+        joins = {p: d.name for d in new for p in d.projects}
+        try:
+            levels = [DepartmentSpec.of(r, ()).policy() for r in stored.values()] + \
+                [d.policy() for d in new]
+        except ValueError as e:
+            self._refuse(f"The store holds a department that is not valid ({e}): fix it with "
+                         f"PUT api/departments/{{name}}.")
+        projects = [Project(p.name, p.quota, department=joins.get(
+            p.name, p.department if p.department in stored else "")) for p in known.values()]
+        problem = two_levels(projects, levels)
         if problem:
             self._refuse(f"PoolService.departments: {problem}.")
-        created = configured_departments(self.store, departments)
+        problem = overbooking(guaranteed(projects, levels), capacity)
+        if problem:
+            self._refuse(f"{problem[:1].upper()}{problem[1:]}: lower PoolService.projects' "
+                         f"or PoolService.departments' quotas, or those set through the API.")
+        created = configured_departments(self.store, new)
         if created:
             self.log.info("created department(s) %s from the configuration", ", ".join(created))
 

@@ -18,6 +18,7 @@ from .validate import Invalid, _gpus_amount, _int, _unknown
 
 FIELDS = {"quota", "over_quota_weight", "limit", "projects"}
 MAX_MEMBERS = 1000  # projects of one department
+MAX_DEPARTMENTS = 1000  # departments of one pool
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,8 @@ def department_name(name: str) -> str:
     try:
         return project_name(name)
     except Invalid:
-        raise Invalid(f"department name {name!r} must be 1-100 letters, digits, '.', '_' or "
+        shown = name[:100] if isinstance(name, str) else name
+        raise Invalid(f"department name {shown!r} must be 1-100 letters, digits, '.', '_' or "
                       f"'-'") from None
 
 

@@ -176,13 +176,19 @@ class Scheduler:
             self._apply_exits(await self.backend.poll(), now)
             nodes = self.nodes()
             rows = self.store.active()
-            departments = tuple(Department(d.name, d.quota, d.over_quota_weight, d.limit)
-                                for d in self.store.departments())
+            departments, problem = [], None
+            for d in self.store.departments():
+                try:
+                    departments.append(Department(d.name, d.quota, d.over_quota_weight, d.limit))
+                except ValueError as e:  # a row edited by hand; the API refuses it
+                    problem = str(e)
+            departments = tuple(departments)
             named = {d.name for d in departments}
             projects = tuple(Project(p.name, p.quota, p.over_quota_weight, p.limit, p.priority,
                                      p.department if p.department in named else "")
                              for p in self.store.projects())
-            problem = two_levels(projects, departments) if departments else None
+            if problem is None and departments:
+                problem = two_levels(projects, departments)
             if problem:  # the admin API refuses this; a store edited by hand may hold it
                 if problem != self._levels_problem:
                     self.log.error("departments ignored until fixed: %s", problem)

@@ -50,7 +50,8 @@ class ProjectSpec:
 
 def project_name(name: str) -> str:
     if not isinstance(name, str) or not _NAME.match(name):
-        raise Invalid(f"project name {name!r} must be 1-100 letters, digits, '.', '_' or '-'")
+        shown = name[:100] if isinstance(name, str) else name
+        raise Invalid(f"project name {shown!r} must be 1-100 letters, digits, '.', '_' or '-'")
     return name
 
 
