@@ -1,45 +1,21 @@
 """Departments: a second level of quotas over projects (docs/explanation/scheduling.md,
 "Departments").
 
-A department's ``quota`` is guaranteed to its projects together, and their own quotas add
-up to at most it; its ``limit`` caps what they hold together. Idle GPUs are divided top-down
-(shares.py): first among departments and the projects that belong to none, then within each
-department among its projects, so a project's idle quota goes to its siblings before other
-departments. A job that keeps its project within quota keeps its department's guaranteed
-part within quota too, since the projects' quotas fit in the department's; only jobs beyond
-their project's quota are ever victims, siblings' first when a sibling claims.
+A department's ``quota`` holds its projects' quotas, each guaranteed as on one level, and is
+their first claim on idle GPUs; its ``limit`` caps what they hold together. Idle GPUs are
+divided top-down (shares.py): first among departments and the projects that belong to none,
+then within each department among its projects, so a project's idle quota goes to its
+siblings before other departments. Only jobs beyond their project's quota are ever victims,
+siblings' first when a sibling claims. The rule that projects and departments make two
+levels (``two_levels``) lives with the model, which checks every snapshot by it.
 """
-
 from __future__ import annotations
 
 from typing import Iterable, Mapping
 
-from .model import Department, Project, gpus_text
+from .model import Department, Project, two_levels
 
-
-def two_levels(projects: Iterable[Project], departments: Iterable[Department]) -> str | None:
-    """Why projects and departments do not make two levels of quotas, in one sentence that
-    says what to do; None when they do."""
-    known: dict[str, Department] = {}
-    for d in departments:
-        if d.name in known:
-            return f"department {d.name} is given twice; give each department once"
-        known[d.name] = d
-    held = dict.fromkeys(known, 0)
-    for p in projects:
-        if not p.department:
-            continue
-        if p.department not in known:
-            return (f"project {p.name} names department {p.department}, which does not exist; "
-                    f"create the department first or name another")
-        held[p.department] += p.quota
-    for name, total in held.items():
-        d = known[name]
-        if total > d.quota:
-            return (f"the quotas of department {name}'s projects add up to {gpus_text(total)}, "
-                    f"more than its quota of {gpus_text(d.quota)}; raise the department's "
-                    f"quota or lower its projects'")
-    return None
+__all__ = ["Tree", "guaranteed", "two_levels"]
 
 
 def guaranteed(projects: Iterable[Project], departments: Iterable[Department]) -> list[int]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from .. import trainjob
 
@@ -237,7 +237,6 @@ class Snapshot:
         if self.queues is not None and self.jobs:
             raise ValueError("a snapshot takes its jobs as jobs or as queues, not both")
         if self.departments or any(p.department for p in self.projects):
-            from .departments import two_levels  # the rules live with the departments
             problem = two_levels(self.projects, self.departments)
             if problem:
                 raise ValueError(problem)
@@ -250,3 +249,28 @@ class Snapshot:
 
     def train_capacity(self) -> int:
         return sum(n.milli for n in self.nodes if n.pool == TRAIN)
+
+
+def two_levels(projects: Iterable[Project], departments: Iterable[Department]) -> str | None:
+    """Why projects and departments do not make two levels of quotas, in one sentence that
+    says what to do; None when they do."""
+    known: dict[str, Department] = {}
+    for d in departments:
+        if d.name in known:
+            return f"department {d.name} is given twice; give each department once"
+        known[d.name] = d
+    held = dict.fromkeys(known, 0)
+    for p in projects:
+        if not p.department:
+            continue
+        if p.department not in known:
+            return (f"project {p.name} names department {p.department}, which does not exist; "
+                    f"create the department first or name another")
+        held[p.department] += p.quota
+    for name, total in held.items():
+        d = known[name]
+        if total > d.quota:
+            return (f"the quotas of department {name}'s projects add up to {gpus_text(total)}, "
+                    f"more than its quota of {gpus_text(d.quota)}; raise the department's "
+                    f"quota or lower its projects'")
+    return None
