@@ -70,6 +70,17 @@ def test_spans_read_days_and_hours_whole_and_minutes_at_the_edges():
     assert spans(day + 90, day + 3 * HOUR, day + 2 * HOUR, finest=MINUTE) == [
         (HOUR, day, day + 2 * HOUR), (MINUTE, day + 2 * HOUR, day + 3 * HOUR)]
 
+    # hour and day rows only where summed: the open hour (or one not summed yet) from minutes
+    assert spans(day + 90, day + 3 * HOUR, 0, rolled=(day + 2 * HOUR, 0)) == [
+        (HOUR, day + HOUR, day + 2 * HOUR), (MINUTE, day + 60, day + HOUR),
+        (MINUTE, day + 2 * HOUR, day + 3 * HOUR)]
+    assert spans(day + 90, 3 * day + 30, 0, rolled=(3 * day, 2 * day)) == [
+        (HOUR, day + HOUR, 3 * day), (MINUTE, day + 60, day + HOUR),
+        (MINUTE, 3 * day, 3 * day + 60)]
+    # nothing summed yet (no minute dropped either): minutes throughout
+    assert spans(day + 90, day + 3 * HOUR, day + 2 * HOUR, rolled=(0, 0)) == [
+        (MINUTE, day + 60, day + 3 * HOUR)]
+
 
 class Clock:
     def __init__(self, t):
@@ -237,3 +248,22 @@ def test_a_hung_driver_holds_up_nothing(meter):
     ticks, notes = asyncio.run(scenario_())
     assert ticks == 20 and len(calls) == 1
     assert notes and notes[0].startswith("NVML on n0 has not answered for")
+
+
+@pytest.mark.parametrize("into_next", [False, True])
+def test_the_last_minute_of_an_hour_reads_the_hour_from_its_minutes(meter, into_next):
+    """The hour is still open (or closed and not summed yet): no hour rows exist for it, so a
+    window that ends with it is read from its minute rows (a dashboard refreshed at 10:59:50
+    once showed the last hour empty)."""
+    m, clock, _ = meter
+    start = clock.t
+    play(m, clock, 59 * MINUTE + 50)  # up to hh:59:50, written as minutes close
+    if into_next:  # hh+1:00:05: a reading opens the next minute, the writer has not run
+        clock.t += 15
+        m.ingest("n0", clock.t, scenario())
+    answer = asyncio.run(m.query(clock.t - HOUR, clock.t, BY["project"], Scope()))
+    vision = next(r for r in answer["rows"] if r["project"] == "vision")
+    assert vision["allocated_gpu_seconds"] == pytest.approx(clock.t - start)
+    asyncio.run(m.write())  # the hour summed: read from its row, the same figures
+    again = asyncio.run(m.query(clock.t - HOUR, clock.t, BY["project"], Scope()))
+    assert next(r for r in again["rows"] if r["project"] == "vision") == vision

@@ -50,7 +50,8 @@ def stored_utilization(source, jobs, attempts, now: float, horizon: int) -> dict
         return {}
     lo = int(min(a.started for a in ran))
     hi = int(min(max((a.ended or now) for a in ran), now)) + MINUTE
-    sums = UsageStore(source).sums(("job",), spans(lo, hi, horizon), ("job",))
+    rows = UsageStore(source)
+    sums = rows.sums(("job",), spans(lo, hi, horizon, rolled=rows.rolled()), ("job",))
     wanted = {j.id for j in jobs}
     return {k[0]: t.utilized / t.measured for k, t in sums.items()
             if k[0] in wanted and t.measured}

@@ -47,6 +47,18 @@ class UsageStore:
         with self.engine.connect() as conn:
             return conn.execute(select(func.min(UsageRow.t)).where(UsageRow.step == step)).scalar()
 
+    def rolled(self) -> tuple[int, int]:
+        """Where the summed rows end: (hours, days) such that every hour that ends by
+        ``hours`` and had readings has its hour rows, and so for days; 0 before any. Read from
+        the pool rows, which every reading writes (the index's step, kind and t)."""
+        out = []
+        with self.engine.connect() as conn:
+            for step in (HOUR, DAY):
+                newest = conn.execute(select(func.max(UsageRow.t)).where(
+                    UsageRow.step == step, UsageRow.kind == "pool")).scalar()
+                out.append(0 if newest is None else int(newest) + step)
+        return out[0], out[1]
+
     def roll_up(self, start: int, step: int = HOUR) -> None:
         """Sum the rows of the next finer step (minutes for an hour, hours for a day) in the
         bucket of ``step`` seconds from ``start`` into rows of ``step``."""

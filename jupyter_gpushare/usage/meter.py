@@ -280,11 +280,11 @@ class UsageMeter:
         # Nothing is measured after now; a window that reaches past it (until tomorrow, the
         # month's end) would otherwise be read from day or hour rows that do not exist yet.
         until = max(since + 1, min(until, int(now) // MINUTE * MINUTE + MINUTE))
-        covered = spans(int(since), int(until), horizon, series_step or DAY)
-        lo, hi = min(c[1] for c in covered), max(c[2] for c in covered)
         async with self._writing:  # so a minute being written is counted once
+            covered, found = await asyncio.to_thread(self._query_db, since, until, horizon, by,
+                                                     scope, series_step)
+            lo, hi = min(c[1] for c in covered), max(c[2] for c in covered)
             pending = self.open_rows(lo, hi)
-            found = await asyncio.to_thread(self._query_db, covered, by, scope, series_step)
         sums, pools, s_sums, s_pools = found
         col = {"key": lambda k: k.key, "node": lambda k: k.node, "project": lambda k: k.project,
                "user": lambda k: k.user, "job": lambda k: k.job}
@@ -309,7 +309,14 @@ class UsageMeter:
             answer["series"] = report.series(s_sums, s_pools, by)
         return answer
 
-    def _query_db(self, covered, by, scope, series_step):
+    def _query_db(self, since, until, horizon, by, scope, series_step):
+        """The rows that cover the window (hour and day rows only where summed already) and
+        their sums."""
+        covered = spans(int(since), int(until), horizon, series_step or DAY,
+                        rolled=self.rows.rolled())
+        return covered, self._sums(covered, by, scope, series_step)
+
+    def _sums(self, covered, by, scope, series_step):
         where = scope.sql()
         if not series_step:
             return (self.rows.sums(by.kinds, covered, by.group, where),

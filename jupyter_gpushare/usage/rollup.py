@@ -158,29 +158,41 @@ def figures(t: Totals, capacity: float) -> dict:
 
 # -- which rows cover a window ---------------------------------------------------------------
 
-def spans(since: int, until: int, minutes_from: int, finest: int = DAY
-          ) -> list[tuple[int, int, int]]:
+def spans(since: int, until: int, minutes_from: int, finest: int = DAY, *,
+          rolled: tuple[int, int] | None = None) -> list[tuple[int, int, int]]:
     """The rows that cover [since, until), widened to whole minutes: day rows for whole days,
     hour rows for the rest of whole hours, minute rows for the rest where minute rows are still
     kept (from ``minutes_from``, an hour's start, on; an edge before that widens to whole
-    hours). No rows coarser than ``finest`` seconds (a series' step) are used."""
+    hours). No rows coarser than ``finest`` seconds (a series' step) are used.
+    ``rolled``: (hours, days) — hour rows exist only for hours that end by ``hours``, day rows
+    for days that end by ``days`` (``UsageStore.rolled``); later ones, the hour or day still
+    open and one closed but not yet summed, are read from finer rows, which are all kept there
+    (minutes are dropped only after their hour is summed). None: every closed bucket is
+    summed (a store nothing writes to any more)."""
+    hours, days = rolled if rolled is not None else (None, None)
+    if hours is not None:
+        minutes_from = min(minutes_from, hours)
     lo, hi = _down(since, MINUTE), _up(until, MINUTE)
     if lo < minutes_from:
         lo = _down(lo, HOUR)
     if hi < minutes_from:
         hi = _up(hi, HOUR)
-    allowed = [s for s in (DAY, HOUR, MINUTE) if s <= max(finest, MINUTE)]
-    if allowed == [MINUTE] and lo < minutes_from:  # a series by the minute: hours before
-        return _cover(lo, min(hi, minutes_from), [HOUR]) + \
-            _cover(max(lo, minutes_from), hi, [MINUTE])
+    limits = {DAY: days, HOUR: hours, MINUTE: None}
+    allowed = [(s, limits[s]) for s in (DAY, HOUR, MINUTE) if s <= max(finest, MINUTE)]
+    if len(allowed) == 1 and lo < minutes_from:  # a series by the minute: hours before
+        return _cover(lo, min(hi, minutes_from), [(HOUR, None)]) + \
+            _cover(max(lo, minutes_from), hi, allowed)
     return _cover(lo, hi, allowed) or [(MINUTE, lo, lo)]
 
 
-def _cover(lo: int, hi: int, steps: list[int]) -> list[tuple[int, int, int]]:
-    step, rest = steps[0], steps[1:]
+def _cover(lo: int, hi: int, steps: list[tuple[int, int | None]]
+           ) -> list[tuple[int, int, int]]:
+    """[lo, hi) in rows of the first step for its whole buckets (those that end by its limit,
+    when it has one), the rest in the following steps'."""
+    (step, limit), rest = steps[0], steps[1:]
     if not rest:
         return [(step, lo, hi)] if hi > lo else []
-    a, b = _up(lo, step), _down(hi, step)
+    a, b = _up(lo, step), _down(hi if limit is None else min(hi, limit), step)
     if a >= b:
         return _cover(lo, hi, rest)
     return [(step, a, b)] + _cover(lo, a, rest) + _cover(b, hi, rest)
