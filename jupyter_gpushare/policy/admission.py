@@ -206,10 +206,17 @@ class Admission:
             k = nodes_needed(job.gpus, node_size)
             if beyond_limit(job.project, job.gpus) is not None:
                 pass  # waits for its own project (or department), whatever is free
-            elif not memo.fails(Way.BORROWING, excluded, k, job.gpus) or self._may_take(job, k):
+            elif not memo.fails(Way.BORROWING, excluded, k, job.gpus) or \
+                    self._may_lend(job) or self._may_take(job, k):
                 return j
             self.waits.append((job, None))
         return None
+
+    def _may_lend(self, job: TrainJob) -> bool:
+        """Whether lent build GPUs might still hold ``job``."""
+        lent = self.c.lending
+        return bool(lent) and lent.free.total() >= job.gpus and \
+            not self.memo.fails(Way.LENT, False, 1, job.gpus)
 
     def _may_take(self, job: TrainJob, k: int) -> bool:
         """Whether reclaim could still serve ``job`` when no free GPUs fit it."""
@@ -226,8 +233,8 @@ class Admission:
 
     def _exhausted(self) -> bool:
         """No borrower but the reservation holder can start on a free GPU any more."""
-        free, reservation = self.c.free, self.reservation
-        if free.total(reservation.nodes) > 0:
+        free, reservation, lent = self.c.free, self.reservation, self.c.lending
+        if free.total(reservation.nodes) > 0 or (lent and lent.free.total() > 0):
             return False
         return not reservation.holder_outranked() or free.total() == 0
 
@@ -253,7 +260,7 @@ class Admission:
             self.waits.append((job, None))
             return
         exclude = self.reservation.kept_out(job)
-        if self._start(job, exclude, Way.BORROWING):
+        if self._start(job, exclude, Way.BORROWING) or self._start_lent(job):
             return
         cfg = self.config
         if cfg.preemption and cfg.reclaim_fair_share and \
@@ -277,6 +284,20 @@ class Admission:
         self.c.free.take(placement)
         self.reclaimer.moved(placement)
         self.ledger.usage[job.project] += job.gpus
+        self.starts.append(Start(job.id, placement))
+        self.done.add(job.id)
+        return True
+
+    def _start_lent(self, job: TrainJob) -> bool:
+        """Start a borrower on lent build GPUs alone (``lending.py``), which count toward no
+        quota: its project's usage does not grow."""
+        if not self._may_lend(job):
+            return False
+        placement = self.c.lending.fit(job.gpus)
+        if placement is None:
+            self.memo.failed(Way.LENT, False, 1, job.gpus)
+            return False
+        self.c.lending.free.take(placement)
         self.starts.append(Start(job.id, placement))
         self.done.add(job.id)
         return True

@@ -10,8 +10,10 @@ The pipeline:
               orders its own project's queue only); then
               borrowers: those that stay within their project's deserved share first, then
               by priority, the project furthest below its deserved share first   (order.py)
-  4. admit    place on free GPUs (placement.py); else reclaim (preemption.py, the victims
-              from victims.py); else wait (admission.py). Once no GPU is left to give, the rest of the queue is not
+  4. admit    place on free GPUs (placement.py), a borrower on lent build GPUs last
+              (lending.py, which also takes back what the build pool needs); else
+              reclaim (preemption.py, the victims from victims.py); else wait
+              (admission.py). Once no GPU is left to give, the rest of the queue is not
               visited. What each project holds meanwhile: ledger.py; gangs that already
               failed to fit: fits.py
   5. reserve  keep nodes for the job that has waited longest, so no stream of small jobs
@@ -59,7 +61,9 @@ def cycle(snapshot: Snapshot, config: PolicyConfig = PolicyConfig()) -> CycleRes
         memo = FitMemo()
         reclaimer = Reclaimer(snapshot.now, config, cluster, projects, deserved, ledger, memo)
         explainer = Explainer(config, cluster, projects, ledger, memo, reclaimer, reservation)
-        node_sizes = tuple(sorted((n.milli for n in snapshot.train_nodes()), reverse=True))
+        node_sizes = tuple(sorted((n.milli for n in snapshot.train_nodes() if not n.lent),
+                                  reverse=True))
+        taken_back = cluster.lending.take_back(view.running) if cluster.lending else []
         admission = Admission(config, cluster, node_sizes, projects, deserved, ledger, order,
                               memo, reclaimer, reservation, explainer, view.sizes)
         admission.within_quota(order.within_quota())                                     # 4
@@ -69,7 +73,8 @@ def cycle(snapshot: Snapshot, config: PolicyConfig = PolicyConfig()) -> CycleRes
         reserved = reservation.reserve(admission.done, reclaimer.held, order.global_key,  # 5
                                        admission.waits_for_nodes)
         return CycleResult(
-            tuple(admission.starts), tuple(reclaimer.preemptions), deserved, ledger.usage,
+            tuple(admission.starts), (*taken_back, *reclaimer.preemptions), deserved,
+            ledger.usage,
             reclaimer.held, reserved, tuple(admission.never),
             lambda: explainer.waits(admission.waits, admission.never, borrowers.unvisited(),  # 6
                                     reserved, admission.never_fits),

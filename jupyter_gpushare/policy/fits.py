@@ -23,6 +23,7 @@ class Way(str, enum.Enum):
     WITHIN_QUOTA = "free-within-quota"  # step 4 for a job that keeps its project within quota
     BORROWING = "free-borrowing"  # step 4 for a borrower
     UNRESERVED = "free-unreserved"  # step 6: would it fit were no nodes reserved?
+    LENT = "free-lent"  # step 4 for a borrower, on build GPUs lent to train jobs
 
 
 class FitMemo:

@@ -52,17 +52,24 @@ class JobState(str, enum.Enum):
 class Node:
     """A machine with ``gpus`` whole GPUs in one pool (``train`` or ``build``). A ``drained``
     node takes no new jobs; what runs there runs on (an admin drains a node before
-    maintenance)."""
+    maintenance). A ``lent`` train node is build GPUs that hold no slice, lent to train jobs
+    (``lending.py``): only jobs beyond their project's quota start there, they count toward
+    no quota, and when the build pool needs a GPU back it gives the node fewer ``gpus`` than
+    its jobs hold, and the cycle takes them back."""
 
     name: str
     gpus: int
     pool: str = TRAIN
     labels: Mapping[str, str] = field(default_factory=dict)
     drained: bool = False
+    lent: bool = False
 
     def __post_init__(self):
         if self.gpus < 0:
             raise ValueError(f"node {self.name} has a negative number of GPUs")
+        if self.lent and self.pool != TRAIN:
+            raise ValueError(f"node {self.name} is lent to the train pool, so it is a train "
+                             f"node, not a {self.pool} node")
         object.__setattr__(self, "labels", _frozen(self.labels))
 
     @property
@@ -248,7 +255,8 @@ class Snapshot:
         return tuple(n for n in self.nodes if n.pool == BUILD)
 
     def train_capacity(self) -> int:
-        return sum(n.milli for n in self.nodes if n.pool == TRAIN)
+        """The train pool's own GPUs, which quotas share out; lent build GPUs are not."""
+        return sum(n.milli for n in self.nodes if n.pool == TRAIN and not n.lent)
 
 
 def two_levels(projects: Iterable[Project], departments: Iterable[Department]) -> str | None:
