@@ -11,6 +11,7 @@ from .cli_base import CommandError, UsageError, _Parser
 from .cli_pool import add_pool_commands, connection_options
 from .policy.model import DEFAULT_MIN_RUNTIME_S, GPU, PolicyConfig
 from .policy.quotas import overbooking
+from .sim.activity import PROFILES
 
 
 def _positive_int(text):
@@ -103,6 +104,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="fair share over time, as PoolService.fair_share_half_life: seconds "
                      "after which borrowed GPU-time counts half when idle GPUs are divided "
                      "(default 0: off)")
+    sim.add_argument("--activity", choices=sorted(PROFILES), metavar="PROFILE",
+                     help="model each train job's GPU utilization: from the trace's util column "
+                     "where it has one, else drawn from the published per-GPU utilization CDF "
+                     "of philly (median 48 %%) or llm (an LLM cluster's, median 99 %%); "
+                     "reports average GPU utilization over time and idle-allocated GPU time")
     sim.add_argument("--fair-share-window", type=_seconds, default=7 * 86400.0, metavar="S",
                      help="seconds of borrowing fair share over time looks back on (default "
                      "604800, a week)")
@@ -167,6 +173,11 @@ def cmd_simulate(args) -> int:
         departments = read_departments(args.departments) if args.departments else {}
     except TraceError as e:
         raise UsageError(str(e)) from None
+    given = sum(1 for j in jobs if j.kind == "train" and j.util is not None)
+    trains = sum(1 for j in jobs if j.kind == "train")
+    if given and given < trains and not args.activity:
+        raise UsageError(f"{args.trace}: {trains - given} of {trains} train jobs have no util; "
+                         f"fill the column in, or give --activity philly or llm to draw theirs")
     capacity = args.capacity
     if capacity is None:
         if not quotas:
@@ -210,7 +221,7 @@ def cmd_simulate(args) -> int:
     config = SimConfig(
         capacity_gpus=capacity, gpus_per_node=args.gpus_per_node, policy=args.policy,
         grace_s=args.grace_period, checkpoint_interval_s=args.checkpoint_interval,
-        cycle_interval_s=args.cycle_interval, fair_share=fair_share,
+        cycle_interval_s=args.cycle_interval, fair_share=fair_share, activity=args.activity,
         policy_config=PolicyConfig(min_runtime_s=args.min_runtime,
                                    reserve_after_s=args.reserve_after))
     events = _open_out(args.events)
@@ -249,12 +260,24 @@ def _open_out(path):
         raise UsageError(f"cannot write {path} ({e.strerror}); check the directory") from None
 
 
+def _activity_line(s: dict) -> str:
+    if s["avg_utilization"] is None:
+        return "  GPU activity not modelled (give the trace a util column, or --activity)"
+    where = f"the trace's util column ({s['jobs_with_util']} jobs)" if s["jobs_with_util"] else ""
+    if s["activity"]:
+        where += (", else " if where else "") + f"drawn from profile {s['activity']}"
+    return (f"  average GPU utilization {s['avg_utilization']:.1%} (of what was allocated "
+            f"{s['utilization']:.1%}, idle-allocated {s['idle_allocated']:.1%}); job activity: "
+            f"{where}")
+
+
 def format_summary(s: dict) -> str:
     hours = lambda sec: f"{sec / 3600:.2f} h"  # noqa: E731
     lines = [
         f"policy {s['policy']} on {s['capacity_gpus']} GPUs ({s['gpus_per_node']} per node)",
         f"  jobs {s['jobs']}, completed {s['completed']}, unschedulable {s['unschedulable']}",
         f"  allocation {s['allocation']:.1%} over {s['span_s'] / 86400:.1f} days",
+        _activity_line(s),
         f"  JCT avg {hours(s['avg_jct_s'])}, p50 {hours(s['p50_jct_s'])}, p99 {hours(s['p99_jct_s'])}",
         f"  queueing avg {hours(s['avg_queue_s'])}, p99 {hours(s['p99_queue_s'])}",
         f"  preemptions {s['preemptions']} ({s['within_quota_preemptions']} within quota), "

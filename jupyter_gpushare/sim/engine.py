@@ -8,6 +8,13 @@ grace period and then loses the work done since its last checkpoint (one every
 ``checkpoint_interval_s`` of run time). That loss, grace included, is ``lost_gpu_s``. A job
 whose work ends within its grace period exits 0 by itself and has finished; only one that
 our stop ends is requeued (``policy/outcome.py``, the rule the service applies too).
+
+GPU activity (``activity.py``): each job runs at one utilization level, its trace's ``util``
+or one drawn from ``SimConfig.activity``; what its GPUs did is ``utilized_gpu_s`` and the time
+they sat below the pool's idle threshold ``idle_gpu_s``. A job idle for the pool's
+``idle_job_after`` is flagged ``idle``, as the pool's meter flags it, so that the policy
+takes it first among equal victims (``SimConfig.idle_first``, the pool's
+``reclaim_idle_first``).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import gc
 import heapq
 import json
 import math
+import random
 import time
 from dataclasses import dataclass, field, replace
 from typing import IO, Callable, Iterable, Mapping
@@ -25,12 +33,14 @@ from ..policy.cycle import never_fits
 from ..policy.model import GPU, Department, JobState, Project
 from ..policy.past_use import FairShareTime, PastUse
 from ..policy.queues import Queues
+from . import activity
 from .baselines import config_for, projects_for, queue_of
 from .trace import TraceJob
 
 # Event kinds, in the order they are handled at one instant: GPUs come free before new
-# work arrives, and the cycle sees both.
-FINISH, RELEASE, SUBMIT, CYCLE = range(4)
+# work arrives, a caller's scheduled change (``Simulator.at``) comes next, and the cycle
+# sees them all.
+FINISH, RELEASE, SUBMIT, CALL, CYCLE = range(5)
 
 
 @dataclass(frozen=True)
@@ -49,6 +59,14 @@ class SimConfig:
     policy_config: PolicyConfig = field(default_factory=PolicyConfig)
     fair_share: FairShareTime | None = None
     """Fair share over time (policy/past_use.py): off when None, as in the service."""
+    activity: str | None = None
+    """The profile (``activity.PROFILES``) each job's utilization is drawn from where the
+    trace gives none; None: only the trace's ``util`` is used, and a job without one has no
+    activity modelled (``JobRecord.util`` None)."""
+    activity_seed: int = 0
+    idle_first: bool = True
+    """Flag jobs idle for ``activity.IDLE_JOB_AFTER_S`` as idle, as the pool's
+    ``reclaim_idle_first`` does, so that reclaim takes them first."""
 
 
 WEEK_S = 7 * 86400.0
@@ -71,6 +89,9 @@ class JobRecord:
     want_since: float | None = None  # when a cycle first found it within quota and waiting
     unschedulable: str | None = None
     finished_while_preempted: bool = False  # its work ended within a grace period
+    util: float | None = None  # the GPU utilization it runs at (0..1); None: not modelled
+    utilized_gpu_s: float = 0.0  # allocated GPU-seconds × util
+    idle_gpu_s: float = 0.0  # allocated GPU-seconds while util was below the idle threshold
 
 
 @dataclass
@@ -96,6 +117,11 @@ class SimRun:
     weights: dict[str, int] = field(default_factory=dict)  # over-quota weight per project
     departments: dict[Department, tuple[str, ...]] = field(default_factory=dict)
     """Each department the run decided with and its projects; empty on one level."""
+    spans: list[tuple[float, float, str, int, float, tuple[str, ...]]] = field(default_factory=list)
+    """With ``spans=True``: each ended attempt as (start, end, job, milli-GPUs, util, the
+    nodes it ran on)."""
+    utilized_timeline: list[float] = field(default_factory=list)
+    """Beside each ``timeline`` point: the milli-GPUs its running jobs utilized."""
 
 
 def make_nodes(capacity_gpus: int, gpus_per_node: int) -> tuple[Node, ...]:
@@ -111,7 +137,8 @@ class Simulator:
                  nodes: tuple[Node, ...] | None = None,
                  projects: tuple[Project, ...] | None = None,
                  on_progress: Callable[[float], None] | None = None,
-                 departments: Mapping[Department, Iterable[str]] | None = None):
+                 departments: Mapping[Department, Iterable[str]] | None = None,
+                 spans: bool = False):
         """``nodes`` and ``projects`` (guaranteed policy only) replace the uniform nodes of
         ``config`` and the quota-only projects of ``quotas``: a replay of the pool's own
         settings (``history.py``); trace projects not among them get quota 0.
@@ -143,7 +170,11 @@ class Simulator:
         self.policy_config = config_for(config.policy, config.policy_config)
         self.quota_of = {p.name: p.quota for p in self.projects}
         self.project = {p.name: p for p in self.projects}
-        self.records = {j.id: JobRecord(j, j.duration) for j in jobs if j.kind == "train"}
+        self.rng = random.Random(config.activity_seed)
+        self.records: dict[str, JobRecord] = {}
+        for j in jobs:
+            if j.kind == "train":
+                self.records[j.id] = JobRecord(j, j.duration, util=self._util(j))
         self.active = Queues()  # pending and running jobs, as the policy sees them
         self.usage = dict.fromkeys(self.quota_of, 0)  # running, not being preempted
         self.holder: str | None = None
@@ -160,17 +191,45 @@ class Simulator:
         self.guarantee_wait_s: list[float] = []
         self.out = events
         self.timeline = [] if timeline else None
+        self.utilized_timeline: list[float] = []  # milli-GPUs utilized at each timeline point
         self.past = PastUse(config.fair_share) if config.fair_share else None
         self.accounted: dict[str, float] = {}  # project → the time its borrowing is counted to
         self.borrowed_s: dict[int, dict[str, float]] = {}
         self.wanted_s: dict[int, dict[str, float]] = {}
         self.last_forgot = 0.0
+        self.spans = [] if spans else None
+        self.calls: dict[int, Callable[[float], None]] = {}
+        self.stop_at = math.inf  # a caller's end of the run (``Simulator.at`` users)
+        self.on_end: Callable[[JobRecord, float], None] | None = None
+        """Hears each attempt that ends (finished, or released after a preemption)."""
         for rec in self.records.values():
             self._push(rec.trace.submit_time, SUBMIT, rec.trace.id, 1)
+
+    def _util(self, job: TraceJob) -> float | None:
+        if self.cfg.activity is None:
+            return job.util
+        drawn = activity.draw_util(self.cfg.activity, self.rng)  # drawn for every job alike
+        return drawn if job.util is None else job.util
 
     def _push(self, t: float, kind: int, job: str = "", attempt: int = 0) -> None:
         self.seq += 1
         heapq.heappush(self.heap, (t, kind, self.seq, job, attempt))
+
+    def at(self, t: float, call: Callable[[float], None]) -> None:
+        """Call ``call(t)`` at ``t``, before that instant's cycle: a caller's own events (a
+        notebook session opening, a culler's round) on the simulation's clock."""
+        self._push(t, CALL)
+        self.calls[self.seq] = call
+
+    def add(self, job: TraceJob) -> None:
+        """Submit ``job`` at its ``submit_time``, which is now or later: demand that depends
+        on what the pool did (the next experiment after the last one's result)."""
+        self.records[job.id] = JobRecord(job, job.duration, util=self._util(job))
+        self._push(job.submit_time, SUBMIT, job.id, 1)
+
+    def changed(self, t: float) -> None:
+        """Ask for a cycle: the caller changed what the policy sees (``nodes``)."""
+        self._changed(t)
 
     def _emit(self, t: float, event: str, rec: JobRecord, **extra) -> None:
         if self.out is not None:
@@ -205,7 +264,9 @@ class Simulator:
         end = self.first = first
         total, submitted = max(1, len(self.records)), 0
         while self.heap:
-            t, kind, _, job, attempt = heapq.heappop(self.heap)
+            t, kind, seq, job, attempt = heapq.heappop(self.heap)
+            if t > self.stop_at:
+                break
             if kind == SUBMIT:
                 self._submit(t, job)
                 submitted += 1
@@ -215,6 +276,8 @@ class Simulator:
                 self._finish(t, job, attempt)
             elif kind == RELEASE:
                 self._release(t, job, attempt)
+            elif kind == CALL:
+                self.calls.pop(seq)(t)
             else:
                 self.cycles_at.discard(t)
                 self._cycle(t)
@@ -226,7 +289,8 @@ class Simulator:
                       self.within_quota, first, max(ends, default=end),
                       time.perf_counter() - wall, self.timeline or [], self.guarantee_wait_s,
                       self.borrowed_s, self.wanted_s,
-                      {p.name: p.over_quota_weight for p in self.projects}, self.departments)
+                      {p.name: p.over_quota_weight for p in self.projects}, self.departments,
+                      self.spans or [], self.utilized_timeline)
 
     # -- events ------------------------------------------------------------------------
     def _submit(self, t: float, job_id: str) -> None:
@@ -253,7 +317,7 @@ class Simulator:
         self._account(job.project, t)
         if job.preempting:  # its work ended within the grace: exit 0, the job has finished
             rec.finished_while_preempted = True
-        rec.allocated_gpu_s += rec.trace.gpus / GPU * (t - rec.attempt_start)
+        self._held(rec, job, t)
         rec.finish = t
         rec.remaining = 0.0
         if not job.preempting:
@@ -261,6 +325,22 @@ class Simulator:
         self.active.remove(job_id)
         self._emit(t, "finish", rec)
         self._changed(t)
+        if self.on_end is not None:
+            self.on_end(rec, t)
+
+    def _held(self, rec: JobRecord, job: TrainJob, t: float) -> float:
+        """Count the GPU-seconds of the attempt that ends at ``t``; its run time."""
+        ran = t - rec.attempt_start
+        held = rec.trace.gpus / GPU * ran
+        rec.allocated_gpu_s += held
+        if rec.util is not None:
+            rec.utilized_gpu_s += held * rec.util
+            if rec.util < activity.IDLE_THRESHOLD:
+                rec.idle_gpu_s += held
+        if self.spans is not None:
+            self.spans.append((rec.attempt_start, t, rec.trace.id, rec.trace.gpus, rec.util,
+                               tuple(job.placement)))
+        return ran
 
     def _release(self, t: float, job_id: str, attempt: int) -> None:
         rec = self.records[job_id]
@@ -270,20 +350,22 @@ class Simulator:
         # Still running at the end of its grace: our stop ends it (143 or 137), so it is
         # requeued with the work saved by its last checkpoint.
         self._account(job.project, t)
-        ran = t - rec.attempt_start
+        ran = self._held(rec, job, t)
         interval = self.cfg.checkpoint_interval_s
         saved = math.floor((ran - self.cfg.grace_s) / interval) * interval if interval > 0 else 0.0
         saved = max(0.0, min(saved, rec.remaining))
         gpus = rec.trace.gpus / GPU
-        rec.allocated_gpu_s += gpus * ran
         rec.lost_gpu_s += gpus * (ran - saved)
         rec.remaining -= saved
         rec.attempt += 1
         rec.attempt_start = None
         rec.pending_since = t
         self.active.put(replace(job, state=JobState.PENDING, attempt=rec.attempt,
-                                placement={}, start_time=None, preempting=False, requeued=t))
+                                placement={}, start_time=None, preempting=False, requeued=t,
+                                idle=False))
         self._changed(t)
+        if self.on_end is not None:
+            self.on_end(rec, t)
 
     def snapshot(self, t: float) -> Snapshot:
         """What the policy sees at ``t``: the queues kept up to date between cycles, and with
@@ -342,6 +424,8 @@ class Simulator:
         self.decision_s.append(time.perf_counter() - tick)
         for p in result.preemptions:
             self._preempt(t, p.job)
+            if not p.for_job:  # lent GPUs taken back for the build pool: no claimant
+                continue
             claimant = self.records[p.for_job]
             if p.kind == "guarantee" and claimant.claim_since is None:
                 claimant.claim_since = t
@@ -361,6 +445,8 @@ class Simulator:
                 proj = self.records[j.id].trace.project
                 alloc[proj] = alloc.get(proj, 0) + j.gpus
             self.timeline.append((t, alloc, sum(len(q) for q in view.pending.values())))
+            self.utilized_timeline.append(
+                sum(j.gpus * (self.records[j.id].util or 0.0) for j in view.running))
 
     def _start(self, t: float, job_id: str, placement) -> None:
         rec = self.records[job_id]
@@ -375,8 +461,17 @@ class Simulator:
         if self.holder == job_id:
             self.holder = None
         self._push(t + rec.remaining, FINISH, job_id, rec.attempt)
+        if self.cfg.idle_first and rec.util is not None and rec.util < activity.IDLE_THRESHOLD:
+            self.at(t + activity.IDLE_JOB_AFTER_S, lambda now, a=rec.attempt:
+                    self._flag_idle(job_id, a))
         self._emit(t, "start", rec, attempt=rec.attempt,
                    placement={n: m // GPU for n, m in sorted(placement.items())})
+
+    def _flag_idle(self, job_id: str, attempt: int) -> None:
+        """The pool's meter has seen the attempt idle for ``idle_job_after``: flag it."""
+        job = self.active.get(job_id)
+        if job is not None and job.running and job.attempt == attempt:
+            self.active.put(replace(job, idle=True))
 
     def _guarantee_met(self, t: float, project: str, started: str) -> None:
         """A guarantee reclaim, or a wait within quota, is done when its job starts, or when

@@ -69,6 +69,23 @@ def borrow_gaps(run: SimRun) -> list[dict]:
     return weeks
 
 
+def activity_figures(run: SimRun, span: float) -> dict:
+    """Average GPU utilization over the run (utilized GPU-seconds ÷ (capacity × span)), of
+    what was allocated, and the idle-allocated share (docs/explanation/utilization.md);
+    None where no job's activity was modelled."""
+    recs = [r for r in run.records.values() if r.util is not None]
+    modelled = sum(r.allocated_gpu_s for r in recs)
+    utilized = sum(r.utilized_gpu_s for r in recs)
+    on = bool(recs) and modelled > 0 and span > 0
+    return {
+        "activity": run.config.activity,
+        "jobs_with_util": sum(1 for r in run.records.values() if r.trace.util is not None),
+        "avg_utilization": round(utilized / (run.config.capacity_gpus * span), 4) if on else None,
+        "utilization": round(utilized / modelled, 4) if on else None,
+        "idle_allocated": round(sum(r.idle_gpu_s for r in recs) / modelled, 4) if on else None,
+    }
+
+
 def summarize(run: SimRun) -> dict:
     cfg = run.config
     recs = list(run.records.values())
@@ -119,6 +136,7 @@ def summarize(run: SimRun) -> dict:
         "unschedulable": sum(1 for r in recs if r.unschedulable),
         "span_s": round(span, 1),
         "allocation": round(allocated / (cfg.capacity_gpus * span), 4) if span else 0.0,
+        **activity_figures(run, span),
         "avg_jct_s": round(_mean(jct), 1),
         "p50_jct_s": round(percentile(jct, 50), 1),
         "p99_jct_s": round(percentile(jct, 99), 1),

@@ -1,7 +1,8 @@
 """Trace, quota and department files: reading, checking and deriving quotas.
 
 Trace CSV (docs/reference/trace-format.md): ``job_id,submit_time,duration,gpus,project`` and
-optionally ``user,priority,kind``; ``.gz`` files are read transparently. Quotas are
+optionally ``user,priority,kind,util`` (``util``: the job's GPU utilization in percent,
+0 to 100); ``.gz`` files are read transparently. Quotas are
 ``project,quota``, departments ``department,quota,limit,projects``. Every problem is
 reported as a ``TraceError`` naming the file, the line and what to fix.
 """
@@ -21,7 +22,7 @@ from ..policy.model import GPU, Department, Project, gpus_text
 from ..policy.quotas import overbooking
 
 REQUIRED = ("job_id", "submit_time", "duration", "gpus", "project")
-OPTIONAL = ("user", "priority", "kind")
+OPTIONAL = ("user", "priority", "kind", "util")
 DEPARTMENT_COLUMNS = ("department", "quota", "limit", "projects")
 MAX_DEPARTMENTS = 1000  # far beyond any university's faculties; a bigger file is a mistake
 MAX_NAME = 100  # characters in a department's name, as in a project's (pool/projects.py)
@@ -46,6 +47,7 @@ class TraceJob:
     priority: int = 0
     kind: str = "train"
     line: int = 0  # where it stands in its file, for messages
+    util: float | None = None  # GPU utilization while it runs (0..1); None: not given
 
 
 def _open_text(path: Path):
@@ -130,8 +132,16 @@ def read_trace(path: str | Path) -> list[TraceJob]:
             raise TraceError(path, line, "project is empty")
         priority = row.get("priority")
         priority = _number(path, line, "priority", priority, integer=True) if priority else 0
+        util = (row.get("util") or "").strip() or None
+        if util is not None:
+            util = _number(path, line, "util", util)
+            if not 0 <= util <= 100:
+                raise TraceError(path, line, f"util is the job's GPU utilization in percent, "
+                                             f"from 0 to 100, not {util:g}")
+            util /= 100
         jobs.append(TraceJob(job_id, submit, duration, round(gpus * GPU), project,
-                             (row.get("user") or "").strip(), priority, kind, line))
+                             (row.get("user") or "").strip(), priority, kind, line,
+                             util))
     if not jobs:
         raise TraceError(path, None, "has no jobs")
     return jobs
