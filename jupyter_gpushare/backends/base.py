@@ -100,6 +100,18 @@ class Backend(LoggingConfigurable):
         from ``poll`` as ``lost``)."""
         raise NotImplementedError
 
+    lends_build_gpus = False
+    """Whether train jobs may run on build GPUs lent to the train pool (``lend``)."""
+
+    def lend(self, build) -> None:
+        """Run jobs placed on lent nodes (``pool.build.lent_node``) on the GPUs ``build``
+        (``pool.build.BuildPool``) lends; only backends with ``lends_build_gpus``."""
+        raise BackendError(f"{type(self).__name__} cannot run train jobs on lent build GPUs")
+
+    def lent_holders(self) -> dict[tuple[str, int], str]:
+        """(build node, GPU index) → the job that runs on that lent build GPU now."""
+        return {}
+
     async def start(self, launch: Launch) -> Handle:
         """Start one attempt, all of its ranks at once or nothing, and return at once with a
         handle (do not wait for the job). Each rank runs on its node with that node's GPUs

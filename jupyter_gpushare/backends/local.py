@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from traitlets import Bool, Enum, Float, Integer, List, Unicode, default, validate
 
 from .. import gpus as gpu_inventory
+from ..policy.lending import build_node_of
 from ..policy.model import GPU, Node, gpus_text
 from ..trainjob import CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES, FAILED, SUCCEEDED
 from . import ranks, shim
@@ -182,6 +183,23 @@ class LocalBackend(Backend):
         self._inventory: dict[str, tuple[str, list[gpu_inventory.GPUInfo]]] | None = None
         self._running: dict[tuple[str, int], _Attempt] = {}
         self._unreaped: list[subprocess.Popen] = []  # shims that recorded the exit, still exiting
+        self._build = None  # the build pool whose GPUs are lent (``lend``)
+
+    # --- lent build GPUs ---
+
+    lends_build_gpus = True
+
+    def lend(self, build) -> None:
+        self._build = build
+        build.holders = self.lent_holders
+
+    def lent_holders(self) -> dict[tuple[str, int], str]:
+        if self._build is None:
+            return {}
+        index = {uuid: key for key, uuid in self._build.uuids().items()}
+        return {index[uuid]: a.job_id for a in self._running.values()
+                for node, uuids in a.devices.items() if build_node_of(node) is not None
+                for uuid in uuids if uuid in index}
 
     # --- the machine ---
 
@@ -310,12 +328,14 @@ class LocalBackend(Backend):
                 for uuids in running.devices.values() for uuid in uuids}
         chosen = {}
         for node, milli in sorted(placement.items()):
-            if node not in inventory:
+            lent = self._lent_uuids(node)
+            if node not in inventory and lent is None:
                 raise BackendError(f"Node {node} is not part of this machine's train pool.")
             if milli <= 0 or milli % GPU:
                 raise BackendError(
                     f"A train job runs on whole GPUs, not on {gpus_text(milli)} of {node}.")
-            free = [g.uuid for g in inventory[node][1] if g.uuid not in used]
+            free = [u for u in (lent if lent is not None else
+                                [g.uuid for g in inventory[node][1]]) if u not in used]
             if len(free) < milli // GPU:
                 raise BackendError(f"The job was placed on {gpus_text(milli)} of {node}, "
                                    f"which has only {gpus_text(len(free) * GPU)} free.")
@@ -323,6 +343,16 @@ class LocalBackend(Backend):
         if not chosen:
             raise BackendError("The job has no placement: it was not given any GPU.")
         return chosen
+
+    def _lent_uuids(self, node: str) -> list[str] | None:
+        """The UUIDs of the build GPUs lent as ``node`` (a job may still run on one being
+        taken back: it is preempted there); None when ``node`` is not a lent node here."""
+        build = build_node_of(node)
+        if build is None or self._build is None:
+            return None
+        uuids = self._build.uuids()
+        return [uuids[key] for key in self._build.lendable(wanted=True)
+                if key[0] == build and key in uuids]
 
     def _paths(self, job_id: str, attempt: int, node_rank: int = 0) -> tuple[str, str]:
         """The process record and exit file of one node's group."""

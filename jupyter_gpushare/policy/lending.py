@@ -24,6 +24,17 @@ from .model import TRAIN, Node, TrainJob
 from .placement import FreeMap
 
 TAKE_BACK = "take back"  # Preempt.kind of a job whose lent GPUs the build pool takes back
+LENT_SUFFIX = "/lent"  # a lent node's name: its build node's and this (no real node has "/")
+
+
+def lent_node(build_node: str) -> str:
+    """The name of the lent train node of ``build_node``'s GPUs (the service's naming)."""
+    return build_node + LENT_SUFFIX
+
+
+def build_node_of(name: str) -> str | None:
+    """The build node whose GPUs lent node ``name`` is; None for any other node."""
+    return name[:-len(LENT_SUFFIX)] if name.endswith(LENT_SUFFIX) else None
 
 
 class Lending:

@@ -138,6 +138,16 @@ class PoolService(Application):
         profiles).""").tag(config=True)
     build_allowance = Float(0.5, help="GPUs of build slices one user may hold at once, all "
                             "their notebook servers together.").tag(config=True)
+    lend_build_gpus = Bool(False, help="""Lend whole build GPUs that hold no slice to train
+        jobs beyond their project's quota: one virtual pool. Lent GPUs count toward no
+        quota, so every guarantee is unchanged. A notebook server whose slice needs a lent
+        GPU takes it back: the job there is preempted (grace_period, then requeued to resume
+        from its checkpoint) and the spawn page says so while it waits, at most grace_period
+        and a cycle; set the spawner's slice_wait_timeout above that. Local backend
+        only.""").tag(config=True)
+    build_reserve = Integer(1, min=0, help="""Whole build GPUs without slices that are never
+        lent (with lend_build_gpus), so that most notebook servers find room at once. Jobs
+        already on lent GPUs are not preempted to keep it.""").tag(config=True)
     spawner_service = Unicode("gpushare-spawner", help="""Name of the JupyterHub service
         whose token the hub's spawner reserves, changes and releases build slices with (the
         same name as the spawner's own spawner_service). No other service may, nor list every
@@ -305,7 +315,18 @@ class PoolService(Application):
         self.backend = self.backend_class(parent=self, **self._backend_kwargs())
         nodes = self.backend.nodes()
         self.build = BuildPool(self.build_nodes, self.build_allowance, self.store,
-                               any(n.labels.get(SIMULATED_LABEL) for n in nodes), self.log)
+                               any(n.labels.get(SIMULATED_LABEL) for n in nodes), self.log,
+                               lend=self.lend_build_gpus, reserve_gpus=self.build_reserve,
+                               take_back_s=self.grace_period + self.cycle_interval)
+        if self.lend_build_gpus:
+            if not self.backend.lends_build_gpus:
+                self._refuse(f"PoolService.lend_build_gpus needs the local backend; "
+                             f"{self.backend_class.__name__} cannot run train jobs on build "
+                             f"GPUs yet: turn lending off.")
+            if getattr(self.backend, "share_build_gpus", False):
+                self._refuse("PoolService.lend_build_gpus and LocalBackend.share_build_gpus "
+                             "both give build GPUs to train jobs; set one of them.")
+            self.backend.lend(self.build)
 
     def _backend_kwargs(self) -> dict:
         # A backend's own files go under the service's state_dir unless configured.
@@ -383,7 +404,9 @@ class PoolService(Application):
             Launcher(self.backend, self.checkpoint_dir_template, self.state_dir),
             self.log, idle_jobs=self.usage.idle_jobs,
             fair_share=FairShareTime(self.fair_share_half_life, self.fair_share_window)
-            if self.fair_share_half_life else None)
+            if self.fair_share_half_life else None,
+            build=self.build if self.lend_build_gpus else None)
+        self.build.wake = self.scheduler.wake
         self.intake = JobIntake(self.store, self.scheduler, self.python,
                                 self.max_pending_per_user, self.max_job_size)
         self.whatif = WhatIfRunner(log=self.log)

@@ -44,11 +44,14 @@ class Explanation:
 class Scheduler:
     def __init__(self, store: Store, backend: Backend, config: PolicyConfig, grace_s: float,
                  launch_for, log: logging.Logger | None = None, idle_jobs=lambda: set(),
-                 fair_share: FairShareTime | None = None):
+                 fair_share: FairShareTime | None = None, build=None):
         """``launch_for``: a stored job → the backend's ``Launch`` (``launch.py``);
         ``idle_jobs``: the ids of jobs whose GPUs sat idle (``usage_service.py``), taken
-        first when GPUs are reclaimed; ``fair_share``: fair share over time, off when None."""
+        first when GPUs are reclaimed; ``fair_share``: fair share over time, off when None;
+        ``build``: the build pool (``build.BuildPool``) whose GPUs are lent, None when none
+        are."""
         self.store, self.backend, self.config, self.grace_s = store, backend, config, grace_s
+        self.build = build
         self.launch_for, self.idle_jobs = launch_for, idle_jobs
         self.log = log or logging.getLogger("gpushare.pool")
         # What the pool looks like before the first cycle says more (api/pool answers at once).
@@ -175,6 +178,9 @@ class Scheduler:
             now = time.time()
             self._apply_exits(await self.backend.poll(), now)
             nodes = self.nodes()
+            if self.build is not None:
+                await self._take_back(now)
+                nodes += self.build.lent_nodes()
             rows = self.store.active()
             departments, problem = [], None
             for d in self.store.departments():
@@ -222,6 +228,20 @@ class Scheduler:
             await self._start_all([(s.job, dict(s.placement)) for s in result.starts], now)
             if result.starts:  # why the jobs just started are not running yet
                 self._explain(replace(self.explained, starting=self.backend.reasons()))
+
+    async def _take_back(self, now: float) -> None:
+        """Preempt the jobs on lent build GPUs that notebook servers want back: requeued
+        after the grace period, as any victim."""
+        for (node, gpu), job_id in sorted(self.build.taken_back().items()):
+            row = self.store.job(job_id)
+            if row is None or row.state != RUNNING or row.preempting or row.cancel_requested:
+                continue
+            row = self.store.mark(job_id, now, preempting=True,
+                                  detail=f"GPU {gpu} of {node}, lent to train jobs, is taken "
+                                         f"back for a notebook server; requeued to resume "
+                                         f"from its checkpoint")
+            self.log.info("Taking back GPU %d of %s from job %s", gpu, node, job_id)
+            await self.backend.stop(job_id, row.attempt, self.grace_s)
 
     SAVE_EVERY_S = 60.0
     """Fair share over time: the borrowed GPU-time counted is written to the store this

@@ -1,0 +1,168 @@
+"""Build GPUs lent to train jobs, in the service: a real store, the real local backend
+(simulated GPUs) and the scheduling loop. A borrower runs on build GPUs without slices; a
+notebook's slice takes one back (the job is preempted and requeued) within the grace
+period; a job within quota never runs there; ``build_reserve`` GPUs are never lent."""
+
+import asyncio
+import logging
+import os
+import time
+
+import pytest
+import pytest_asyncio
+
+from jupyter_gpushare.backends import Launch
+from jupyter_gpushare.backends.local import LocalBackend
+from jupyter_gpushare.gpus import SimulatedInventory
+from jupyter_gpushare.policy import SliceRefused
+from jupyter_gpushare.policy.model import GPU, PolicyConfig
+from jupyter_gpushare.pool.build import BuildPool
+from jupyter_gpushare.pool.loop import Scheduler
+from jupyter_gpushare.pool.models import ProjectRow
+from jupyter_gpushare.pool.store import Store
+
+GRACE = 3.0
+SLEEPER = "echo started $CUDA_VISIBLE_DEVICES; exec sleep 600"
+
+
+class TwoGPUs(LocalBackend):
+    """One simulated train node of two GPUs, run as the service's own account."""
+
+    def detect_inventories(self):
+        return [SimulatedInventory("sim-node-0", 2)]
+
+    def _service_is_root(self):
+        return False
+
+
+def make_pool(tmp_path, reserve):
+    store = Store(f"sqlite:///{tmp_path / 'pool.sqlite'}")
+    store.add_missing_projects([ProjectRow(name="x", quota=0, groups=["x"]),
+                                ProjectRow(name="y", quota=2 * GPU, groups=["y"])])
+    backend = TwoGPUs(state_dir=str(tmp_path / "state"), run_as_service_user=True)
+    build = BuildPool({"sim-build-0": 2}, 1.0, store, simulated=True, lend=True,
+                      reserve_gpus=reserve, take_back_s=GRACE + 1)
+    backend.lend(build)
+
+    def launch_for(row):
+        return Launch(row.id, row.attempt, row.user, row.project, tuple(row.command),
+                      dict(row.env), dict(row.placement), str(tmp_path / "ckpt" / row.id),
+                      str(tmp_path))
+
+    scheduler = Scheduler(store, backend, PolicyConfig(min_runtime_s=0), grace_s=GRACE,
+                          launch_for=launch_for, log=logging.getLogger("test"), build=build)
+    build.wake = scheduler.wake
+    return store, backend, build, scheduler
+
+
+@pytest_asyncio.fixture
+async def pool(tmp_path):
+    made = make_pool(tmp_path, reserve=0)
+    yield made
+    kill_all(made[1])
+
+
+def kill_all(backend):
+    for record in backend._records():
+        try:
+            os.killpg(record["pgid"], 9)
+        except OSError:
+            pass
+
+
+def submit(store, project, gpus=2):
+    return store.add_job(time.time(), user="u", project=project, name="", gpus=gpus * GPU,
+                         priority=0, command=["/bin/sh", "-c", SLEEPER], env={},
+                         checkpoint_dir="")
+
+
+async def until(scheduler, check, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "the loop did not get there in time"
+        await scheduler.tick()
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.asyncio
+async def test_a_borrower_runs_on_lent_build_gpus_and_a_notebook_takes_one_back(pool):
+    store, backend, build, scheduler = pool
+    first, lent, waiting = (submit(store, "x") for _ in range(3))
+    await until(scheduler, lambda: store.job(lent.id).state == "running")
+    assert store.job(first.id).placement == {"sim-node-0": 2 * GPU}
+    assert store.job(lent.id).placement == {"sim-build-0/lent": 2 * GPU}
+    assert store.job(waiting.id).state == "pending"
+    # it runs on the build GPUs themselves
+    uuids = build.uuids()
+    assert backend.lent_holders() == {("sim-build-0", 0): lent.id, ("sim-build-0", 1): lent.id}
+    [attempt] = [a for a in backend._running.values() if a.job_id == lent.id]
+    assert attempt.devices == {"sim-build-0/lent": [uuids[("sim-build-0", 0)],
+                                                    uuids[("sim-build-0", 1)]]}
+
+    # alice's server wants a slice: only a lent GPU has room, so it is taken back
+    asked = time.monotonic()
+    refused = build.reserve("alice", GPU // 4, "")
+    assert isinstance(refused, SliceRefused)
+    assert str(refused) == ("taking back GPU 0 of sim-build-0, which is lent to train jobs: it "
+                            "is free for this server within 4 s")
+    assert isinstance(build.reserve("alice", GPU // 4, ""), SliceRefused)  # the same GPU
+    assert list(build.wanted.values())[0][0] == ("sim-build-0", 0)
+    await until(scheduler, lambda: store.job(lent.id).preempting, timeout=2)
+    [preempt] = [e for e in store.events(lent.id) if e.kind == "preempt"]
+    assert "GPU 0 of sim-build-0, lent to train jobs, is taken back" in preempt.detail
+    slice_row = None
+
+    def placed():
+        nonlocal slice_row
+        got = build.reserve("alice", GPU // 4, "")
+        slice_row = None if isinstance(got, SliceRefused) else got
+        return slice_row is not None
+    await until(scheduler, placed, timeout=GRACE + 3)
+    took = time.monotonic() - asked
+    assert took <= GRACE + 2, took
+    assert (slice_row.node, slice_row.gpu) == ("sim-build-0", 0)
+    assert not build.wanted
+    # the borrower was requeued to resume from its checkpoint; one lent GPU is left, too few
+    # for it, and it stays off the slice's GPU
+    await until(scheduler, lambda: store.job(lent.id).state == "pending")
+    assert store.job(lent.id).attempt == 2
+    await scheduler.tick()
+    assert store.job(lent.id).state == "pending" and store.job(waiting.id).state == "pending"
+    assert [n for n in scheduler.explained.nodes if n.lent] == \
+        [n for n in build.lent_nodes()] and build.lent_nodes()[0].gpus == 1
+    one = submit(store, "x", gpus=1)
+    await until(scheduler, lambda: store.job(one.id).state == "running")
+    assert store.job(one.id).placement == {"sim-build-0/lent": GPU}
+    assert backend.lent_holders() == {("sim-build-0", 1): one.id}
+
+
+@pytest.mark.asyncio
+async def test_a_job_within_quota_takes_its_quota_back_and_never_runs_on_lent_gpus(pool):
+    store, backend, build, scheduler = pool
+    borrowed = [submit(store, "x") for _ in range(2)]
+    await until(scheduler, lambda: all(store.job(j.id).state == "running" for j in borrowed))
+    within = submit(store, "y")
+    await until(scheduler, lambda: store.job(within.id).state == "running", timeout=GRACE + 5)
+    assert store.job(within.id).placement == {"sim-node-0": 2 * GPU}
+    # the victim was the borrower on the train pool's own GPUs; the lent one runs on
+    assert store.job(borrowed[0].id).state == "pending"
+    assert store.job(borrowed[1].id).state == "running"
+    assert store.job(borrowed[1].id).placement == {"sim-build-0/lent": 2 * GPU}
+
+
+@pytest.mark.asyncio
+async def test_the_build_reserve_is_never_lent(tmp_path):
+    store, backend, build, scheduler = make_pool(tmp_path, reserve=1)
+    try:
+        jobs = [submit(store, "x", gpus=1) for _ in range(4)]
+        await until(scheduler, lambda: sum(store.job(j.id).state == "running"
+                                           for j in jobs) == 3)
+        await scheduler.tick()
+        assert sorted(store.job(j.id).state for j in jobs) == ["pending"] + ["running"] * 3
+        assert backend.lent_holders() == {("sim-build-0", 0): jobs[2].id}
+        # a slice goes straight onto the reserve, nothing is taken back
+        got = build.reserve("alice", GPU // 2, "")
+        assert not isinstance(got, SliceRefused) and (got.node, got.gpu) == ("sim-build-0", 1)
+        assert not build.wanted
+    finally:
+        kill_all(backend)
