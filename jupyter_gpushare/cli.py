@@ -41,6 +41,12 @@ def _seconds(text):
     return value
 
 
+def _scenario(text):
+    if text != "team":
+        raise argparse.ArgumentTypeError(f"the one scenario is team, not {text!r}")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="gpushare", description="Share GPUs in JupyterHub: build slices "
                      "for notebooks, a guaranteed-quota train pool for jobs.")
@@ -53,6 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
                          "--from-pool, the pool's own recorded jobs under today's settings and "
                          "under changed ones, side by side (admins).")
     sim.add_argument("--trace", metavar="FILE", help="trace CSV, may be gzipped")
+    sim.add_argument("--scenario", type=_scenario, metavar="team",
+                     help="instead of a trace, the team scenario: 20 researchers in 4 projects "
+                     "on 32 GPUs over 4 weeks, building in notebooks and training in a closed "
+                     "loop, under static GPUs per researcher, a pool, and gpushare (culling, "
+                     "idle-first reclaim, lent build GPUs), over a sweep of demand; with "
+                     "--activity (default philly), --json and --plot")
     sim.add_argument("--from-pool", action="store_true", help="replay the pool service's "
                      "recorded train jobs (api/history, admins) instead of a trace: under "
                      "today's projects, quotas and nodes, and under the --capacity and "
@@ -139,6 +151,8 @@ def main(argv=None) -> int:
 
 
 def cmd_simulate(args) -> int:
+    if args.scenario:
+        return cmd_scenario(args)
     if args.from_pool:
         if args.departments:
             raise UsageError("--departments is for a trace (--trace FILE); --from-pool replays "
@@ -248,6 +262,41 @@ def cmd_simulate(args) -> int:
     for what, path in (("events", args.events), ("plot", args.plot)):
         if path:  # on stderr: --json keeps stdout one JSON object
             print(f"wrote the {what} to {os.path.abspath(path)}", file=sys.stderr)
+    return 0
+
+
+def cmd_scenario(args) -> int:
+    given = [f"--{name.replace('_', '-')}" for name in ("trace", "from_pool", "quotas",
+                                                        "departments", "capacity", "events")
+             if getattr(args, name)]
+    if given:
+        raise UsageError(f"--scenario team makes its own demand, pool and quotas; leave out "
+                         f"{', '.join(given)}")
+    from .sim.team import TeamParameters, scenario
+    profile = args.activity or "philly"
+    def done(row):  # on stderr, a line per level as it is done: the sweep takes a while
+        print(f"demand {row['demand']:g} ({row['demand_gpus']:g} GPUs) done", file=sys.stderr,
+              flush=True)
+
+    result = scenario(TeamParameters(), profile, on_level=done)
+    if args.plot:
+        from .sim.plot import plot_team
+        try:
+            plot_team(result, args.plot)
+        except RuntimeError as e:
+            raise UsageError(str(e)) from None
+        except OSError as e:
+            raise UsageError(f"cannot write {args.plot} ({e.strerror})") from None
+    if result["calibration"]:
+        for config in ("static", "pooled", "gpushare"):
+            result["calibration"][config].pop("series")
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        from .sim.team_text import format_team
+        print(format_team(result))
+    if args.plot:
+        print(f"wrote the plot to {os.path.abspath(args.plot)}", file=sys.stderr)
     return 0
 
 

@@ -42,8 +42,9 @@ PROFILES: dict[str, tuple[float, ...]] = {
             0.990, 0.990, 0.990, 1.0, 1.0, 1.0, 1.0, 1.0),
 }
 PROFILE_SOURCES = {
-    "philly": "Philly per-GPU utilization CDF (AcmeTrace util_gpu_philly.pkl; Jeon et al., ATC '19 data)",
-    "llm": "Seren per-GPU utilization CDF (AcmeTrace util_gpu_seren.pkl; Hu et al., NSDI '24)",
+    "philly": "Philly's per-GPU utilization CDF (AcmeTrace util_gpu_philly.pkl; data of "
+              "Jeon et al., ATC '19)",
+    "llm": "Seren's per-GPU utilization CDF (AcmeTrace util_gpu_seren.pkl; Hu et al., NSDI '24)",
 }
 
 

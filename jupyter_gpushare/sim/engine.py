@@ -202,6 +202,8 @@ class Simulator:
         self.stop_at = math.inf  # a caller's end of the run (``Simulator.at`` users)
         self.on_end: Callable[[JobRecord, float], None] | None = None
         """Hears each attempt that ends (finished, or released after a preemption)."""
+        self.on_start: Callable[[JobRecord, float], None] | None = None
+        """Hears each attempt that starts."""
         for rec in self.records.values():
             self._push(rec.trace.submit_time, SUBMIT, rec.trace.id, 1)
 
@@ -461,6 +463,8 @@ class Simulator:
         if self.holder == job_id:
             self.holder = None
         self._push(t + rec.remaining, FINISH, job_id, rec.attempt)
+        if self.on_start is not None:
+            self.on_start(rec, t)
         if self.cfg.idle_first and rec.util is not None and rec.util < activity.IDLE_THRESHOLD:
             self.at(t + activity.IDLE_JOB_AFTER_S, lambda now, a=rec.attempt:
                     self._flag_idle(job_id, a))

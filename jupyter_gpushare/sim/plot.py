@@ -10,12 +10,7 @@ MAX_POINTS = 2000
 
 
 def plot_run(run: SimRun, path: str) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise RuntimeError("--plot needs matplotlib: pip install 'jupyter-gpushare[plot]'") from None
+    plt = _pyplot()
     utilized = run.utilized_timeline or [0.0] * len(run.timeline)
     points = _downsample([(*point, u) for point, u in zip(run.timeline, utilized)])
     days = [(t - run.start) / 86400 for t, _, _, _ in points]
@@ -40,8 +35,59 @@ def plot_run(run: SimRun, path: str) -> None:
     plt.close(fig)
 
 
+def _pyplot():
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise RuntimeError("--plot needs matplotlib: pip install 'jupyter-gpushare[plot]'") from None
+    return plt
+
+
 def _downsample(timeline):
     if len(timeline) <= MAX_POINTS:
         return timeline
     step = len(timeline) / MAX_POINTS
     return [timeline[int(i * step)] for i in range(MAX_POINTS)] + [timeline[-1]]
+
+
+def plot_team(result: dict, path: str) -> None:
+    """The team scenario: average GPU utilization day by day at the calibration point (the
+    shape of the case's before/after figures), and over the demand sweep."""
+    plt = _pyplot()
+    configs = ("static", "pooled", "gpushare")
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 7.5))
+    calibration = result["calibration"]
+    if calibration:
+        for config in configs:
+            hourly = calibration[config]["series"]
+            daily = [sum(hourly[d:d + 24]) / len(hourly[d:d + 24])
+                     for d in range(0, len(hourly), 24)]
+            top.step(range(len(daily)), [100 * u for u in daily], where="post",
+                     label=f"{config}: {calibration[config]['avg_utilization']:.1%} on average")
+        top.set_title(f"GPU utilization day by day, demand {calibration['demand']} "
+                      f"({calibration['demand_gpus']} GPUs), where static averages 28 %")
+        top.legend(loc="upper right", fontsize=8)
+    else:
+        top.set_title(result["calibration_note"])
+    top.set_xlabel("day (weekends are days 5-6, 12-13, ...)")
+    top.set_ylabel("utilized GPUs, % of all")
+    sweep = result["sweep"]
+    demand = [row["demand_gpus"] for row in sweep]
+    twin = bottom.twinx()
+    for k, config in enumerate(configs):
+        color = f"C{k}"
+        bottom.plot(demand, [100 * row[config]["avg_utilization"] for row in sweep], "o-",
+                    color=color, label=f"{config} utilization")
+        twin.plot(demand, [row[config]["experiments_completed"] for row in sweep], "s--",
+                  color=color, alpha=0.6, label=f"{config} experiments")
+    bottom.set_xlabel("demand: the GPUs the team's experiments would keep busy on an "
+                      "unlimited pool")
+    bottom.set_ylabel("average GPU utilization, %")
+    twin.set_ylabel("experiments completed (dashed)")
+    bottom.legend(loc="upper left", fontsize=8)
+    fig.suptitle(f"Team scenario, job activity {result['activity']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
