@@ -530,13 +530,15 @@ def scenario(p: TeamParameters, profile: str, demands=DEMANDS, on_level=None) ->
             on_level(row)
         return row
 
+    def static(demand: float) -> float:
+        return TeamRun(p, team, jobs, "static", demand, profile).run()["avg_utilization"]
+
     sweep = [level(d) for d in demands]
     calibration, why = None, ""
     for lo, hi in zip(sweep, sweep[1:]):
         a, b = lo["static"]["avg_utilization"], hi["static"]["avg_utilization"]
         if a <= CALIBRATION <= b and b > a:
-            calibration = level(lo["demand"] + (CALIBRATION - a) / (b - a) *
-                                (hi["demand"] - lo["demand"]))
+            calibration = level(_between(static, (lo["demand"], a), (hi["demand"], b)))
             break
     else:
         static = [r["static"]["avg_utilization"] for r in sweep]
@@ -549,6 +551,24 @@ def scenario(p: TeamParameters, profile: str, demands=DEMANDS, on_level=None) ->
             "activity_source": activity.PROFILE_SOURCES[profile],
             "lending": True, "calibration": calibration, "calibration_note": why,
             "sweep": sweep, "parameters": parameters(p, team)}
+
+
+def _between(static, lo: tuple[float, float], hi: tuple[float, float]) -> float:
+    """The demand between ``lo`` and ``hi`` (demand, static's utilization) where static's
+    utilization is ``CALIBRATION``, within 0.3 percentage points or 8 steps of regula falsi."""
+    demand = lo[0]
+    for _ in range(8):
+        demand = lo[0] + (CALIBRATION - lo[1]) / (hi[1] - lo[1]) * (hi[0] - lo[0])
+        got = static(demand)
+        if abs(got - CALIBRATION) < 0.003:
+            break
+        if got < CALIBRATION:
+            lo = (demand, got)
+        else:
+            hi = (demand, got)
+        if hi[1] <= lo[1]:  # the closed loop's noise: no longer a bracket to narrow
+            break
+    return demand
 
 
 def parameters(p: TeamParameters, team: list[Researcher]) -> dict:
