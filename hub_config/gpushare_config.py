@@ -29,12 +29,19 @@ c.LocalBackend.env_keep = ["LANG", "LC_ALL"]
 # this host's GPU 0, which the train pool then leaves out; on a machine with one GPU, train
 # jobs share it with the slices, so that the demo has a train pool at all.
 _nvml = NVMLInventory()
+_one_gpu = False
 if _nvml.problem() is None:
     c.PoolService.build_nodes = {socket.gethostname(): 1}
-    c.LocalBackend.share_build_gpus = len(_nvml.gpus()) == 1
+    c.LocalBackend.share_build_gpus = _one_gpu = len(_nvml.gpus()) == 1
 else:
     c.PoolService.build_nodes = {"sim-build-0": 1}
 c.PoolService.build_allowance = 0.5
+# One virtual pool: the build GPU, while no notebook holds a slice of it, runs train jobs
+# beyond their projects' quotas; a notebook that starts takes it back (the job there is
+# requeued after the grace period, and the spawn page says so). No GPU is kept in reserve
+# here, so that lending can be seen on a pool of one build GPU (the default keeps one).
+c.PoolService.lend_build_gpus = not _one_gpu  # one GPU: shared with train jobs instead
+c.PoolService.build_reserve = 0
 
 # GPU utilization: read every 5 s (NVML, or without a GPU the NVML stand-in over the simulated
 # GPUs, playing .demo-state/pool/nvml-standin.json if you write one; see

@@ -298,6 +298,12 @@ def format_pool(pool: dict) -> str:
     line = f"{gpus(in_use)} of {gpus(capacity)} GPUs in use, {gpus(max(capacity - in_use, 0))} idle"
     if pool.get("simulated"):
         line += " (simulated inventory: no GPUs were found)"
+    lent = [f"GPU {g.get('gpu')} of {g.get('node')}: lent to "
+            + (f"job {g['job']}" if g.get("job") else "train jobs, free")
+            + ("; being taken back for a notebook server" if g.get("taking_back") else "")
+            for g in (pool.get("build") or {}).get("lent") or ()]
+    if lent:
+        line += "\n" + "\n".join(lent)
     nodes = pool.get("nodes") or []
     if not nodes:
         return line

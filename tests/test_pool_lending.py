@@ -13,6 +13,7 @@ import pytest_asyncio
 
 from jupyter_gpushare.backends import Launch
 from jupyter_gpushare.backends.local import LocalBackend
+from jupyter_gpushare.dashboard.poolmap import pool_map
 from jupyter_gpushare.gpus import SimulatedInventory
 from jupyter_gpushare.policy import SliceRefused
 from jupyter_gpushare.policy.model import GPU, PolicyConfig
@@ -20,6 +21,7 @@ from jupyter_gpushare.pool.build import BuildPool
 from jupyter_gpushare.pool.loop import Scheduler
 from jupyter_gpushare.pool.models import ProjectRow
 from jupyter_gpushare.pool.store import Store
+from jupyter_gpushare.text import format_pool
 
 GRACE = 3.0
 SLEEPER = "echo started $CUDA_VISIBLE_DEVICES; exec sleep 600"
@@ -51,7 +53,7 @@ def make_pool(tmp_path, reserve):
 
     scheduler = Scheduler(store, backend, PolicyConfig(min_runtime_s=0), grace_s=GRACE,
                           launch_for=launch_for, log=logging.getLogger("test"), build=build)
-    build.wake = scheduler.wake
+    build.wake, build.deciding = scheduler.wake, scheduler.deciding
     return store, backend, build, scheduler
 
 
@@ -99,6 +101,14 @@ async def test_a_borrower_runs_on_lent_build_gpus_and_a_notebook_takes_one_back(
     assert attempt.devices == {"sim-build-0/lent": [uuids[("sim-build-0", 0)],
                                                     uuids[("sim-build-0", 1)]]}
 
+    # shown where GPUs are shown: api/pool's build part, gpushare pool, the pool map
+    shown = build.summary()
+    assert shown["lending"] and shown["lent"] == [
+        {"node": "sim-build-0", "gpu": i, "job": lent.id, "taking_back": False} for i in (0, 1)]
+    assert f"GPU 1 of sim-build-0: lent to job {lent.id}" in format_pool({"build": shown})
+    tiles = pool_map({"build": shown}, {lent.id: {"name": "resnet"}}, 0.05)
+    assert tiles.count("lent to job resnet") == 2
+
     # alice's server wants a slice: only a lent GPU has room, so it is taken back
     asked = time.monotonic()
     refused = build.reserve("alice", GPU // 4, "")
@@ -107,6 +117,8 @@ async def test_a_borrower_runs_on_lent_build_gpus_and_a_notebook_takes_one_back(
                             "is free for this server within 4 s")
     assert isinstance(build.reserve("alice", GPU // 4, ""), SliceRefused)  # the same GPU
     assert list(build.wanted.values())[0][0] == ("sim-build-0", 0)
+    assert "GPU 0 of sim-build-0: lent to job " + lent.id + "; being taken back for a " \
+        "notebook server" in format_pool({"build": build.summary()})
     await until(scheduler, lambda: store.job(lent.id).preempting, timeout=2)
     [preempt] = [e for e in store.events(lent.id) if e.kind == "preempt"]
     assert "GPU 0 of sim-build-0, lent to train jobs, is taken back" in preempt.detail
@@ -166,3 +178,19 @@ async def test_the_build_reserve_is_never_lent(tmp_path):
         assert not build.wanted
     finally:
         kill_all(backend)
+
+
+@pytest.mark.asyncio
+async def test_a_lent_gpu_that_no_job_holds_takes_a_slice_at_once_unless_a_cycle_runs(pool):
+    store, backend, build, scheduler = pool
+    await scheduler.tick()
+    assert [(n.name, n.gpus) for n in build.lent_nodes()] == [("sim-build-0/lent", 2)]
+    async with scheduler._lock:  # a cycle between its decisions and its starts
+        refused = build.reserve("alice", GPU // 4, "")
+    assert isinstance(refused, SliceRefused) and "taking back GPU 0" in str(refused)
+    got = build.reserve("bob", GPU // 4, "")  # no cycle now: GPU 1 at once
+    assert not isinstance(got, SliceRefused) and (got.node, got.gpu) == ("sim-build-0", 1)
+    got = build.reserve("alice", GPU // 4, "")  # packed beside bob's: GPU 0 is lent again
+    assert not isinstance(got, SliceRefused) and (got.node, got.gpu) == ("sim-build-0", 1)
+    assert not build.wanted
+    assert [(n.name, n.gpus) for n in build.lent_nodes()] == [("sim-build-0/lent", 1)]

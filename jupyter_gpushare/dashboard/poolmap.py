@@ -33,6 +33,7 @@ def pool_map(pool: dict, jobs: dict[str, dict], idle_threshold: float,
     for (node, index), g in sorted(readings.items()):
         if (node, index) not in known:
             extra.setdefault(node, []).append(index)
+    lent = {(g.get("node"), g.get("gpu")): g for g in (pool.get("build") or {}).get("lent") or ()}
     parts = [f'<p class="source">{escape(SOURCES.get(pool.get("usage_source", ""), ""))}</p>']
     notes = pool.get("usage_notes") or []
     if notes:
@@ -42,7 +43,8 @@ def pool_map(pool: dict, jobs: dict[str, dict], idle_threshold: float,
         indices = range(count) if isinstance(count, int) else count
         held = sum(1 for i in indices if (readings.get((name, i)) or {}).get("held"))
         label = f"{kind} pool · " if kind else ""
-        tiles = "".join(gpu_tile(readings.get((name, i)), name, i, jobs, idle_threshold, base)
+        tiles = "".join(gpu_tile(readings.get((name, i)), name, i, jobs, idle_threshold, base,
+                                 lent.get((name, i)) if kind == "build" else None)
                         for i in indices)
         node = train.get(name) if kind == "train" else None
         drained = drained_words(node, offset) if node else ""
@@ -57,12 +59,13 @@ def pool_map(pool: dict, jobs: dict[str, dict], idle_threshold: float,
 
 
 def gpu_tile(g: dict | None, node: str, index: int, jobs: dict[str, dict],
-             idle_threshold: float, cancel: str | None = None) -> str:
+             idle_threshold: float, cancel: str | None = None, lent: dict | None = None) -> str:
+    """``lent``: the build GPU is lent to train jobs (``api/pool``'s ``build.lent`` entry)."""
     where = f"{node}/{index}"
     if g is None:
         return (f'<div class="gpu unread" data-gpu="{escape(where)}"><div class="gpu-head">'
                 f'<b>GPU {index}</b> <span class="util">–</span></div>'
-                f'<div class="muted">not measured</div></div>')
+                f'<div class="muted">not measured</div>{lent_line(lent, jobs)}</div>')
     util = g.get("utilization")
     holders = g.get("holders") or []
     classes = ["gpu"]
@@ -85,6 +88,9 @@ def gpu_tile(g: dict | None, node: str, index: int, jobs: dict[str, dict],
                     f'gpushare, {escape(size(outside.get("memory_bytes")))}</li>')
     if g.get("lost"):
         rows.insert(0, '<li class="bad">lost: the GPU no longer answers</li>')
+    if lent is not None:
+        classes.append("lent")
+        rows.insert(0, lent_line(lent, jobs, "li"))
     shown = "n/a" if util is None else percent(util)
     return (f'<div class="{" ".join(classes)}" data-gpu="{escape(where)}" title="{escape(title)}">'
             f'<div class="gpu-head"><b>GPU {index}</b> <span class="util">{shown}</span></div>'
@@ -92,6 +98,18 @@ def gpu_tile(g: dict | None, node: str, index: int, jobs: dict[str, dict],
             f'</span></div>'
             f'<div class="mem">{escape(size(used))} of {escape(size(total))}</div>'
             f'<ul class="holders">{"".join(rows)}</ul></div>')
+
+
+def lent_line(lent: dict | None, jobs: dict[str, dict], tag: str = "div") -> str:
+    """"lent to job resnet", "lent to train jobs, free", and whether it is being taken back."""
+    if lent is None:
+        return ""
+    job = lent.get("job")
+    words = "lent to train jobs, free" if not job else \
+        f"lent to job {(jobs.get(job) or {}).get('name') or job}"
+    if lent.get("taking_back"):
+        words += "; being taken back for a notebook server"
+    return f'<{tag} class="lent">{escape(words)}</{tag}>'
 
 
 def _share(h: dict) -> float | None:

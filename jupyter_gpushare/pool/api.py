@@ -65,11 +65,12 @@ def pool_json(handler: PoolHandler) -> dict:
     """``api/pool`` as the caller may see it (the dashboard shows the same)."""
     ex = handler.scheduler.explained
     drained = handler.scheduler.drained
+    own = [n for n in ex.nodes if not n.lent]  # lent build GPUs are under "build"
     nodes = [{"name": n.name, "gpus": n.gpus, "pool": n.pool, "labels": dict(n.labels),
-              **_drained(drained.get(n.name))} for n in ex.nodes]
-    return {"capacity": sum(n.gpus for n in ex.nodes), "nodes": nodes,
+              **_drained(drained.get(n.name))} for n in own]
+    return {"capacity": sum(n.gpus for n in own), "nodes": nodes,
             "in_use": sum(ex.usage.values()) / GPU,
-            "simulated": any(n.labels.get(SIMULATED_LABEL) for n in ex.nodes),
+            "simulated": any(n.labels.get(SIMULATED_LABEL) for n in own),
             "build": handler.build.summary(), **pool_gpus(handler)}
 
 

@@ -406,7 +406,7 @@ class PoolService(Application):
             fair_share=FairShareTime(self.fair_share_half_life, self.fair_share_window)
             if self.fair_share_half_life else None,
             build=self.build if self.lend_build_gpus else None)
-        self.build.wake = self.scheduler.wake
+        self.build.wake, self.build.deciding = self.scheduler.wake, self.scheduler.deciding
         self.intake = JobIntake(self.store, self.scheduler, self.python,
                                 self.max_pending_per_user, self.max_job_size)
         self.whatif = WhatIfRunner(log=self.log)

@@ -7,10 +7,11 @@ UUID is what a pinned slice puts in ``CUDA_VISIBLE_DEVICES``.
 
 Lending (``PoolService.lend_build_gpus``): whole build GPUs that hold no slice, but for
 ``build_reserve`` of them, are lent to train jobs as one lent train node per build node
-(``lent_node``, ``policy/lending.py``). A slice never goes straight onto a lent GPU: where
-only one has room, the slice's server *wants* it (``wanted``), which ends the lending of that
-GPU; the scheduler preempts the job on it (grace period, requeue), and the spawner, told
-so with a 409, asks again until the GPU is free."""
+(``lent_node``, ``policy/lending.py``). A slice goes onto a lent GPU that no job holds at
+once (unless a cycle is starting jobs); where only a GPU a job holds has room, the slice's
+server *wants* it (``wanted``), which ends the lending of that GPU; the scheduler preempts
+the job on it (grace period, requeue), and the spawner, told so with a 409, asks again until
+the GPU is free."""
 
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ class BuildPool:
         # scheduler (``holders``)
         self.holders: Callable[[], dict[GPUKey, str]] = dict
         self.wake: Callable[[], None] = lambda: None  # run a scheduling cycle soon
+        self.deciding: Callable[[], bool] = lambda: False  # a cycle runs (the scheduler's)
 
     def reserve(self, user: str, milli: int, server: str) -> SliceRow | SliceRefused:
         """Pack a slice on the build pool or say why not."""
@@ -65,7 +67,9 @@ class BuildPool:
         mine = self.wanted.get((user, server))
         others = {gpu for key, (gpu, _) in self.wanted.items() if key != (user, server)}
         holders = self.holders()
-        lent = self.lendable(slices, holders)
+        # A lent GPU no job holds takes a slice at once, unless a cycle is between deciding
+        # and starting its jobs (one may be on its way there)
+        lent = self.lendable(slices, holders) if self.deciding() else []
         kept_off = [Slice("", "", GPU, n, g) for n, g in {*lent, *others, *holders}]
         where = place_slice(self.nodes, slices + kept_off, user, milli, allowance)
         if not isinstance(where, SliceRefused):
@@ -142,11 +146,20 @@ class BuildPool:
         return self._uuids
 
     def summary(self) -> dict:
-        """``api/pool``'s ``build``."""
-        return {"capacity": sum(n.gpus for n in self.nodes),
-                "in_use": sum(r.milli for r in self.store.slices()) / GPU,
-                "allowance": self.allowance,
-                "nodes": [{"name": n.name, "gpus": n.gpus} for n in self.nodes]}
+        """``api/pool``'s ``build``: with lending, each build GPU lent to train jobs now, the
+        job on it (None: free to lend) and whether a notebook server is taking it back."""
+        out = {"capacity": sum(n.gpus for n in self.nodes),
+               "in_use": sum(r.milli for r in self.store.slices()) / GPU,
+               "allowance": self.allowance,
+               "nodes": [{"name": n.name, "gpus": n.gpus} for n in self.nodes],
+               "lending": self.lend}
+        if self.lend:
+            holders, wanted = self.holders(), {gpu for gpu, _ in self.wanted.values()}
+            out["reserve"] = self.reserve_gpus
+            out["lent"] = [{"node": n, "gpu": g, "job": holders.get((n, g)),
+                            "taking_back": (n, g) in wanted}
+                           for n, g in sorted({*self.lendable(wanted=True), *holders})]
+        return out
 
     def _find_uuids(self) -> dict[tuple[str, int], str]:
         # Simulated GPUs say so in their UUIDs (GPU-SIMULATED-<node>-<index>); otherwise only

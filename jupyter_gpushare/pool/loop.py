@@ -109,6 +109,10 @@ class Scheduler:
         self.wake()
         return row
 
+    def deciding(self) -> bool:
+        """Whether a cycle runs now (between its decisions and the starts it asks for)."""
+        return self._lock.locked()
+
     def wake(self) -> None:
         """Run a cycle soon (a job was submitted or cancelled)."""
         self._wake.set()

@@ -237,7 +237,15 @@ SPEC = {
                 "capacity": {"type": "number"}, "in_use": {"type": "number"},
                 "simulated": {"type": "boolean"},
                 "nodes": {"type": "array", "items": {"$ref": "#/components/schemas/PoolNode"}},
-                "build": {"type": "object"},
+                "build": {"type": "object", "description": "the build pool; with "
+                          "lend_build_gpus, the build GPUs lent to train jobs now",
+                          "properties": {
+                              "lending": {"type": "boolean"}, "reserve": {"type": "integer"},
+                              "lent": {"type": "array", "items": {
+                                  "type": "object", "properties": {
+                                      "node": {"type": "string"}, "gpu": {"type": "integer"},
+                                      "job": {"type": "string", "nullable": True},
+                                      "taking_back": {"type": "boolean"}}}}}},
                 "gpus": {"type": "array", "items": {"$ref": "#/components/schemas/PoolGPU"},
                          "description": "the pool map: every GPU read, by node and index"},
                 "usage_notes": {"type": "array", "items": {"type": "string"}, "description":
