@@ -3,7 +3,6 @@
 notebook's slice takes one back (the job is preempted and requeued) within the grace
 period; a job within quota never runs there; ``build_reserve`` GPUs are never lent."""
 
-import asyncio
 import logging
 import os
 import time
@@ -22,6 +21,7 @@ from jupyter_gpushare.pool.loop import Scheduler
 from jupyter_gpushare.pool.models import ProjectRow
 from jupyter_gpushare.pool.store import Store
 from jupyter_gpushare.text import format_pool
+from test_pool_loop import until
 
 GRACE = 3.0
 SLEEPER = "echo started $CUDA_VISIBLE_DEVICES; exec sleep 600"
@@ -76,14 +76,6 @@ def submit(store, project, gpus=2):
     return store.add_job(time.time(), user="u", project=project, name="", gpus=gpus * GPU,
                          priority=0, command=["/bin/sh", "-c", SLEEPER], env={},
                          checkpoint_dir="")
-
-
-async def until(scheduler, check, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "the loop did not get there in time"
-        await scheduler.tick()
-        await asyncio.sleep(0.05)
 
 
 @pytest.mark.asyncio

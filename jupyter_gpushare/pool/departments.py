@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 
 from ..policy.model import GPU, Department
 from .models import DepartmentRow
-from .projects import project_name
-from .validate import Invalid, _gpus_amount, _int, _unknown
+from .projects import project_name, quota_changes
+from .validate import Invalid
 
 FIELDS = {"quota", "over_quota_weight", "limit", "projects"}
 MAX_MEMBERS = 1000  # projects of one department
@@ -52,17 +52,7 @@ def changes(body, current: DepartmentSpec | None) -> dict:
     """The checked changes a body asks of a department (GPUs in it, milli-GPUs out): the
     fields of ``PUT api/departments/{name}``, or of a department in
     ``PoolService.departments``; the result must hold with ``current`` (None: a new one)."""
-    if not isinstance(body, dict) or not body:
-        raise Invalid("the body must be a JSON object with one or more of "
-                      + ", ".join(sorted(FIELDS)))
-    _unknown(body, FIELDS)
-    out = {}
-    if "quota" in body:
-        out["quota"] = _gpus_amount(body["quota"], "quota")
-    if "limit" in body:
-        out["limit"] = None if body["limit"] is None else _gpus_amount(body["limit"], "limit")
-    if "over_quota_weight" in body:
-        out["over_quota_weight"] = _int(body["over_quota_weight"], "over_quota_weight", 0, 1000)
+    out = quota_changes(body, FIELDS)
     if "projects" in body:
         projects = body["projects"]
         if not isinstance(projects, list) or not all(isinstance(p, str) for p in projects):

@@ -55,14 +55,14 @@ def project_name(name: str) -> str:
     return name
 
 
-def changes(body, current: ProjectSpec | None) -> dict:
-    """The checked changes a body asks of a project (GPUs in it, milli-GPUs out): the fields
-    of ``PUT api/projects/{name}``, or of a project in ``PoolService.projects``. ``current``:
-    the project as it is, or None for a new one; the result must hold with it."""
+def quota_changes(body, fields) -> dict:
+    """The body of a project's or a department's change checked as a JSON object of
+    ``fields``, and its quota, limit and weight (GPUs in, milli-GPUs out); the caller checks
+    its other fields."""
     if not isinstance(body, dict) or not body:
         raise Invalid("the body must be a JSON object with one or more of "
-                      + ", ".join(sorted(FIELDS)))
-    _unknown(body, FIELDS)
+                      + ", ".join(sorted(fields)))
+    _unknown(body, fields)
     out = {}
     if "quota" in body:
         out["quota"] = _gpus_amount(body["quota"], "quota")
@@ -70,6 +70,14 @@ def changes(body, current: ProjectSpec | None) -> dict:
         out["limit"] = None if body["limit"] is None else _gpus_amount(body["limit"], "limit")
     if "over_quota_weight" in body:
         out["over_quota_weight"] = _int(body["over_quota_weight"], "over_quota_weight", 0, 1000)
+    return out
+
+
+def changes(body, current: ProjectSpec | None) -> dict:
+    """The checked changes a body asks of a project (GPUs in it, milli-GPUs out): the fields
+    of ``PUT api/projects/{name}``, or of a project in ``PoolService.projects``. ``current``:
+    the project as it is, or None for a new one; the result must hold with it."""
+    out = quota_changes(body, FIELDS)
     if "priority" in body:
         out["priority"] = _int(body["priority"], "priority", -1000, 1000)
     if "groups" in body:
