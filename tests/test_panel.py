@@ -157,8 +157,8 @@ def test_project_bars_name_the_department_and_draw_it_too():
     assert vision["text"] == ("vision (research): 3 of 2 guaranteed GPUs in use, 1 borrowed "
                               "beyond the quota")
     assert research["name"] == "department research"
-    assert research["text"] == ("department research: 5 of 4 guaranteed GPUs in use by nlp, "
-                                "vision, 1 borrowed beyond the quota (at most 6)")
+    assert research["text"] == ("department research: 5 GPUs in use by nlp, vision, quota 4, "
+                                "1 borrowed beyond the quota (at most 6)")
 
 
 def test_slice_view():

@@ -154,8 +154,9 @@ def details_html(row: dict) -> str:
 
 def project_bars(quota: dict, capacity: float | None = None) -> list[dict]:
     """One bar per project of ``GET api/quota``, then per department of those projects:
-    guaranteed GPUs, GPUs in use, the part of them borrowed beyond the quota, and the scale
-    to draw them on (the train pool's ``capacity`` when known)."""
+    the quota (guaranteed for a project; for a department, its projects' first claim on idle
+    GPUs), GPUs in use, the part of them beyond the quota, and the scale to draw them on (the
+    train pool's ``capacity`` when known)."""
     bars = []
     departments = [{**d, "name": f"department {d['name']}",
                     "by": ", ".join(d.get("projects") or []) or "no project"}
@@ -165,9 +166,10 @@ def project_bars(quota: dict, capacity: float | None = None) -> list[dict]:
         borrowed = p.get("borrowed", max(0, in_use - guaranteed))
         scale = max(capacity or 0, guaranteed, in_use, p.get("limit") or 0, 1)
         name = f"{p['name']} ({p['department']})" if p.get("department") else p["name"]
-        text = f"{name}: {in_use:g} of {guaranteed:g} guaranteed GPUs in use"
-        if p.get("by"):
-            text += f" by {p['by']}"
+        if p.get("by"):  # a department: only its projects' quotas are guaranteed
+            text = f"{name}: {in_use:g} GPUs in use by {p['by']}, quota {guaranteed:g}"
+        else:
+            text = f"{name}: {in_use:g} of {guaranteed:g} guaranteed GPUs in use"
         if borrowed:
             text += f", {borrowed:g} borrowed beyond the quota"
         if p.get("pending"):

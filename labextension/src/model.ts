@@ -381,9 +381,15 @@ export function barScale(projects: Array<Project | Department>): number {
  * A department's bar, drawn as a project's: what its projects hold together against the
  * department's quota; the label names them.
  */
+/** A department's bar: only its projects' quotas are guaranteed, so its own quota is said as
+ * what it is, their first claim on idle GPUs. */
 export function departmentBar(department: Department, scale: number): QuotaBar {
   const bar = quotaBar({ ...department, pending: 0 }, scale);
-  bar.label += ` by ${department.projects.join(', ') || 'no project'}`;
+  const by = department.projects.join(', ') || 'no project';
+  const beyond = Math.max(0, milli(department.in_use) - milli(department.quota));
+  bar.label =
+    `${gpuAmount(department.in_use)} in use by ${by}, quota ${gpuAmount(department.quota)}` +
+    (beyond > 0 ? ` · ${gpuAmount(beyond / 1000)} borrowed` : '');
   return bar;
 }
 

@@ -212,7 +212,7 @@ describe('quota bars', () => {
     const research = { name: 'research', quota: 4, limit: null, projects: ['nlp', 'vision'], in_use: 6, borrowed: 2, deserved: 6 };
     const bar = departmentBar(research, barScale([research, project('vision', 2, 1)]));
     assert.deepEqual([bar.used, bar.borrowed, bar.free, bar.quotaAt], [66.7, 33.3, 0, 66.7]);
-    assert.equal(bar.label, '6 of 4 guaranteed in use · 2 borrowed by nlp, vision');
+    assert.equal(bar.label, '6 in use by nlp, vision, quota 4 · 2 borrowed');
   });
 
   test('a project with no quota only borrows', () => {
