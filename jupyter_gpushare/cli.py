@@ -272,7 +272,8 @@ def cmd_scenario(args) -> int:
     if given:
         raise UsageError(f"--scenario team makes its own demand, pool and quotas; leave out "
                          f"{', '.join(given)}")
-    from .sim.team import TeamParameters, scenario
+    from .sim.scenario import scenario
+    from .sim.team import TeamParameters
     profile = args.activity or "philly"
     def done(row):  # on stderr, a line per level as it is done: the sweep takes a while
         print(f"demand {row['demand']:g} ({row['demand_gpus']:g} GPUs) done", file=sys.stderr,

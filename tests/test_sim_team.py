@@ -6,8 +6,9 @@ from dataclasses import replace
 import pytest
 
 from jupyter_gpushare import cli
-from jupyter_gpushare.sim.team import (CONFIGS, TeamParameters, TeamRun, load_jobs, make_team,
-                                       scenario)
+from jupyter_gpushare.sim.scenario import scenario
+from jupyter_gpushare.sim.team import TeamParameters, load_jobs, make_team
+from jupyter_gpushare.sim.team_run import CONFIGS, TeamRun
 
 WEEK = TeamParameters(weeks=1)
 
