@@ -336,7 +336,7 @@ def test_build_slices_are_packed_within_allowances_by_the_spawner_only(hub):
     assert hub.api("GET", "api/slices", None)[0] == 403
     status, pool = hub.api("GET", "api/pool", "bob")
     assert pool["build"] == {"capacity": 1, "in_use": 1.0, "allowance": 0.5,
-                             "nodes": [{"name": "sim-build-0", "gpus": 1}]}
+                             "nodes": [{"name": "sim-build-0", "gpus": 1}], "lending": False}
     # The spawner releases them when servers stop; then there is room again.
     assert as_spawner("DELETE", f"api/slices/{b1['id']}")[0] == 200
     assert as_spawner("DELETE", f"api/slices/{b1['id']}")[0] == 404
