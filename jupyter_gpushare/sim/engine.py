@@ -233,6 +233,14 @@ class Simulator:
         """Ask for a cycle: the caller changed what the policy sees (``nodes``)."""
         self._changed(t)
 
+    def stop(self, t: float, job_id: str) -> None:
+        """Preempt a running job now, apart from the policy: what the pool's loop does to a
+        job on a lent build GPU that a notebook server takes back (``pool/loop.py``)."""
+        job = self.active.get(job_id)
+        if job is not None and job.running and not job.preempting:
+            self._preempt(t, job_id)
+            self._changed(t)
+
     def _emit(self, t: float, event: str, rec: JobRecord, **extra) -> None:
         if self.out is not None:
             line = {"t": t, "event": event, "job": rec.trace.id, "project": rec.trace.project,

@@ -18,6 +18,7 @@ import random
 from bisect import bisect_right
 
 from ..policy import SliceRefused, place_slice
+from ..policy.lending import build_node_of, lent_node
 from ..policy.model import BUILD, DEFAULT_MIN_RUNTIME_S, GPU, Node, PolicyConfig, Slice
 from ..usage.cull import CullSettings, Evidence, decide
 from . import activity
@@ -68,12 +69,15 @@ class TeamRun:
         self.warned: dict[str, float] = {}
         self.culls = 0
         self.lent: dict[str, int] = {}  # build server → GPUs lent now
+        self.holder: dict[tuple[str, int], str] = {}  # lent build GPU → the job on it
+        self.gpus_of: dict[str, list[tuple[str, int]]] = {}  # job → the lent GPUs it holds
+        self.wanted: dict[str, tuple[str, int]] = {}  # researcher → the lent GPU taken back
         self.pending: dict[str, int] = {r.name: 0 for r in team}
         self.parked: dict[str, list[tuple[random.Random, int, float]]] = \
             {r.name: [] for r in team}
         """Experiments thought of while their researcher's queue was long: submitted when
         it is short again."""
-        self.line_of: dict[str, tuple[str, random.Random]] = {}
+        self.origin: dict[str, tuple[str, random.Random]] = {}  # job → its researcher, line
         self.submitted = 0
 
     # -- demand ----------------------------------------------------------------------
@@ -109,16 +113,17 @@ class TeamRun:
         cap = min(gpus, r.owned if self.config == "static" else self.p.max_gpus)
         self.submitted += 1
         job_id = f"{r.name}-{self.submitted:05d}"
-        self.line_of[job_id] = (r.name, rng)
+        self.origin[job_id] = (r.name, rng)
         self.pending[r.name] += 1
         self.sim.add(TraceJob(job_id, t, duration * gpus / cap, cap * GPU,
                               r.name if self.config == "static" else r.project, r.name,
                               util=util))
 
     def _started(self, rec, t: float) -> None:
-        name = self.line_of[rec.trace.id][0]
-        if rec.attempt == 1:
-            self.pending[name] -= 1
+        name = self.origin[rec.trace.id][0]
+        self.pending[name] -= 1
+        if self.gpushare:
+            self._hold(rec.trace.id, self.sim.active.get(rec.trace.id).placement)
         parked = self.parked.get(name)
         if parked and self.pending[name] < self.p.queue_short:
             rng, pick, util = parked.pop(0)
@@ -128,9 +133,13 @@ class TeamRun:
                 self.sim.at(when, lambda now: self._submit(r, rng, pick, util, now))
 
     def _ended(self, rec, t: float) -> None:
+        name, rng = self.origin[rec.trace.id]
         if rec.finish is not None:
-            name, rng = self.line_of[rec.trace.id]
             self._think(self.by_name[name], rng, t)
+        else:  # preempted and requeued: it waits in its researcher's queue again
+            self.pending[name] += 1
+        for gpu in self.gpus_of.pop(rec.trace.id, ()):
+            del self.holder[gpu]
         if self.gpushare:
             self._place_waiting(t)
 
@@ -147,6 +156,7 @@ class TeamRun:
     def _leave(self, r: Researcher, i: int, t: float) -> None:
         if r.name in self.waiting:  # left before a slice came
             self.waits.append(t - self.waiting.pop(r.name))
+            self.wanted.pop(r.name, None)
             self._lend(t)
             return
         rng = random.Random(f"{self.p.seed}-{r.name}-leave-{i}")
@@ -182,69 +192,72 @@ class TeamRun:
             self.held.append((r.name, self.opened.pop(r.name), t))
             self._place_waiting(t)
 
+    # -- slices and lent GPUs: the rules of pool/build.py and pool/loop.py, GPU by GPU -----
     def _place_waiting(self, t: float) -> None:
+        """Give waiting servers their slices (``BuildPool.reserve``): packed best fit by the
+        policy on GPUs that no train job holds and no other server wants; where only a GPU a
+        job holds has room, the server wants the one packing picks, and its job is stopped
+        (``PoolLoop._take_back``): the slice comes when the job has left, after its grace."""
+        milli = round(self.p.slice_gpu * GPU)
         for name in sorted(self.waiting, key=self.waiting.get):
-            where = place_slice(self.build_nodes, [*self.slices.values(), *self._lent_held()],
-                                name, round(self.p.slice_gpu * GPU))
+            slices = list(self.slices.values())
+            others = {gpu for who, gpu in self.wanted.items() if who != name}
+            kept_off = [Slice("", "", GPU, n, g) for n, g in {*others, *self.holder}]
+            where = place_slice(self.build_nodes, slices + kept_off, name, milli)
             if isinstance(where, SliceRefused):
+                if name not in self.wanted:
+                    self._want(name, slices, others, milli, t)
                 continue
-            self.slices[name] = Slice(name, name, round(self.p.slice_gpu * GPU), where.node,
-                                      where.gpu)
+            self.wanted.pop(name, None)
+            self.slices[name] = Slice(name, name, milli, where.node, where.gpu)
             self.opened[name] = t
             self.waits.append(t - self.waiting.pop(name))
         self._lend(t)
 
-    # -- lending ---------------------------------------------------------------------
-    def _lent_held(self) -> list[Slice]:
-        """GPUs that train jobs hold on lent build GPUs, as whole slices no notebook may
-        take: the empty GPUs of each build server from its last."""
-        if not self.gpushare:
-            return []
-        held = self._held_on_lent()
-        out = []
-        for node in self.build_nodes:
-            used = {s.gpu for s in self.slices.values() if s.node == node.name}
-            empty = [g for g in reversed(range(node.gpus)) if g not in used]
-            for g in empty[:math.ceil(held.get(node.name, 0) / GPU)]:
-                out.append(Slice("lent", "", GPU, node.name, g))
-        return out
+    def _want(self, name: str, slices: list[Slice], others: set, milli: int, t: float) -> None:
+        where = place_slice(self.build_nodes,
+                            slices + [Slice("", "", GPU, n, g) for n, g in others], name, milli)
+        if isinstance(where, SliceRefused) or not self.gpushare:
+            return  # the build pool is full: the server waits for a slice to end
+        gpu = (where.node, where.gpu)
+        self.wanted[name] = gpu
+        if gpu in self.holder:
+            self.sim.stop(t, self.holder[gpu])
 
-    def _held_on_lent(self) -> dict[str, int]:
-        held: dict[str, int] = {}
-        for job in self.sim.active.view().running:
-            for name, milli in job.placement.items():
-                if name.endswith("-lent"):
-                    held[name[:-5]] = held.get(name[:-5], 0) + milli
-        return held
+    def _lendable(self) -> list[tuple[str, int]]:
+        """The build GPUs lent now (``BuildPool.lendable``): those without a slice that no
+        server wants, but for the last ``build_reserve`` of those that no job holds either."""
+        sliced = {(s.node, s.gpu) for s in self.slices.values()}
+        wanted = set(self.wanted.values())
+        bare = [(n.name, i) for n in self.build_nodes for i in range(n.gpus)
+                if (n.name, i) not in sliced and (n.name, i) not in wanted]
+        spare = [g for g in bare if g not in self.holder]
+        reserve = set(spare[len(spare) - min(self.p.build_reserve, len(spare)):])
+        return [g for g in bare if g not in reserve]
 
     def _lend(self, t: float) -> None:
-        """Offer each build server's GPUs that hold no slice to train jobs, less the
-        reserve and a GPU for each server waiting for one; fewer than its jobs hold makes
-        the cycle take GPUs back (policy/lending.py)."""
+        """One lent train node per build server, of its GPUs lent now (``lent_nodes``)."""
         if not self.gpushare:
             return
-        held = self._held_on_lent()
-        empty = {}
-        for node in self.build_nodes:
-            used = {s.gpu for s in self.slices.values() if s.node == node.name}
-            empty[node.name] = node.gpus - len(used)
-        keep = self.p.build_reserve + len(self.waiting)
-        lent = {}
-        # The reserve and the waiting servers' GPUs come first from what no job holds.
-        for name in sorted(empty, key=lambda n: -(empty[n] - held.get(n, 0) // GPU)):
-            free = empty[name] - math.ceil(held.get(name, 0) / GPU)
-            kept = min(keep, free)
-            keep -= kept
-            lent[name] = empty[name] - kept
-        for name in sorted(lent, key=lambda n: -held.get(n, 0)):  # then from lent jobs
-            taken = min(keep, lent[name])
-            keep -= taken
-            lent[name] -= taken
-        if lent != self.lent:
-            self.lent = lent
+        count: dict[str, int] = {}
+        for node, _ in self._lendable():
+            count[node] = count.get(node, 0) + 1
+        if count != self.lent:
+            self.lent = count
             self.sim.nodes = self.train_nodes + tuple(
-                Node(f"{name}-lent", n, lent=True) for name, n in sorted(lent.items()) if n)
+                Node(lent_node(name), n, lent=True) for name, n in sorted(count.items()))
             self.sim.changed(t)
+
+    def _hold(self, job_id: str, placement) -> None:
+        """A job started on lent GPUs takes the first lent ones no job holds."""
+        for name, milli in placement.items():
+            node = build_node_of(name)
+            if node is None:
+                continue
+            free = [g for g in self._lendable() if g[0] == node and g not in self.holder]
+            for gpu in free[:milli // GPU]:
+                self.holder[gpu] = job_id
+                self.gpus_of.setdefault(job_id, []).append(gpu)
 
     # -- figures ---------------------------------------------------------------------
     def _figures(self) -> dict:
@@ -263,7 +276,7 @@ class TeamRun:
             if stop <= start:
                 continue
             gpus = milli / GPU * (stop - start)
-            on_build = any(n.endswith("-lent") for n in nodes)
+            on_build = any(build_node_of(n) for n in nodes)
             if on_build:
                 build_util += gpus * util
                 build_alloc += gpus
