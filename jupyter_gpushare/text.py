@@ -299,7 +299,8 @@ def format_pool(pool: dict) -> str:
     if pool.get("simulated"):
         line += " (simulated inventory: no GPUs were found)"
     lent = [f"GPU {g.get('gpu')} of {g.get('node')}: lent to "
-            + (f"job {g['job']}" if g.get("job") else "train jobs, free")
+            + (f"job {g['job']}" if g.get("job") else "a train job" if g.get("held")
+               else "train jobs, free")
             + ("; being taken back for a notebook server" if g.get("taking_back") else "")
             for g in (pool.get("build") or {}).get("lent") or ()]
     if lent:

@@ -6,6 +6,7 @@ period; a job within quota never runs there; ``build_reserve`` GPUs are never le
 import logging
 import os
 import time
+from dataclasses import replace
 
 import pytest
 import pytest_asyncio
@@ -96,7 +97,13 @@ async def test_a_borrower_runs_on_lent_build_gpus_and_a_notebook_takes_one_back(
     # shown where GPUs are shown: api/pool's build part, gpushare pool, the pool map
     shown = build.summary()
     assert shown["lending"] and shown["lent"] == [
-        {"node": "sim-build-0", "gpu": i, "job": lent.id, "taking_back": False} for i in (0, 1)]
+        {"node": "sim-build-0", "gpu": i, "job": lent.id, "held": True, "taking_back": False}
+        for i in (0, 1)]
+    # others see that a job holds it, not which
+    hidden = build.summary(lambda job: False)["lent"][0]
+    assert hidden["job"] is None and hidden["held"]
+    assert "GPU 0 of sim-build-0: lent to a train job" in format_pool({"build": build.summary(
+        lambda job: False)})
     assert f"GPU 1 of sim-build-0: lent to job {lent.id}" in format_pool({"build": shown})
     tiles = pool_map({"build": shown}, {lent.id: {"name": "resnet"}}, 0.05)
     assert tiles.count("lent to job resnet") == 2
@@ -186,3 +193,69 @@ async def test_a_lent_gpu_that_no_job_holds_takes_a_slice_at_once_unless_a_cycle
     assert not isinstance(got, SliceRefused) and (got.node, got.gpu) == ("sim-build-0", 1)
     assert not build.wanted
     assert [(n.name, n.gpus) for n in build.lent_nodes()] == [("sim-build-0/lent", 1)]
+
+
+@pytest.mark.asyncio
+async def test_one_take_back_at_a_time_per_user_and_counted_against_the_allowance(pool):
+    store, backend, build, scheduler = pool
+    jobs = [submit(store, "x") for _ in range(2)]
+    await until(scheduler, lambda: all(store.job(j.id).state == "running" for j in jobs))
+    assert isinstance(build.reserve("alice", GPU // 4, "a"), SliceRefused)
+    refused = build.reserve("alice", GPU // 4, "b")  # her second server waits for the first
+    assert str(refused) == ("another server of alice is taking back a GPU lent to train jobs; "
+                            "start this one once that one has started")
+    assert [w.gpu for w in build.wanted.values()] == [("sim-build-0", 0)]
+    build.allowance = 0.25  # what her first server waits for counts against her allowance
+    assert "already holds" not in str(build.reserve("alice", GPU // 4, "a"))
+    assert "build allowance" in str(build.reserve("alice", GPU // 4, "c"))
+
+
+@pytest.mark.asyncio
+async def test_a_cycle_between_deciding_and_starting_keeps_its_lent_gpus(tmp_path):
+    """The reserve GPU is whichever spare GPU comes last: a slice placed while a cycle starts
+    jobs must not move it under them (the jobs start on the GPUs the cycle lent)."""
+    store, backend, build, scheduler = make_pool(tmp_path, reserve=1)
+    build.nodes[0] = replace(build.nodes[0], gpus=3)
+    build._uuids = None
+    try:
+        await scheduler.tick()
+        assert build.lent_now("sim-build-0") == [("sim-build-0", 0), ("sim-build-0", 1)]
+        async with scheduler._lock:  # a cycle has decided to start a job on both
+            got = build.reserve("alice", GPU, "")
+            assert not isinstance(got, SliceRefused) and got.gpu == 2  # the reserve, not theirs
+            assert not build.wanted
+            assert len(backend._lent_uuids("sim-build-0/lent")) == 2
+    finally:
+        kill_all(backend)
+
+
+@pytest.mark.asyncio
+async def test_jobs_on_build_gpus_are_taken_back_when_lending_is_off(pool, tmp_path):
+    """Lending turned off (a restart) while a job runs on a build GPU: the job is preempted
+    and requeued, and no slice lands on its GPU meanwhile."""
+    store, backend, build, scheduler = pool
+    jobs = [submit(store, "x") for _ in range(2)]
+    await until(scheduler, lambda: all(store.job(j.id).state == "running" for j in jobs))
+    build.lend = False
+    refused = build.reserve("alice", GPU // 4, "")
+    assert isinstance(refused, SliceRefused) and "the build pool is full" in str(refused)
+    assert [(n.name, n.gpus) for n in build.lent_nodes()] == [("sim-build-0/lent", 0)]
+    await until(scheduler, lambda: store.job(jobs[1].id).state == "pending", timeout=GRACE + 5)
+    assert store.job(jobs[0].id).state == "running"  # on the train pool's own GPUs
+    got = build.reserve("alice", GPU // 4, "")
+    assert not isinstance(got, SliceRefused)
+
+
+def test_build_gpus_this_machine_cannot_name_are_not_lent(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'pool.sqlite'}")
+    build = BuildPool({"gpu-node-7": 2}, 1.0, store, simulated=False, lend=True, reserve_gpus=0)
+    build._uuids = {}  # another machine's GPUs: no UUID here
+    assert build.lendable() == [] and build.lent_nodes() == []
+
+
+def test_no_slice_before_the_jobs_on_build_gpus_are_adopted(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'pool.sqlite'}")
+    build = BuildPool({"sim-build-0": 1}, 1.0, store, simulated=True, lend=True)
+    build.adopted = False
+    refused = build.reserve("alice", GPU // 4, "")
+    assert isinstance(refused, SliceRefused) and "ask again in a moment" in str(refused)

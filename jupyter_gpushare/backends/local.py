@@ -100,6 +100,10 @@ class _Attempt:
             "groups": [g.record() for g in self.groups]})
 
 
+class LentGPUsGone(BackendError):
+    """Build GPUs lent to a job went back to notebooks between the cycle and its start."""
+
+
 class LocalBackend(Backend):
     """Runs each train job as a process group on this host, on the GPUs NVML finds, or on
     simulated nodes where there are none."""
@@ -337,22 +341,24 @@ class LocalBackend(Backend):
             free = [u for u in (lent if lent is not None else
                                 [g.uuid for g in inventory[node][1]]) if u not in used]
             if len(free) < milli // GPU:
-                raise BackendError(f"The job was placed on {gpus_text(milli)} of {node}, "
-                                   f"which has only {gpus_text(len(free) * GPU)} free.")
+                error = LentGPUsGone if lent is not None else BackendError
+                raise error(f"The job was placed on {gpus_text(milli)} of {node}, "
+                            f"which has only {gpus_text(len(free) * GPU)} free.")
             chosen[node] = free[:milli // GPU]
         if not chosen:
             raise BackendError("The job has no placement: it was not given any GPU.")
         return chosen
 
     def _lent_uuids(self, node: str) -> list[str] | None:
-        """The UUIDs of the build GPUs lent as ``node`` (a job may still run on one being
-        taken back: it is preempted there); None when ``node`` is not a lent node here."""
+        """The UUIDs of the build GPUs that the cycle lent as ``node`` and that no notebook
+        server wants back since; None when ``node`` is not a lent node of this build pool."""
         build = build_node_of(node)
-        if build is None or self._build is None:
+        if build is None or self._build is None or build not in self._build.names:
             return None
         uuids = self._build.uuids()
-        return [uuids[key] for key in self._build.lendable(wanted=True)
-                if key[0] == build and key in uuids]
+        wanted = {w.gpu for w in self._build.wanted.values()}
+        return [uuids[key] for key in self._build.lent_now(build)
+                if key in uuids and key not in wanted]
 
     def _paths(self, job_id: str, attempt: int, node_rank: int = 0) -> tuple[str, str]:
         """The process record and exit file of one node's group."""

@@ -105,8 +105,8 @@ def lent_line(lent: dict | None, jobs: dict[str, dict], tag: str = "div") -> str
     if lent is None:
         return ""
     job = lent.get("job")
-    words = "lent to train jobs, free" if not job else \
-        f"lent to job {(jobs.get(job) or {}).get('name') or job}"
+    words = f"lent to job {(jobs.get(job) or {}).get('name') or job}" if job else \
+        "lent to a train job" if lent.get("held") else "lent to train jobs, free"
     if lent.get("taking_back"):
         words += "; being taken back for a notebook server"
     return f'<{tag} class="lent">{escape(words)}</{tag}>'

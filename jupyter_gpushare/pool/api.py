@@ -71,7 +71,21 @@ def pool_json(handler: PoolHandler) -> dict:
     return {"capacity": sum(n.gpus for n in own), "nodes": nodes,
             "in_use": sum(ex.usage.values()) / GPU,
             "simulated": any(n.labels.get(SIMULATED_LABEL) for n in own),
-            "build": handler.build.summary(), **pool_gpus(handler)}
+            "build": handler.build.summary(_may_see_job(handler)), **pool_gpus(handler)}
+
+
+def _may_see_job(handler: PoolHandler):
+    """Whether the caller may see a job's id: an admin, its user, a member of its project (as
+    the pool map names holders)."""
+    who = handler.who
+    if who.admin:
+        return lambda job_id: True
+    mine = {p.name for p in handler.my_projects()}
+
+    def may_see(job_id: str) -> bool:
+        row = handler.store.job(job_id)
+        return row is not None and (row.user == who.name or row.project in mine)
+    return may_see
 
 
 def _drained(row) -> dict:

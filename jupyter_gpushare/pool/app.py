@@ -31,9 +31,11 @@ from .. import __version__
 from ..backends.base import Backend, private_dir
 from ..backends.local import SIMULATED_LABEL, LocalBackend
 from ..policy.departments import guaranteed, two_levels
+from ..policy.lending import build_node_of
 from ..policy.model import DEFAULT_MIN_RUNTIME_S, GPU, TRAIN, PolicyConfig, Project
 from ..policy.past_use import LONGEST_S, FairShareTime
 from ..policy.quotas import overbooking
+from ..trainjob import RUNNING
 from . import dashboard, dashboard_forms, rest
 from .admin import configured_departments, configured_projects
 from .build import BuildPool
@@ -314,6 +316,10 @@ class PoolService(Application):
     def init_backend(self):
         self.backend = self.backend_class(parent=self, **self._backend_kwargs())
         nodes = self.backend.nodes()
+        odd = sorted(name for name in self.build_nodes if "/" in name)
+        if odd:
+            self._refuse(f"PoolService.build_nodes names {odd[0][:100]!r}: a node's name has no "
+                         f"'/'; give the node's name as Kubernetes or this machine knows it.")
         self.build = BuildPool(self.build_nodes, self.build_allowance, self.store,
                                any(n.labels.get(SIMULATED_LABEL) for n in nodes), self.log,
                                lend=self.lend_build_gpus, reserve_gpus=self.build_reserve,
@@ -326,7 +332,17 @@ class PoolService(Application):
             if getattr(self.backend, "share_build_gpus", False):
                 self._refuse("PoolService.lend_build_gpus and LocalBackend.share_build_gpus "
                              "both give build GPUs to train jobs; set one of them.")
+            unnamed = sorted(n.name for n in self.build.nodes
+                             if not any(key[0] == n.name for key in self.build.uuids()))
+            if unnamed:
+                self.log.warning("Build GPUs of %s are not lent: this machine cannot name "
+                                 "them (only its own GPUs, or simulated ones, can run train "
+                                 "jobs here)", ", ".join(unnamed))
+        if self.backend.lends_build_gpus:  # also without lending: jobs still on build GPUs
             self.backend.lend(self.build)
+            # No slice until the scheduler has adopted the jobs that run on build GPUs
+            self.build.adopted = not any(build_node_of(n) for r in self.store.active()
+                                         if r.state == RUNNING for n in r.placement or {})
 
     def _backend_kwargs(self) -> dict:
         # A backend's own files go under the service's state_dir unless configured.
@@ -405,7 +421,7 @@ class PoolService(Application):
             self.log, idle_jobs=self.usage.idle_jobs,
             fair_share=FairShareTime(self.fair_share_half_life, self.fair_share_window)
             if self.fair_share_half_life else None,
-            build=self.build if self.lend_build_gpus else None)
+            build=self.build if self.backend.lends_build_gpus else None)
         self.build.wake, self.build.deciding = self.scheduler.wake, self.scheduler.deciding
         self.intake = JobIntake(self.store, self.scheduler, self.python,
                                 self.max_pending_per_user, self.max_job_size)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from .. import gpus as gpu_inventory
 from ..policy import SliceRefused, place_slice
@@ -28,6 +28,14 @@ from .store import Store
 
 
 GPUKey = tuple[str, int]  # (build node, GPU index)
+
+
+class Wanted(NamedTuple):
+    """A lent GPU that a notebook server's slice waits for."""
+
+    gpu: GPUKey
+    until: float  # forgotten after this unless asked for again (the spawner gave up)
+    milli: int  # the slice's size, counted against its user's allowance meanwhile
 
 
 class BuildPool:
@@ -46,48 +54,65 @@ class BuildPool:
         self.log = log or logging.getLogger("gpushare.pool")
         self._uuids: dict[tuple[str, int], str] | None = None  # found at the first use
         self.lend, self.reserve_gpus, self.take_back_s = lend, reserve_gpus, take_back_s
-        # (user, server) → the lent GPU its slice waits for and until when it is wanted
-        self.wanted: dict[tuple[str, str], tuple[GPUKey, float]] = {}
-        # (node, index) → the job that runs on a lent GPU: the backend's, set by the
-        # scheduler (``holders``)
+        self.wanted: dict[tuple[str, str], Wanted] = {}  # (user, server) → its lent GPU
+        # Set by the service: (node, index) → the job on a lent GPU (the backend's, also
+        # after lending was turned off: those jobs are taken back); whether a cycle runs;
+        # run one soon; whether running jobs were adopted after a start.
         self.holders: Callable[[], dict[GPUKey, str]] = dict
-        self.wake: Callable[[], None] = lambda: None  # run a scheduling cycle soon
-        self.deciding: Callable[[], bool] = lambda: False  # a cycle runs (the scheduler's)
+        self.deciding: Callable[[], bool] = lambda: False
+        self.wake: Callable[[], None] = lambda: None
+        self.adopted = True
+        self._lent_now: dict[str, list[int]] = {}  # the lent GPUs the last cycle saw, by node
 
     def reserve(self, user: str, milli: int, server: str) -> SliceRow | SliceRefused:
-        """Pack a slice on the build pool or say why not."""
+        """Pack a slice on the build pool or say why not. Never on a GPU a train job holds:
+        where only such a lent GPU has room, the server wants it back (one at a time per
+        user, counted against their allowance) and is told to ask again."""
+        if not self.adopted:
+            return SliceRefused("the pool service is starting and has not yet found the train "
+                                "jobs that run on build GPUs; ask again in a moment")
         slices = [Slice(r.id, r.user, r.milli, r.node, r.gpu) for r in self.store.slices()]
         allowance = round(self.allowance * GPU)
-        where = place_slice(self.nodes, slices, user, milli, allowance)
-        if isinstance(where, SliceRefused) or not self.lend:
-            return where if isinstance(where, SliceRefused) else self._add(user, server, milli,
-                                                                          where)
         now = time.time()
         self._forget_wanted(now)
-        mine = self.wanted.get((user, server))
-        others = {gpu for key, (gpu, _) in self.wanted.items() if key != (user, server)}
         holders = self.holders()
+        mine = self.wanted.get((user, server))
+        waiting = [Slice("", user, w.milli, "", -1) for key, w in self.wanted.items()
+                   if key[0] == user and key != (user, server)]  # only its allowance
+        others = [Slice("", "", GPU, *w.gpu) for key, w in self.wanted.items()
+                  if key != (user, server)]
+        held = [Slice("", "", GPU, n, g) for n, g in holders]
         # A lent GPU no job holds takes a slice at once, unless a cycle is between deciding
-        # and starting its jobs (one may be on its way there)
-        lent = self.lendable(slices, holders) if self.deciding() else []
-        kept_off = [Slice("", "", GPU, n, g) for n, g in {*lent, *others, *holders}]
-        where = place_slice(self.nodes, slices + kept_off, user, milli, allowance)
+        # and starting its jobs (one may be on its way there, or the reserve may move)
+        busy = [Slice("", "", GPU, node, g) for node, gs in self._lent_now.items() for g in gs] \
+            if self.deciding() else []
+        where = place_slice(self.nodes, slices + waiting + others + held + busy, user, milli,
+                            allowance)
         if not isinstance(where, SliceRefused):
             self.wanted.pop((user, server), None)
             return self._add(user, server, milli, where)
-        if mine is None:  # only a lent GPU has room: want the one packing picks
-            where = place_slice(self.nodes, slices + [Slice("", "", GPU, n, g) for n, g in others],
-                                user, milli, allowance)
+        if not self.lend or (not holders and not busy) or \
+                isinstance(place_slice(self.nodes, slices + waiting, user, milli, allowance),
+                           SliceRefused):
+            return where  # full, or beyond the allowance, lent GPUs or not
+        if any(key[0] == user and key != (user, server) for key in self.wanted):
+            return SliceRefused(f"another server of {user} is taking back a GPU lent to train "
+                                f"jobs; start this one once that one has started")
+        if mine is None:  # only a lent GPU has room: want one no job holds, else a held one
+            where = place_slice(self.nodes, slices + others + held, user, milli, allowance)
+            if isinstance(where, SliceRefused):
+                where = place_slice(self.nodes, slices + others, user, milli, allowance)
             if isinstance(where, SliceRefused):
                 return where
-            mine = ((where.node, where.gpu), now + 2 * self.take_back_s)
-            self.wanted[(user, server)] = mine
-            self.log.info("Taking back GPU %d of %s, lent to train jobs, for %s's server %r",
-                          where.gpu, where.node, user, server)
+            job = holders.get((where.node, where.gpu))
+            self.log.info("Taking back GPU %d of %s%s for %s's server %r", where.gpu,
+                          where.node, f" from job {job}" if job else "", user, server)
             self.wake()
-        (node, gpu), _ = mine
-        return SliceRefused(f"taking back GPU {gpu} of {node}, which is lent to train jobs: it "
-                            f"is free for this server within {self.take_back_s:.0f} s")
+        gpu = (where.node, where.gpu) if mine is None else mine.gpu
+        self.wanted[(user, server)] = Wanted(gpu, now + 2 * self.take_back_s, milli)
+        return SliceRefused(f"taking back GPU {gpu[1]} of {gpu[0]}, which is lent to train "
+                            f"jobs: it is free for this server within "
+                            f"{self.take_back_s:.0f} s")
 
     def _add(self, user: str, server: str, milli: int, where) -> SliceRow:
         return self.store.add_slice(time.time(), user=user, server=server, milli=milli,
@@ -95,15 +120,15 @@ class BuildPool:
 
     def _forget_wanted(self, now: float) -> None:
         """A server that stopped asking (its start gave up) no longer wants its GPU."""
-        for key in [k for k, (_, until) in self.wanted.items() if until < now]:
+        for key in [k for k, w in self.wanted.items() if w.until < now]:
             del self.wanted[key]
 
     # -- lending -----------------------------------------------------------------------------
     def lendable(self, slices: list[Slice] | None = None,
-                 holders: dict[GPUKey, str] | None = None, wanted: bool = False) -> list[GPUKey]:
-        """The build GPUs lent now: those without a slice that no server wants (with
-        ``wanted``, those too: a job may still run there until it is taken back), but for
-        the last ``reserve_gpus`` of those that no job holds either. None unless lending."""
+                 holders: dict[GPUKey, str] | None = None) -> list[GPUKey]:
+        """The build GPUs to lend now: those this machine can name, without a slice, that no
+        server wants, but for the last ``reserve_gpus`` of those that no job holds either.
+        None unless lending."""
         if not self.lend:
             return []
         if slices is None:
@@ -111,28 +136,48 @@ class BuildPool:
         holders = self.holders() if holders is None else holders
         sliced = {(s.node, s.gpu) for s in slices}
         self._forget_wanted(time.time())
-        taken_back = {gpu for gpu, _ in self.wanted.values()}
+        taken_back = {w.gpu for w in self.wanted.values()}
+        named = self.uuids()
         bare = [(n.name, i) for n in self.nodes for i in range(n.gpus)
-                if (n.name, i) not in sliced and (n.name, i) not in taken_back]
+                if (n.name, i) in named and (n.name, i) not in sliced
+                and (n.name, i) not in taken_back]
         spare = [g for g in bare if g not in holders]
         reserve = set(spare[len(spare) - min(self.reserve_gpus, len(spare)):])
-        out = [g for g in bare if g not in reserve]
-        if wanted:
-            out += sorted(g for g in taken_back if g not in sliced)
-        return out
+        return [g for g in bare if g not in reserve]
 
     def lent_nodes(self) -> list[Node]:
-        """One lent train node per build node with GPUs lent now (``policy.Node.lent``)."""
-        count: dict[str, int] = {}
-        for node, _ in self.lendable():
-            count[node] = count.get(node, 0) + 1
-        return [Node(lent_node(n.name), count.get(n.name, 0), lent=True) for n in self.nodes
-                if count.get(n.name) or any(k[0] == n.name for k in self.holders())]
+        """One lent train node per build node with GPUs lent now or jobs still on them
+        (``policy.Node.lent``); what it lends is kept for the cycle (``lent_now``)."""
+        self._lent_now = {}
+        for node, gpu in self.lendable():
+            self._lent_now.setdefault(node, []).append(gpu)
+        held = {node for node, _ in self.holders()}
+        return [Node(lent_node(n.name), len(self._lent_now.get(n.name, ())), lent=True)
+                for n in self.nodes if n.name in self._lent_now or n.name in held]
+
+    def lent_now(self, node: str) -> list[GPUKey]:
+        """The GPUs of build node ``node`` that the last cycle lent: where its jobs start."""
+        return [(node, g) for g in self._lent_now.get(node, ())]
 
     def taken_back(self) -> dict[GPUKey, str]:
-        """Lent GPUs a server wants back, with the job still running there."""
-        wanted = {gpu for gpu, _ in self.wanted.values()}
-        return {gpu: job for gpu, job in self.holders().items() if gpu in wanted}
+        """Lent GPUs a server wants back, with the job still running there; without lending
+        (turned off since they started), every job on a build GPU."""
+        holders = self.holders()
+        if not self.lend:
+            return holders
+        wanted = {w.gpu for w in self.wanted.values()}
+        return {gpu: job for gpu, job in holders.items() if gpu in wanted}
+
+    def summary_lent(self, may_see: Callable[[str], bool]) -> list[dict]:
+        """``api/pool``'s ``build.lent``: each GPU lent now and the job there, named only to
+        callers who ``may_see`` it."""
+        holders, wanted = self.holders(), {w.gpu for w in self.wanted.values()}
+        out = []
+        for n, g in sorted({*self.lendable(), *holders, *wanted}):
+            job = holders.get((n, g))
+            out.append({"node": n, "gpu": g, "job": job if job and may_see(job) else None,
+                        "held": job is not None, "taking_back": (n, g) in wanted})
+        return out
 
     def uuid(self, node: str, gpu: int) -> str | None:
         """The UUID of a build GPU where this machine can name it; None for a GPU of another
@@ -145,20 +190,18 @@ class BuildPool:
             self._uuids = self._find_uuids()
         return self._uuids
 
-    def summary(self) -> dict:
-        """``api/pool``'s ``build``: with lending, each build GPU lent to train jobs now, the
-        job on it (None: free to lend) and whether a notebook server is taking it back."""
+    def summary(self, may_see: Callable[[str], bool] = lambda job: True) -> dict:
+        """``api/pool``'s ``build``: with lending, each build GPU lent to train jobs now,
+        whether a job holds it (its id where the caller ``may_see`` it) and whether a
+        notebook server is taking it back."""
         out = {"capacity": sum(n.gpus for n in self.nodes),
                "in_use": sum(r.milli for r in self.store.slices()) / GPU,
                "allowance": self.allowance,
                "nodes": [{"name": n.name, "gpus": n.gpus} for n in self.nodes],
                "lending": self.lend}
         if self.lend:
-            holders, wanted = self.holders(), {gpu for gpu, _ in self.wanted.values()}
             out["reserve"] = self.reserve_gpus
-            out["lent"] = [{"node": n, "gpu": g, "job": holders.get((n, g)),
-                            "taking_back": (n, g) in wanted}
-                           for n, g in sorted({*self.lendable(wanted=True), *holders})]
+            out["lent"] = self.summary_lent(may_see)
         return out
 
     def _find_uuids(self) -> dict[tuple[str, int], str]:

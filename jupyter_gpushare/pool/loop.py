@@ -15,6 +15,7 @@ from ..backends.base import LOST, Backend, BackendError, Exit, Handle
 from ..policy import (TRAIN, Department, JobState, Node, PolicyConfig, Project, Snapshot, TrainJob,
                       cycle)
 from ..policy.departments import two_levels
+from ..policy.lending import build_node_of
 from ..policy.outcome import FAILED, PREEMPTED, SUCCEEDED, after_stop
 from ..policy.past_use import FairShareTime, PastUse
 from ..policy.reasons import drained_note
@@ -126,6 +127,8 @@ class Scheduler:
         while True:
             try:
                 await self.reconcile()
+                if self.build is not None:
+                    self.build.adopted = True  # the jobs on build GPUs are known now
                 break
             except Exception:  # the store or the platform is not there yet: try again
                 self.log.exception("adopting running jobs failed; trying again")
@@ -304,7 +307,11 @@ class Scheduler:
         try:
             handle = await self.backend.start(self.launch_for(row))
         except BackendError as e:
-            self.store.finish(row.id, time.time(), FAILED, message=str(e))
+            if any(build_node_of(n) for n in row.placement or {}):  # lent GPUs taken back
+                self.store.requeue(row.id, time.time(), LOST, detail=f"{e} Requeued: the "
+                                   f"build GPUs lent to it went back to notebooks first.")
+            else:
+                self.store.finish(row.id, time.time(), FAILED, message=str(e))
             return None
         return dict(handle.data)
 

@@ -244,7 +244,10 @@ SPEC = {
                               "lent": {"type": "array", "items": {
                                   "type": "object", "properties": {
                                       "node": {"type": "string"}, "gpu": {"type": "integer"},
-                                      "job": {"type": "string", "nullable": True},
+                                      "job": {"type": "string", "nullable": True,
+                                              "description": "the job on it, for those "
+                                              "who may see it"},
+                                      "held": {"type": "boolean"},
                                       "taking_back": {"type": "boolean"}}}}}},
                 "gpus": {"type": "array", "items": {"$ref": "#/components/schemas/PoolGPU"},
                          "description": "the pool map: every GPU read, by node and index"},
