@@ -73,10 +73,11 @@ class PoolUnreachable(ClientError):
 
 
 class PoolError(ClientError):
-    """The service answered with an error: ``status`` and the server's sentence."""
+    """The service answered with an error: ``status`` and the server's sentence; and, where
+    it said when to ask again (``Retry-After``, seconds), ``retry_after``."""
 
-    def __init__(self, status: int, message: str):
-        self.status, self.message = status, message
+    def __init__(self, status: int, message: str, retry_after: float | None = None):
+        self.status, self.message, self.retry_after = status, message, retry_after
         super().__init__(message)
 
 
@@ -590,7 +591,8 @@ class PoolClient:
         if isinstance(message, str) and message.strip():
             if status == 503:  # the service cannot ask the hub now: passes, like a restart
                 return PoolUnreachable(" ".join(message.split()))
-            return PoolError(status, " ".join(message.split()))
+            return PoolError(status, " ".join(message.split()),
+                             _seconds(headers.get("Retry-After")))
         # Not the service's own words: the hub, its proxy or something else answered.
         if 300 <= status < 400:
             location = headers.get("Location") or ""
@@ -656,3 +658,12 @@ def _words(error) -> str:
     if isinstance(error, OSError) and error.strerror:
         return error.strerror[:1].lower() + error.strerror[1:]
     return type(error).__name__
+
+
+def _seconds(value) -> float | None:
+    """A ``Retry-After`` header given in seconds (at most a day), or None."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        return None
+    return seconds if 0 <= seconds <= 86400 else None

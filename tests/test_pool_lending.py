@@ -12,6 +12,8 @@ import pytest
 import pytest_asyncio
 
 from jupyter_gpushare.backends import Launch
+from jupyter_gpushare.client import PoolError
+from jupyter_gpushare.spawner.reserve import reserve
 from jupyter_gpushare.backends.local import LocalBackend
 from jupyter_gpushare.dashboard.poolmap import pool_map
 from jupyter_gpushare.gpus import SimulatedInventory
@@ -114,6 +116,7 @@ async def test_a_borrower_runs_on_lent_build_gpus_and_a_notebook_takes_one_back(
     assert isinstance(refused, SliceRefused)
     assert str(refused) == ("taking back GPU 0 of sim-build-0, which is lent to train jobs: it "
                             "is free for this server within 4 s")
+    assert refused.retry_s == GRACE + 1  # the API says so in Retry-After; the spawner waits
     assert isinstance(build.reserve("alice", GPU // 4, ""), SliceRefused)  # the same GPU
     assert list(build.wanted.values())[0][0] == ("sim-build-0", 0)
     assert "GPU 0 of sim-build-0: lent to job " + lent.id + "; being taken back for a " \
@@ -259,3 +262,28 @@ def test_no_slice_before_the_jobs_on_build_gpus_are_adopted(tmp_path):
     build.adopted = False
     refused = build.reserve("alice", GPU // 4, "")
     assert isinstance(refused, SliceRefused) and "ask again in a moment" in str(refused)
+
+
+class TakingBack:
+    """Answers as the pool does while a lent GPU comes back: 409 with Retry-After, twice."""
+
+    def __init__(self):
+        self.asked = 0
+
+    def reserve(self, user, milli, server):
+        self.asked += 1
+        if self.asked <= 2:
+            raise PoolError(409, "taking back GPU 0 of b0, which is lent to train jobs: it is "
+                                 "free for this server within 1 s", retry_after=1.0)
+        return {"id": "s-1", "gpus": milli / GPU, "node": "b0", "gpu": 0, "uuid": None}
+
+
+@pytest.mark.asyncio
+async def test_the_spawner_waits_for_a_gpu_taken_back_beyond_its_own_wait():
+    said = []
+    client = TakingBack()
+    held = await reserve(client, "alice", "", GPU // 4, wait_s=0.1, say=said.append,
+                         interval=0.3)
+    assert [h.id for h in held] == ["s-1"] and client.asked == 3
+    assert said == ["Taking back GPU 0 of b0, which is lent to train jobs: it is free for this "
+                    "server within 1 s: waiting up to 1 s for room."]

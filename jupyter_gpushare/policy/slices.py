@@ -22,6 +22,7 @@ class SlicePlacement:
 @dataclass(frozen=True, slots=True)
 class SliceRefused:
     reason: str
+    retry_s: float | None = None  # room comes within this many seconds (a GPU taken back)
 
     def __str__(self):
         return self.reason

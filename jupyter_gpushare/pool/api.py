@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 
 from tornado import web
@@ -403,6 +404,8 @@ class SlicesHandler(PoolHandler):
             self.fail(e.status, str(e))
         placed = self.build.reserve(user, round(gpus * GPU), server)
         if isinstance(placed, SliceRefused):
+            if placed.retry_s is not None:  # a GPU lent to train jobs comes back by then
+                self.set_header("Retry-After", str(math.ceil(placed.retry_s)))
             self.fail(409, str(placed))
         self.reply(self.slice_json(placed), 201)
 

@@ -112,7 +112,7 @@ class BuildPool:
         self.wanted[(user, server)] = Wanted(gpu, now + 2 * self.take_back_s, milli)
         return SliceRefused(f"taking back GPU {gpu[1]} of {gpu[0]}, which is lent to train "
                             f"jobs: it is free for this server within "
-                            f"{self.take_back_s:.0f} s")
+                            f"{self.take_back_s:.0f} s", self.take_back_s)
 
     def _add(self, user: str, server: str, milli: int, where) -> SliceRow:
         return self.store.add_slice(time.time(), user=user, server=server, milli=milli,

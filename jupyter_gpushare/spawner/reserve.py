@@ -66,7 +66,8 @@ async def reserve(client: SliceClient, user: str, server: str, milli: int, *, wa
     """Slices for ``milli`` (one, or one whole GPU each for more than one GPU).
 
     While the pool refuses with 409, ``say`` it once and ask again every ``interval`` seconds
-    for up to ``wait_s``; then raise ``Refused``. Other failures raise ``ClientError``. All or
+    for up to ``wait_s`` (or, when the pool says when room comes, a GPU lent to train jobs
+    taken back, until then); then raise ``Refused``. Other failures raise ``ClientError``. All or
     nothing: what was reserved is released again when a later part fails."""
     parts = [milli] if milli <= GPU else [GPU] * (milli // GPU)
     held: list[Held] = []
@@ -82,12 +83,14 @@ async def reserve(client: SliceClient, user: str, server: str, milli: int, *, wa
                 except PoolError as exc:
                     if exc.status != 409:
                         raise
+                    if exc.retry_after is not None:  # a GPU coming back by then: wait for it
+                        deadline = max(deadline, time.monotonic() + exc.retry_after + interval)
                     left = deadline - time.monotonic()
                     if left <= 0:
                         raise Refused(exc.message) from None
                     if not told:
-                        say(f"{sentence(exc.message)[:-1]}: waiting up to {wait_s:g} s for "
-                            f"room.")
+                        wait = f"{wait_s:g}" if exc.retry_after is None else f"{left:.0f}"
+                        say(f"{sentence(exc.message)[:-1]}: waiting up to {wait} s for room.")
                         told = True
                     await asyncio.sleep(min(interval, left))
     except BaseException:
