@@ -55,9 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
     sim = sub.add_parser("simulate", help="replay a GPU-cluster trace under a scheduling policy",
                          parents=[connection_options()],
                          description="Replay a trace (CSV: job_id,submit_time,duration,gpus,"
-                         "project[,user,priority,kind]) on a simulated train pool; or, with "
+                         "project[,user,priority,kind,util]) on a simulated train pool; or, with "
                          "--from-pool, the pool's own recorded jobs under today's settings and "
-                         "under changed ones, side by side (admins).")
+                         "under changed ones, side by side (admins); or, with --scenario team, "
+                         "a modelled team under static GPUs, a pool and gpushare.")
     sim.add_argument("--trace", metavar="FILE", help="trace CSV, may be gzipped")
     sim.add_argument("--scenario", type=_scenario, metavar="team",
                      help="instead of a trace, the team scenario: 20 researchers in 4 projects "
