@@ -90,3 +90,24 @@ def test_activity_is_printed_with_the_figures(tmp_path, capsys):
     assert cli.main(["simulate", "--trace", path, "--capacity", "2"]) == 0
     assert "average GPU utilization 20.0% (of what was allocated 40.0%, idle-allocated 0.0%); " \
            "job activity: the trace's util column (1 jobs)" in capsys.readouterr().out
+
+
+def test_a_job_on_lent_build_gpus_counts_toward_no_quota_in_the_simulator():
+    """As in the pool: p's job on lent GPUs is not its usage, so taking it back (the build
+    pool wants its GPUs) is no within-quota preemption, even once p's other job ended."""
+    from jupyter_gpushare.policy.model import Node, PolicyConfig
+    from jupyter_gpushare.sim.trace import TraceJob
+
+    train = (Node("n0", 2),)
+    jobs = [TraceJob("A", 0, 10, 2 * GPU, "p"), TraceJob("B", 1, 1000, 2 * GPU, "p")]
+    sim = Simulator(jobs, {"p": 2 * GPU}, SimConfig(capacity_gpus=2,
+                                                    policy_config=PolicyConfig(min_runtime_s=0)),
+                    nodes=train + (Node("b0/lent", 2, lent=True),))
+
+    def take_back(t):
+        sim.nodes = train + (Node("b0/lent", 0, lent=True),)
+        sim.changed(t)
+    sim.at(20, take_back)
+    run = sim.run()
+    assert run.records["B"].preemptions == 1
+    assert run.within_quota_preemptions == 0

@@ -30,6 +30,7 @@ from typing import IO, Callable, Iterable, Mapping
 
 from ..policy import CycleResult, Node, PolicyConfig, Snapshot, TrainJob, cycle
 from ..policy.cycle import never_fits
+from ..policy.lending import build_node_of
 from ..policy.model import GPU, Department, JobState, Project
 from ..policy.past_use import FairShareTime, PastUse
 from ..policy.queues import Queues
@@ -122,6 +123,11 @@ class SimRun:
     nodes it ran on)."""
     utilized_timeline: list[float] = field(default_factory=list)
     """Beside each ``timeline`` point: the milli-GPUs its running jobs utilized."""
+
+
+def on_lent(placement) -> bool:
+    """Whether a job runs on build GPUs lent to train jobs (``policy.lending``'s naming)."""
+    return any(build_node_of(name) is not None for name in placement)
 
 
 def make_nodes(capacity_gpus: int, gpus_per_node: int) -> tuple[Node, ...]:
@@ -330,7 +336,7 @@ class Simulator:
         self._held(rec, job, t)
         rec.finish = t
         rec.remaining = 0.0
-        if not job.preempting:
+        if not job.preempting and not on_lent(job.placement):
             self.usage[job.project] -= job.gpus
         self.active.remove(job_id)
         self._emit(t, "finish", rec)
@@ -464,7 +470,8 @@ class Simulator:
         self._account(job.project, t)
         rec.queued_s += t - rec.pending_since
         rec.attempt_start = t
-        self.usage[job.project] += job.gpus
+        if not on_lent(placement):  # lent build GPUs count toward no quota, as in the pool
+            self.usage[job.project] += job.gpus
         self._guarantee_met(t, job.project, job_id)
         self.active.put(replace(job, state=JobState.RUNNING, placement=placement,
                                 start_time=t, reserved=()))
@@ -511,9 +518,10 @@ class Simulator:
         job = self.active.get(job_id)
         # Checked here, apart from the policy: the guarantee says this never happens.
         self._account(job.project, t)
-        if self.usage[job.project] <= self.quota_of[job.project]:
-            self.within_quota += 1
-        self.usage[job.project] -= job.gpus
+        if not on_lent(job.placement):  # a job on lent GPUs is within no quota
+            if self.usage[job.project] <= self.quota_of[job.project]:
+                self.within_quota += 1
+            self.usage[job.project] -= job.gpus
         rec.preemptions += 1
         rec.young_preemptions += t - rec.attempt_start < 60
         self.active.put(replace(job, preempting=True))
