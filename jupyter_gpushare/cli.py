@@ -250,12 +250,7 @@ def cmd_simulate(args) -> int:
     summary["departments_file"] = args.departments
     if args.plot:
         from .sim.plot import plot_run
-        try:
-            plot_run(run, args.plot)
-        except RuntimeError as e:
-            raise UsageError(str(e)) from None
-        except OSError as e:
-            raise UsageError(f"cannot write {args.plot} ({e.strerror})") from None
+        _plot(plot_run, run, args.plot)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -264,6 +259,17 @@ def cmd_simulate(args) -> int:
         if path:  # on stderr: --json keeps stdout one JSON object
             print(f"wrote the {what} to {os.path.abspath(path)}", file=sys.stderr)
     return 0
+
+
+def _plot(draw, what, path: str) -> None:
+    """``draw(what, path)``, its failures (no matplotlib, a path it cannot write) in one
+    sentence."""
+    try:
+        draw(what, path)
+    except RuntimeError as e:
+        raise UsageError(str(e)) from None
+    except OSError as e:
+        raise UsageError(f"cannot write {path} ({e.strerror})") from None
 
 
 def cmd_scenario(args) -> int:
@@ -276,6 +282,7 @@ def cmd_scenario(args) -> int:
     from .sim.scenario import scenario
     from .sim.team import TeamParameters
     profile = args.activity or "philly"
+
     def done(row):  # on stderr, a line per level as it is done: the sweep takes a while
         print(f"demand {row['demand']:g} ({row['demand_gpus']:g} GPUs) done", file=sys.stderr,
               flush=True)
@@ -283,12 +290,7 @@ def cmd_scenario(args) -> int:
     result = scenario(TeamParameters(), profile, on_level=done)
     if args.plot:
         from .sim.plot import plot_team
-        try:
-            plot_team(result, args.plot)
-        except RuntimeError as e:
-            raise UsageError(str(e)) from None
-        except OSError as e:
-            raise UsageError(f"cannot write {args.plot} ({e.strerror})") from None
+        _plot(plot_team, result, args.plot)
     if result["calibration"]:
         for config in ("static", "pooled", "gpushare"):
             result["calibration"][config].pop("series")
