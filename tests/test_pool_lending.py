@@ -13,7 +13,7 @@ import pytest_asyncio
 
 from jupyter_gpushare.backends import Launch
 from jupyter_gpushare.client import PoolError
-from jupyter_gpushare.spawner.reserve import reserve
+from jupyter_gpushare.spawner.reserve import Refused, reserve
 from jupyter_gpushare.backends.local import LocalBackend
 from jupyter_gpushare.dashboard.poolmap import pool_map
 from jupyter_gpushare.gpus import SimulatedInventory
@@ -190,10 +190,12 @@ async def test_a_lent_gpu_that_no_job_holds_takes_a_slice_at_once_unless_a_cycle
     async with scheduler._lock:  # a cycle between its decisions and its starts
         refused = build.reserve("alice", GPU // 4, "")
     assert isinstance(refused, SliceRefused) and "taking back GPU 0" in str(refused)
-    got = build.reserve("bob", GPU // 4, "")  # no cycle now: GPU 1 at once
-    assert not isinstance(got, SliceRefused) and (got.node, got.gpu) == ("sim-build-0", 1)
-    got = build.reserve("alice", GPU // 4, "")  # packed beside bob's: GPU 0 is lent again
-    assert not isinstance(got, SliceRefused) and (got.node, got.gpu) == ("sim-build-0", 1)
+    # no cycle now: bob's slice at once, packed beside the ¼ alice waits for (GPU 0 is lent
+    # no more: a GPU is not fenced whole for a smaller slice)
+    got = build.reserve("bob", GPU // 4, "")
+    assert not isinstance(got, SliceRefused) and (got.node, got.gpu) == ("sim-build-0", 0)
+    got = build.reserve("alice", GPU // 4, "")  # and hers beside it: GPU 1 is lent again
+    assert not isinstance(got, SliceRefused) and (got.node, got.gpu) == ("sim-build-0", 0)
     assert not build.wanted
     assert [(n.name, n.gpus) for n in build.lent_nodes()] == [("sim-build-0/lent", 1)]
 
@@ -287,3 +289,30 @@ async def test_the_spawner_waits_for_a_gpu_taken_back_beyond_its_own_wait():
     assert [h.id for h in held] == ["s-1"] and client.asked == 3
     assert said == ["Taking back GPU 0 of b0, which is lent to train jobs: it is free for this "
                     "server within 1 s: waiting up to 1 s for room."]
+
+
+class NeverBack(TakingBack):
+    def reserve(self, user, milli, server):
+        self.asked += 1
+        raise PoolError(409, "taking back GPU 0 of b0, which is lent to train jobs: it is "
+                             "free for this server within 1 s", retry_after=1.0)
+
+
+@pytest.mark.asyncio
+async def test_the_spawner_waits_for_a_gpu_taken_back_once_not_for_ever():
+    began = time.monotonic()
+    with pytest.raises(Refused):
+        await reserve(NeverBack(), "alice", "", GPU // 4, wait_s=0.1, say=lambda _: None,
+                      interval=0.3)
+    assert time.monotonic() - began < 3  # 1 s it was told, and one ask more
+
+
+@pytest.mark.asyncio
+async def test_a_job_on_lent_gpus_that_cannot_start_fails_as_anywhere(pool):
+    """Only lent GPUs gone back to notebooks requeue a job; its own fault fails it."""
+    store, backend, build, scheduler = pool
+    submit(store, "x")
+    broken = store.add_job(time.time(), user="u", project="x", name="", gpus=GPU, priority=0,
+                           command=[], env={}, checkpoint_dir="")
+    await until(scheduler, lambda: store.job(broken.id).state != "pending")
+    assert store.job(broken.id).state == "failed" and store.job(broken.id).attempt == 1

@@ -85,6 +85,11 @@ class LocalAttempt:
     devices: Mapping[str, tuple[str, ...]]
 
 
+class LentGPUsGone(BackendError):
+    """Build GPUs lent to a job went back to notebooks between the cycle and its start: the
+    job is requeued, not failed."""
+
+
 class Backend(LoggingConfigurable):
     """Runs train jobs where the policy placed them."""
 

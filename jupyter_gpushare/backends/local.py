@@ -36,7 +36,8 @@ from ..policy.lending import build_node_of
 from ..policy.model import GPU, Node, gpus_text
 from ..trainjob import CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES, FAILED, SUCCEEDED
 from . import ranks, shim
-from .base import LOST, Backend, BackendError, Exit, Handle, Launch, LocalAttempt, private_dir
+from .base import (LOST, Backend, BackendError, Exit, Handle, Launch, LentGPUsGone,
+                   LocalAttempt, private_dir)
 
 SIMULATED_LABEL = "gpushare.io/simulated"
 ORPHAN_GRACE_S = 10.0
@@ -98,10 +99,6 @@ class _Attempt:
         return Handle(self.job_id, self.attempt, {
             "devices": self.devices, "master": self.master,
             "groups": [g.record() for g in self.groups]})
-
-
-class LentGPUsGone(BackendError):
-    """Build GPUs lent to a job went back to notebooks between the cycle and its start."""
 
 
 class LocalBackend(Backend):

@@ -28,14 +28,21 @@ from .store import Store
 
 
 GPUKey = tuple[str, int]  # (build node, GPU index)
+UUIDS_RETRY_S = 60.0  # a build node's GPUs that could not be read are read again this often
+
+
+WANT_FOR_S = 15.0
+"""A server that has not asked again for this long (the spawner asks every 2 s) no longer
+wants its GPU: its start gave up."""
 
 
 class Wanted(NamedTuple):
     """A lent GPU that a notebook server's slice waits for."""
 
     gpu: GPUKey
+    since: float  # when it was first wanted: the GPU is back by since + take_back_s
     until: float  # forgotten after this unless asked for again (the spawner gave up)
-    milli: int  # the slice's size, counted against its user's allowance meanwhile
+    milli: int  # the slice's size: its user's allowance and the GPU's room count it meanwhile
 
 
 class BuildPool:
@@ -53,6 +60,7 @@ class BuildPool:
         self.store, self.simulated = store, simulated
         self.log = log or logging.getLogger("gpushare.pool")
         self._uuids: dict[tuple[str, int], str] | None = None  # found at the first use
+        self._partial: tuple[float, dict] | None = None  # (when, what) of a read that failed
         self.lend, self.reserve_gpus, self.take_back_s = lend, reserve_gpus, take_back_s
         self.wanted: dict[tuple[str, str], Wanted] = {}  # (user, server) → its lent GPU
         # Set by the service: (node, index) → the job on a lent GPU (the backend's, also
@@ -79,8 +87,8 @@ class BuildPool:
         mine = self.wanted.get((user, server))
         waiting = [Slice("", user, w.milli, "", -1) for key, w in self.wanted.items()
                    if key[0] == user and key != (user, server)]  # only its allowance
-        others = [Slice("", "", GPU, *w.gpu) for key, w in self.wanted.items()
-                  if key != (user, server)]
+        others = [Slice("", key[0], w.milli, *w.gpu) for key, w in self.wanted.items()
+                  if key != (user, server)]  # room beside them stays usable
         held = [Slice("", "", GPU, n, g) for n, g in holders]
         # A lent GPU no job holds takes a slice at once, unless a cycle is between deciding
         # and starting its jobs (one may be on its way there, or the reserve may move)
@@ -108,11 +116,11 @@ class BuildPool:
             self.log.info("Taking back GPU %d of %s%s for %s's server %r", where.gpu,
                           where.node, f" from job {job}" if job else "", user, server)
             self.wake()
-        gpu = (where.node, where.gpu) if mine is None else mine.gpu
-        self.wanted[(user, server)] = Wanted(gpu, now + 2 * self.take_back_s, milli)
+        gpu, since = ((where.node, where.gpu), now) if mine is None else (mine.gpu, mine.since)
+        self.wanted[(user, server)] = Wanted(gpu, since, now + WANT_FOR_S, milli)
+        left = max(1.0, since + self.take_back_s - now)
         return SliceRefused(f"taking back GPU {gpu[1]} of {gpu[0]}, which is lent to train "
-                            f"jobs: it is free for this server within "
-                            f"{self.take_back_s:.0f} s", self.take_back_s)
+                            f"jobs: it is free for this server within {left:.0f} s", left)
 
     def _add(self, user: str, server: str, milli: int, where) -> SliceRow:
         return self.store.add_slice(time.time(), user=user, server=server, milli=milli,
@@ -185,9 +193,17 @@ class BuildPool:
         return self.uuids().get((node, gpu))
 
     def uuids(self) -> dict[tuple[str, int], str]:
-        """(node, index) → UUID of every build GPU this machine can name."""
+        """(node, index) → UUID of every build GPU this machine can name; asked again while
+        a node's GPUs could not be read (the jobs on lent GPUs are known by them)."""
         if self._uuids is None:
-            self._uuids = self._find_uuids()
+            now = time.monotonic()
+            if self._partial is not None and now - self._partial[0] < UUIDS_RETRY_S:
+                return self._partial[1]
+            found, complete = self._find_uuids()
+            if not complete:
+                self._partial = (now, found)
+                return found
+            self._uuids = found
         return self._uuids
 
     def summary(self, may_see: Callable[[str], bool] = lambda job: True) -> dict:
@@ -204,11 +220,11 @@ class BuildPool:
             out["lent"] = self.summary_lent(may_see)
         return out
 
-    def _find_uuids(self) -> dict[tuple[str, int], str]:
+    def _find_uuids(self) -> tuple[dict[tuple[str, int], str], bool]:
         # Simulated GPUs say so in their UUIDs (GPU-SIMULATED-<node>-<index>); otherwise only
         # a build node named like this host has GPUs NVML can name.
         nvml = None if self.simulated else gpu_inventory.NVMLInventory()
-        found = {}
+        found, complete = {}, True
         for node in self.nodes:
             if self.simulated:
                 inventory = gpu_inventory.SimulatedInventory(node.name, node.gpus)
@@ -220,6 +236,7 @@ class BuildPool:
                 gpus = inventory.gpus()
             except gpu_inventory.InventoryError as exc:
                 self.log.warning("The build GPUs of %s cannot be named: %s", node.name, exc)
+                complete = False
                 continue
             found.update({(node.name, g.index): g.uuid for g in gpus if g.index < node.gpus})
-        return found
+        return found, complete

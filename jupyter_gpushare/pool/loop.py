@@ -11,11 +11,10 @@ import math
 import time
 from dataclasses import dataclass, field, replace
 
-from ..backends.base import LOST, Backend, BackendError, Exit, Handle
+from ..backends.base import LOST, Backend, BackendError, Exit, Handle, LentGPUsGone
 from ..policy import (TRAIN, Department, JobState, Node, PolicyConfig, Project, Snapshot, TrainJob,
                       cycle)
 from ..policy.departments import two_levels
-from ..policy.lending import build_node_of
 from ..policy.outcome import FAILED, PREEMPTED, SUCCEEDED, after_stop
 from ..policy.past_use import FairShareTime, PastUse
 from ..policy.reasons import drained_note
@@ -306,12 +305,12 @@ class Scheduler:
     async def _start(self, row: JobRow) -> dict | None:
         try:
             handle = await self.backend.start(self.launch_for(row))
+        except LentGPUsGone as e:  # notebooks took its lent GPUs back first: no fault of it
+            self.store.requeue(row.id, time.time(), LOST, detail=f"{e} Requeued: the build "
+                               f"GPUs lent to it went back to notebooks first.")
+            return None
         except BackendError as e:
-            if any(build_node_of(n) for n in row.placement or {}):  # lent GPUs taken back
-                self.store.requeue(row.id, time.time(), LOST, detail=f"{e} Requeued: the "
-                                   f"build GPUs lent to it went back to notebooks first.")
-            else:
-                self.store.finish(row.id, time.time(), FAILED, message=str(e))
+            self.store.finish(row.id, time.time(), FAILED, message=str(e))
             return None
         return dict(handle.data)
 

@@ -56,6 +56,9 @@ class Held:
                    int(reply["gpu"]), reply.get("uuid") or None)
 
 
+MAX_RETRY_AFTER_S = 600.0  # the longest a start waits for a GPU the pool takes back
+
+
 class Refused(Exception):
     """The pool said no (409: the build pool is full, or the allowance is used); the message
     is the pool's sentence."""
@@ -72,7 +75,7 @@ async def reserve(client: SliceClient, user: str, server: str, milli: int, *, wa
     parts = [milli] if milli <= GPU else [GPU] * (milli // GPU)
     held: list[Held] = []
     deadline = time.monotonic() + wait_s
-    told = False
+    told = extended = False
     try:
         for part in parts:
             while True:
@@ -83,8 +86,11 @@ async def reserve(client: SliceClient, user: str, server: str, milli: int, *, wa
                 except PoolError as exc:
                     if exc.status != 409:
                         raise
-                    if exc.retry_after is not None:  # a GPU coming back by then: wait for it
-                        deadline = max(deadline, time.monotonic() + exc.retry_after + interval)
+                    if exc.retry_after is not None and not extended:
+                        # a GPU lent to train jobs comes back by then: wait for it, once
+                        extended = True
+                        deadline = max(deadline, time.monotonic() + interval +
+                                       min(exc.retry_after, MAX_RETRY_AFTER_S))
                     left = deadline - time.monotonic()
                     if left <= 0:
                         raise Refused(exc.message) from None
