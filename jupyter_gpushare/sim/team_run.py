@@ -202,7 +202,9 @@ class TeamRun:
         for name in sorted(self.waiting, key=self.waiting.get):
             slices = list(self.slices.values())
             others = {gpu for who, gpu in self.wanted.items() if who != name}
-            kept_off = [Slice("", "", GPU, n, g) for n, g in {*others, *self.holder}]
+            # another server's wanted GPU is fenced by its slice, as BuildPool.reserve does
+            kept_off = [Slice("", who, milli, *gpu) for who, gpu in self.wanted.items()
+                        if who != name] + [Slice("", "", GPU, n, g) for n, g in self.holder]
             where = place_slice(self.build_nodes, slices + kept_off, name, milli)
             if isinstance(where, SliceRefused):
                 if name not in self.wanted:
@@ -216,7 +218,7 @@ class TeamRun:
 
     def _want(self, name: str, slices: list[Slice], others: set, milli: int, t: float) -> None:
         where = place_slice(self.build_nodes,
-                            slices + [Slice("", "", GPU, n, g) for n, g in others], name, milli)
+                            slices + [Slice("", "", milli, n, g) for n, g in others], name, milli)
         if isinstance(where, SliceRefused) or not self.gpushare:
             return  # the build pool is full: the server waits for a slice to end
         gpu = (where.node, where.gpu)
