@@ -316,3 +316,13 @@ async def test_a_job_on_lent_gpus_that_cannot_start_fails_as_anywhere(pool):
                            command=[], env={}, checkpoint_dir="")
     await until(scheduler, lambda: store.job(broken.id).state != "pending")
     assert store.job(broken.id).state == "failed" and store.job(broken.id).attempt == 1
+
+
+def test_what_a_users_other_server_waits_for_counts_once_against_the_allowance(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'pool.sqlite'}")
+    build = BuildPool({"sim-build-0": 2}, 0.5, store, simulated=True, lend=True, reserve_gpus=0)
+    build.holders = lambda: {("sim-build-0", 0): "j-1", ("sim-build-0", 1): "j-2"}
+    assert isinstance(build.reserve("alice", GPU // 4, "a"), SliceRefused)  # wants GPU 0
+    build.holders = lambda: {("sim-build-0", 1): "j-2"}  # j-1 has left GPU 0
+    got = build.reserve("alice", GPU // 4, "b")  # ¼ waited for + ¼ = her ½: allowed
+    assert not isinstance(got, SliceRefused) and (got.node, got.gpu) == ("sim-build-0", 0)

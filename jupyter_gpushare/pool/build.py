@@ -85,17 +85,18 @@ class BuildPool:
         self._forget_wanted(now)
         holders = self.holders()
         mine = self.wanted.get((user, server))
-        waiting = [Slice("", user, w.milli, "", -1) for key, w in self.wanted.items()
-                   if key[0] == user and key != (user, server)]  # only its allowance
+        # What other servers wait for counts against their users' allowances and takes its
+        # room on its GPU (room beside it stays usable)
         others = [Slice("", key[0], w.milli, *w.gpu) for key, w in self.wanted.items()
-                  if key != (user, server)]  # room beside them stays usable
+                  if key != (user, server)]
+        waiting = [Slice("", user, w.milli, "", -1) for key, w in self.wanted.items()
+                   if key[0] == user and key != (user, server)]  # its allowance alone
         held = [Slice("", "", GPU, n, g) for n, g in holders]
         # A lent GPU no job holds takes a slice at once, unless a cycle is between deciding
         # and starting its jobs (one may be on its way there, or the reserve may move)
         busy = [Slice("", "", GPU, node, g) for node, gs in self._lent_now.items() for g in gs] \
             if self.deciding() else []
-        where = place_slice(self.nodes, slices + waiting + others + held + busy, user, milli,
-                            allowance)
+        where = place_slice(self.nodes, slices + others + held + busy, user, milli, allowance)
         if not isinstance(where, SliceRefused):
             self.wanted.pop((user, server), None)
             return self._add(user, server, milli, where)
