@@ -326,3 +326,28 @@ def test_what_a_users_other_server_waits_for_counts_once_against_the_allowance(t
     build.holders = lambda: {("sim-build-0", 1): "j-2"}  # j-1 has left GPU 0
     got = build.reserve("alice", GPU // 4, "b")  # ¼ waited for + ¼ = her ½: allowed
     assert not isinstance(got, SliceRefused) and (got.node, got.gpu) == ("sim-build-0", 0)
+
+
+@pytest.mark.parametrize("extra, sentence", [
+    ("c.LocalBackend.share_build_gpus = True\n", "PoolService.lend_build_gpus and "
+     "LocalBackend.share_build_gpus both give build GPUs to train jobs; set one of them."),
+    ("c.PoolService.build_nodes = {'rack/1': 1}\n", "PoolService.build_nodes names 'rack/1': "
+     "a node's name has no '/'"),
+    ("c.PoolService.build_reserve = -1\n", "build_reserve"),
+])
+def test_the_service_does_not_start_with_bad_lending_settings(extra, sentence, tmp_path,
+                                                                capsys):
+    from jupyter_gpushare.pool.app import PoolService
+
+    config = tmp_path / "gpushare_config.py"
+    config.write_text("c.PoolService.projects = {'vision': {'quota': 1}}\n"
+                      "c.PoolService.build_nodes = {'sim-build-0': 1}\n"
+                      "c.PoolService.lend_build_gpus = True\n"
+                      "c.LocalBackend.simulated_nodes = 1\n" + extra)
+    service = PoolService()
+    with pytest.raises(SystemExit) as stopped:
+        service.initialize([f"--PoolService.config_file={config}",
+                            f"--PoolService.state_dir={tmp_path / 'state'}"])
+    assert stopped.value.code != 0
+    err = capsys.readouterr().err
+    assert sentence in err and "Traceback" not in err, err
