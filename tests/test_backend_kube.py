@@ -1189,3 +1189,52 @@ def test_the_hub_account_may_do_what_the_backend_needs_and_no_more(account):
               ("create", "endpoints")]
     assert [a for a in allowed if not can(*a)] == []
     assert [d for d in denied if can(*d)] == []
+
+
+@kube
+@pytest.mark.asyncio
+async def test_jobs_on_lent_build_gpus_run_on_the_build_node_and_are_known_after_a_restart(
+        kube, account, make_backend, tmp_path):
+    from jupyter_gpushare.backends.base import LentGPUsGone
+    from jupyter_gpushare.pool.build import BuildPool, Wanted
+    from jupyter_gpushare.pool.store import Store
+
+    kube.add_node("bk-build", shared_gpus=8)  # two GPUs of 4 time-sliced replicas
+    build = BuildPool({"bk-build": 2}, 1.0, Store(f"sqlite:///{tmp_path / 'pool.sqlite'}"),
+                      simulated=False, lend=True, reserve_gpus=0)
+    resources = {"nvidia.com/gpu.shared": 4}
+    first = make_backend(lent_gpu_resources=resources)
+    first.lend(build)
+    assert build.indexed and build.lendable() == [("bk-build", 0), ("bk-build", 1)]
+    assert [n.name for n in build.lent_nodes()] == ["bk-build/lent"]
+    sleep = "import time; print('up', flush=True); time.sleep(60)"
+    try:
+        await first.adopt([])
+        handle = await first.start(launch("j-lent", sleep, {"bk-build/lent": GPU}))
+        await log_of(first, "j-lent", "up")
+        [pod] = pods_of(account, "j-lent")
+        assert pod["spec"]["nodeName"] == "bk-build"
+        assert pod["spec"]["containers"][0]["resources"]["limits"] == \
+            {"nvidia.com/gpu.shared": "4"}
+        assert pod["metadata"]["annotations"][k8s.LENT] == "0"
+        assert first.lent_holders() == {("bk-build", 0): "j-lent"}
+        assert handle.data["lent"] == {"bk-build": [0]}
+        # GPU 1 is wanted back by a notebook: a second job placed there cannot start.
+        build.wanted[("alice", "")] = Wanted(("bk-build", 1), time.time(), time.time() + 60, 250)
+        with pytest.raises(LentGPUsGone, match="has only 0 GPUs free"):
+            await first.start(launch("j-late", sleep, {"bk-build/lent": GPU}))
+        assert not pods_of(account, "j-late")
+        # Not a train node: the pod on the build node is not taken for one that left the pool.
+        assert await first.poll() == []
+    finally:
+        await first.shutdown()
+    second = make_backend(lent_gpu_resources=resources)
+    second.lend(build)
+    try:
+        assert await second.adopt([handle]) == []
+        assert second.lent_holders() == {("bk-build", 0): "j-lent"}
+        await second.stop("j-lent", 1, 1)
+        (exit,) = await ended(second)
+        assert exit.job_id == "j-lent" and second.lent_holders() == {}
+    finally:
+        await second.shutdown()

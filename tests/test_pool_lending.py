@@ -334,6 +334,17 @@ def test_what_a_users_other_server_waits_for_counts_once_against_the_allowance(t
     ("c.PoolService.build_nodes = {'rack/1': 1}\n", "PoolService.build_nodes names 'rack/1': "
      "a node's name has no '/'"),
     ("c.PoolService.build_reserve = -1\n", "build_reserve"),
+    ("c.PoolService.backend_class = 'kubernetes'\n"
+     "c.KubernetesBackend.kubeconfig = '/nonexistent/kubeconfig'\n",
+     "PoolService.lend_build_gpus on Kubernetes needs KubernetesBackend.lent_gpu_resources: "
+     "what a pod asks the build nodes' device plugin for one whole GPU"),
+    ("c.PoolService.backend_class = 'kubernetes'\n"
+     "c.KubernetesBackend.lent_gpu_resources = {'nvidia.com/gpu': 0}\n",
+     "KubernetesBackend.lent_gpu_resources['nvidia.com/gpu'] must be a whole number from 1 "
+     "to 1000 per GPU, not '0'."),
+    ("c.PoolService.backend_class = 'kubernetes'\n"
+     "c.KubernetesBackend.lent_gpu_resources = {'nvidia gpu': 1}\n",
+     "KubernetesBackend.lent_gpu_resources names 'nvidia gpu', which is not a resource name"),
 ])
 def test_the_service_does_not_start_with_bad_lending_settings(extra, sentence, tmp_path,
                                                                 capsys):

@@ -108,6 +108,10 @@ class Backend(LoggingConfigurable):
     lends_build_gpus = False
     """Whether train jobs may run on build GPUs lent to the train pool (``lend``)."""
 
+    def lending_refused(self) -> str | None:
+        """Why this backend's settings cannot lend build GPUs (one sentence), or None."""
+        return None
+
     def lend(self, build) -> None:
         """Run jobs placed on lent nodes (``pool.build.lent_node``) on the GPUs ``build``
         (``pool.build.BuildPool``) lends; only backends with ``lends_build_gpus``."""

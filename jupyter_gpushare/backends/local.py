@@ -190,6 +190,12 @@ class LocalBackend(Backend):
 
     lends_build_gpus = True
 
+    def lending_refused(self) -> str | None:
+        if self.share_build_gpus:
+            return ("PoolService.lend_build_gpus and LocalBackend.share_build_gpus both give "
+                    "build GPUs to train jobs; set one of them.")
+        return None
+
     def lend(self, build) -> None:
         self._build = build
         build.holders = self.lent_holders
@@ -350,12 +356,11 @@ class LocalBackend(Backend):
         """The UUIDs of the build GPUs that the cycle lent as ``node`` and that no notebook
         server wants back since; None when ``node`` is not a lent node of this build pool."""
         build = build_node_of(node)
-        if build is None or self._build is None or build not in self._build.names:
+        free = None if build is None or self._build is None else self._build.free_lent(build)
+        if free is None:
             return None
         uuids = self._build.uuids()
-        wanted = {w.gpu for w in self._build.wanted.values()}
-        return [uuids[key] for key in self._build.lent_now(build)
-                if key in uuids and key not in wanted]
+        return [uuids[key] for key in free if key in uuids]
 
     def _paths(self, job_id: str, attempt: int, node_rank: int = 0) -> tuple[str, str]:
         """The process record and exit file of one node's group."""

@@ -314,7 +314,18 @@ class PoolService(Application):
             self._refuse(str(e))
 
     def init_backend(self):
-        self.backend = self.backend_class(parent=self, **self._backend_kwargs())
+        try:
+            self.backend = self.backend_class(parent=self, **self._backend_kwargs())
+        except TraitError as e:  # a bad value of one of the backend's own settings
+            self._refuse(str(e))
+        if self.lend_build_gpus:
+            if not self.backend.lends_build_gpus:
+                self._refuse(f"PoolService.lend_build_gpus needs a backend that runs train "
+                             f"jobs on build GPUs (local or kubernetes); "
+                             f"{self.backend_class.__name__} cannot: turn lending off.")
+            why = self.backend.lending_refused()
+            if why:
+                self._refuse(why)
         nodes = self.backend.nodes()
         odd = sorted(name for name in self.build_nodes if "/" in name)
         if odd:
@@ -324,25 +335,19 @@ class PoolService(Application):
                                any(n.labels.get(SIMULATED_LABEL) for n in nodes), self.log,
                                lend=self.lend_build_gpus, reserve_gpus=self.build_reserve,
                                take_back_s=self.grace_period + self.cycle_interval)
-        if self.lend_build_gpus:
-            if not self.backend.lends_build_gpus:
-                self._refuse(f"PoolService.lend_build_gpus needs the local backend; "
-                             f"{self.backend_class.__name__} cannot run train jobs on build "
-                             f"GPUs yet: turn lending off.")
-            if getattr(self.backend, "share_build_gpus", False):
-                self._refuse("PoolService.lend_build_gpus and LocalBackend.share_build_gpus "
-                             "both give build GPUs to train jobs; set one of them.")
-            unnamed = sorted(n.name for n in self.build.nodes
-                             if not any(key[0] == n.name for key in self.build.uuids()))
-            if unnamed:
-                self.log.warning("Build GPUs of %s are not lent: this machine cannot name "
-                                 "them (only its own GPUs, or simulated ones, can run train "
-                                 "jobs here)", ", ".join(unnamed))
         if self.backend.lends_build_gpus:  # also without lending: jobs still on build GPUs
             self.backend.lend(self.build)
             # No slice until the scheduler has adopted the jobs that run on build GPUs
             self.build.adopted = not any(build_node_of(n) for r in self.store.active()
                                          if r.state == RUNNING for n in r.placement or {})
+        if self.lend_build_gpus:
+            lendable = self.build.lendable_gpus()
+            unnamed = sorted(n.name for n in self.build.nodes
+                             if not any(key[0] == n.name for key in lendable))
+            if unnamed:
+                self.log.warning("Build GPUs of %s are not lent: this machine cannot name "
+                                 "them (only its own GPUs, or simulated ones, can run train "
+                                 "jobs here)", ", ".join(unnamed))
 
     def _backend_kwargs(self) -> dict:
         # A backend's own files go under the service's state_dir unless configured.

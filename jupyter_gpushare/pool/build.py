@@ -71,6 +71,9 @@ class BuildPool:
         self.wake: Callable[[], None] = lambda: None
         self.adopted = True
         self._lent_now: dict[str, list[int]] = {}  # the lent GPUs the last cycle saw, by node
+        # Set by a backend that runs lent jobs by a GPU's index on its node, not its UUID
+        # (Kubernetes: the node's device plugin picks the device): every build GPU is lendable.
+        self.indexed = False
 
     def reserve(self, user: str, milli: int, server: str) -> SliceRow | SliceRefused:
         """Pack a slice on the build pool or say why not. Never on a GPU a train job holds:
@@ -146,13 +149,20 @@ class BuildPool:
         sliced = {(s.node, s.gpu) for s in slices}
         self._forget_wanted(time.time())
         taken_back = {w.gpu for w in self.wanted.values()}
-        named = self.uuids()
+        named = self.lendable_gpus()
         bare = [(n.name, i) for n in self.nodes for i in range(n.gpus)
                 if (n.name, i) in named and (n.name, i) not in sliced
                 and (n.name, i) not in taken_back]
         spare = [g for g in bare if g not in holders]
         reserve = set(spare[len(spare) - min(self.reserve_gpus, len(spare)):])
         return [g for g in bare if g not in reserve]
+
+    def lendable_gpus(self) -> set[GPUKey]:
+        """The build GPUs a train job can be given: those this machine can name, or every
+        one where the backend gives them by index (``indexed``)."""
+        if self.indexed:
+            return {(n.name, i) for n in self.nodes for i in range(n.gpus)}
+        return set(self.uuids())
 
     def lent_nodes(self) -> list[Node]:
         """One lent train node per build node with GPUs lent now or jobs still on them
@@ -187,6 +197,15 @@ class BuildPool:
             out.append({"node": n, "gpu": g, "job": job if job and may_see(job) else None,
                         "held": job is not None, "taking_back": (n, g) in wanted})
         return out
+
+    def free_lent(self, node: str) -> list[GPUKey] | None:
+        """The GPUs of build node ``node`` that the last cycle lent and that no notebook
+        server wants back since (where a job placed on its lent node starts); None when
+        ``node`` is not a build node."""
+        if node not in self.names:
+            return None
+        wanted = {w.gpu for w in self.wanted.values()}
+        return [key for key in self.lent_now(node) if key not in wanted]
 
     def uuid(self, node: str, gpu: int) -> str | None:
         """The UUID of a build GPU where this machine can name it; None for a GPU of another

@@ -49,7 +49,8 @@ def plan(handles: list[Handle], pods: Mapping[str, dict], recorded: Callable[[tu
             placement = {str(n): int(m) for n, m in dict(h.data.get("placement") or {}).items()}
             rendezvous = h.data.get("rendezvous")
             out.gangs.append(Gang(*key, ranks, placement, float("-inf"),
-                                  str(rendezvous) if rendezvous else None))
+                                  str(rendezvous) if rendezvous else None,
+                                  lent=_lent(h.data.get("lent"))))
     for name, pod in pods.items():
         labels = pod["metadata"].get("labels") or {}
         key = (labels.get(k8s.JOB), _int(labels.get(k8s.ATTEMPT)))
@@ -63,6 +64,14 @@ def plan(handles: list[Handle], pods: Mapping[str, dict], recorded: Callable[[tu
         else:
             out.orphans.append(name)
     return out
+
+
+def _lent(record) -> dict[str, tuple[int, ...]]:
+    """The build GPUs lent to a gang, from its handle (none in an older or odd record)."""
+    try:
+        return {str(node): tuple(int(g) for g in gpus) for node, gpus in dict(record or {}).items()}
+    except (TypeError, ValueError):
+        return {}
 
 
 def _int(value) -> int | None:

@@ -7,6 +7,12 @@ pinned to its node by required node affinity, requesting the node's share of who
 volume, security context and environment of the user's notebook pod. A pod runs its node's
 rank, or all of them under ``launcher.py`` in a per-GPU job.
 
+A job on build GPUs lent to the train pool (``PoolService.lend_build_gpus``) runs as a pod
+on the build node itself, pinned likewise, asking its device plugin for
+``lent_gpu_resources`` per GPU (the resource slices use, so Kubernetes counts both), with
+``lent_tolerations``; which of the node's GPUs (by the pool's index) it holds is in the
+pod's annotation and the handle, so ``lent_holders`` knows them after a restart.
+
 A multi-node gang gets a headless Service (its DNS name is ``MASTER_ADDR``) and a
 NetworkPolicy that lets its pods, and only them, reach each other; both are owned by rank 0's
 pod, so they go with it. Where the cluster has no DNS (``rendezvous = "pod-ip"``) rank 0 is
@@ -29,10 +35,11 @@ import functools
 import math
 import time
 
+from ...policy.lending import build_node_of
 from ...policy.model import GPU, Node, gpus_text
 from ...trainjob import FAILED, PENDING
 from .. import logfile
-from ..base import BackendError, Exit, Handle, Launch, private_dir
+from ..base import BackendError, Exit, Handle, Launch, LentGPUsGone, private_dir
 from . import adoption
 from . import objects as k8s
 from .api import STREAM_CONNECTIONS, KubeAPI, KubeError, make_client
@@ -69,6 +76,61 @@ class KubernetesBackend(KubernetesOptions):
         self._winding: dict[tuple[str, int], asyncio.Task] = {}  # ended: logs kept, pods deleted
         self._last_nodes: list[Node] = []
         self._ready_lock: asyncio.Lock | None = None
+        self._build = None  # the build pool whose GPUs are lent (``lend``)
+
+    # --- lent build GPUs ---
+
+    lends_build_gpus = True
+
+    def lending_refused(self) -> str | None:
+        if not self.lent_gpu_resources:
+            return ("PoolService.lend_build_gpus on Kubernetes needs "
+                    "KubernetesBackend.lent_gpu_resources: what a pod asks the build nodes' "
+                    "device plugin for one whole GPU, e.g. {'nvidia.com/gpu': 1} (see "
+                    "'Lend idle build GPUs' in the docs).")
+        return None
+
+    def lend(self, build) -> None:
+        self._build = build
+        build.indexed = True  # the build node's device plugin picks the device
+        build.holders = self.lent_holders
+
+    def lent_holders(self) -> dict[tuple[str, int], str]:
+        return {(node, g): gang.job_id for gang in self._running.values()
+                for node, gpus in gang.lent.items() for g in gpus}
+
+    def _on_build_nodes(self, placement) -> tuple[dict[str, int], dict[str, tuple[int, ...]]]:
+        """The placement with each lent node as its build node, and the build GPUs a job
+        placed there gets: those the cycle lent, that no notebook server wants back and no
+        other job holds since."""
+        out, lent = {}, {}
+        held = self.lent_holders()
+        for node, milli in placement.items():
+            build = build_node_of(node)
+            if build is None:
+                out[node] = milli
+                continue
+            free = None if self._build is None else self._build.free_lent(build)
+            if free is None:
+                raise BackendError(f"Node {node} is not a build node whose GPUs are lent.")
+            if milli <= 0 or milli % GPU:
+                raise BackendError(f"A train job runs on whole GPUs, not on "
+                                   f"{gpus_text(milli)} of {node}.")
+            free = [g for n, g in free if (n, g) not in held]
+            if len(free) < milli // GPU:
+                raise LentGPUsGone(f"The job was placed on {gpus_text(milli)} of {node}, "
+                                   f"which has only {gpus_text(len(free) * GPU)} free.")
+            out[build], lent[build] = milli, tuple(free[:milli // GPU])
+        return out, lent
+
+    def _job_pods(self, launch: Launch, template: k8s.PodTemplate, settings: k8s.PodSettings,
+                  lent: dict[str, tuple[int, ...]], rendezvous: k8s.Rendezvous) -> list[dict]:
+        pods = k8s.job_pods(launch, template, settings, rendezvous)
+        for pod, node in zip(pods, sorted(launch.placement)):  # node-rank order
+            if node in lent:
+                k8s.on_lent_gpus(pod, lent[node], settings, self.lent_gpu_resources,
+                                 tuple(self.lent_tolerations))
+        return pods
 
     @property
     def logs(self) -> PodLogs:
@@ -169,24 +231,28 @@ class KubernetesBackend(KubernetesOptions):
         if key in self._running:
             raise BackendError(f"Attempt {launch.attempt} of job {launch.job_id} is already "
                                "running.")
-        self._check_placement(launch.placement)
+        placement, lent = self._on_build_nodes(launch.placement)
+        self._check_placement(placement, lent)
+        launch = dataclasses.replace(launch, placement=placement)
         template, settings = self._template(launch.user), self.pod_settings()
         if template.source == "configuration":
             template = await self._own_claims(template, launch.user)
-        build = functools.partial(k8s.job_pods, launch, template, settings)
+        build = functools.partial(self._job_pods, launch, template, settings, lent)
         port = self.rendezvous_port
         if len(launch.placement) == 1:
             pods = build(k8s.Rendezvous("127.0.0.1", port))
-            gang = self._gang(launch, pods)
+            gang = self._gang(launch, pods, lent=lent)
             await self.ops.create_all(pods)
         elif self.rendezvous == "dns":
             pods = build(k8s.Rendezvous(k8s.service_address(
                 launch.job_id, launch.attempt, self.namespace, self.cluster_domain), port))
-            gang = self._gang(launch, pods, k8s.rendezvous_name(launch.job_id, launch.attempt))
+            gang = self._gang(launch, pods, k8s.rendezvous_name(launch.job_id, launch.attempt),
+                              lent)
             await self.ops.create_gang(launch, settings, port, pods[0], pods[1:])
         else:  # rank 0 first; the others once its pod has an IP
             first = build(k8s.Rendezvous("", port))
-            gang = self._gang(launch, first, k8s.rendezvous_name(launch.job_id, launch.attempt))
+            gang = self._gang(launch, first, k8s.rendezvous_name(launch.job_id, launch.attempt),
+                              lent)
             gang.waiting = frozenset(gang.names[1:])
             gang.later = lambda ip: build(k8s.Rendezvous(ip, port))[1:]
             await self.ops.create_gang(launch, settings, port, first[0], [])
@@ -199,16 +265,19 @@ class KubernetesBackend(KubernetesOptions):
                       template.image, template.source)
         return Handle(launch.job_id, launch.attempt, gang.handle_data(self.namespace))
 
-    def _gang(self, launch: Launch, pods: list[dict], rendezvous: str | None = None) -> Gang:
+    def _gang(self, launch: Launch, pods: list[dict], rendezvous: str | None = None,
+              lent: dict[str, tuple[int, ...]] | None = None) -> Gang:
         return Gang(launch.job_id, launch.attempt,
                     tuple(PodRanks.of_pod(p, i) for i, p in enumerate(pods)),
-                    dict(launch.placement), time.monotonic(), rendezvous)
+                    dict(launch.placement), time.monotonic(), rendezvous, lent=dict(lent or {}))
 
-    def _check_placement(self, placement) -> None:
+    def _check_placement(self, placement, lent) -> None:
         known = self.node_cache.objects
         if not placement:
             raise BackendError("The job has no placement: it was not given any GPU.")
         for node, milli in placement.items():
+            if node in lent:
+                continue  # checked by _on_build_nodes
             if node not in known:
                 raise BackendError(f"Node {node} is not in the Kubernetes train pool.")
             if milli <= 0 or milli % GPU:
@@ -416,9 +485,12 @@ class KubernetesBackend(KubernetesOptions):
         return state
 
     def _node_gone(self, pod: dict, node: str | None = None) -> bool:
+        """Whether the pod's node has left the train pool (a build node, whose GPUs may be
+        lent, is not watched: a pod there that its node's end takes away is gone)."""
         node = (pod.get("spec") or {}).get("nodeName") or node
         return bool(node) and self.node_cache.synced.is_set() and \
-            node not in self.node_cache.objects
+            node not in self.node_cache.objects and \
+            (self._build is None or node not in self._build.names)
 
     async def _wind_up(self, gang: Gang) -> None:
         """Keep every pod's log, then delete what is left of the pods and the rendezvous."""

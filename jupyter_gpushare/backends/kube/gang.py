@@ -70,6 +70,7 @@ class Gang:
     failure: Exit | None = None  # the first rank that ended badly: the others are stopping
     followers: dict[int, asyncio.Task] = field(default_factory=dict)  # pod index -> its log
     keepers: dict[int, asyncio.Task] = field(default_factory=dict)  # ended pods: log, delete
+    lent: dict[str, tuple[int, ...]] = field(default_factory=dict)  # build node -> its GPUs lent to the gang
 
     @property
     def key(self):
@@ -86,7 +87,8 @@ class Gang:
     def handle_data(self, namespace: str) -> dict:
         return {"namespace": namespace, "pods": list(self.names),
                 "ranks": [p.record() for p in self.pods], "placement": dict(self.placement),
-                "rendezvous": self.rendezvous}
+                "rendezvous": self.rendezvous,
+                **({"lent": {n: list(g) for n, g in self.lent.items()}} if self.lent else {})}
 
 
 def judge(gang: Gang, states: Sequence[PodState]) -> Exit | None:

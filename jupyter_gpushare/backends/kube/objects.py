@@ -29,6 +29,7 @@ RANKS = "gpushare.jupyter.org/ranks"  # "first-last": the ranks a per-GPU pod ru
 USER = "gpushare.jupyter.org/user"
 PROJECT = "gpushare.jupyter.org/project"
 SLICES = "gpushare.jupyter.org/slices"  # a notebook pod's build slices ("s-1,s-2"): the node agent reads it
+LENT = "gpushare.jupyter.org/lent-gpus"  # a job pod on a build node: the GPUs lent to it ("0,1")
 POD_PREFIX = "gpushare-"
 JOB_SELECTOR = f"{MANAGED_BY}={MANAGER},{COMPONENT}=train-job"
 NODE_NAME_FIELD = "metadata.name"
@@ -47,6 +48,8 @@ HOME_CLAIMS = "component=singleuser-storage"
 CLAIM_USER = "hub.jupyter.org/username"
 CLAIM_SERVER = "hub.jupyter.org/servername"
 
+RESOURCE_NAME = re.compile(r"([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]"
+                           r"([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?\Z")
 _LABEL_VALUE = re.compile(r"([A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?\Z")
 
 
@@ -262,6 +265,24 @@ def _pod(launch: Launch, template: PodTemplate, settings: PodSettings, lay: rank
                          "namespace": settings.namespace, "labels": labels,
                          "annotations": annotations},
             "spec": spec}
+
+
+def on_lent_gpus(pod: dict, gpus: tuple[int, ...], settings: PodSettings,
+                 resources: Mapping[str, int], tolerations: tuple[Mapping, ...] = ()) -> dict:
+    """``pod`` made for a build node whose ``gpus`` (indexes in the pool's count) are lent to
+    its job: it requests them as the build node's device plugin advertises GPUs
+    (``resources`` per GPU) instead of train GPUs, tolerates the build pool's taints, and
+    names them in an annotation (the service knows them again after a restart)."""
+    container = pod["spec"]["containers"][0]
+    limits = {k: v for k, v in container["resources"]["limits"].items()
+              if k != settings.gpu_resource}
+    limits.update({name: str(count * len(gpus)) for name, count in resources.items()})
+    container["resources"]["limits"] = limits
+    if tolerations:
+        pod["spec"]["tolerations"] = list(pod["spec"].get("tolerations") or []) + \
+            [dict(t) for t in tolerations]
+    pod["metadata"]["annotations"][LENT] = ",".join(str(g) for g in gpus)
+    return pod
 
 
 def _env(launch: Launch, template: PodTemplate, lay: ranks.Layout, first: ranks.Rank,

@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 import os
 
-from traitlets import Bool, Dict, Enum, Float, Integer, List, Unicode, default, validate
+from traitlets import (Bool, Dict, Enum, Float, Integer, List, TraitError, Unicode, default,
+                       validate)
 
 from ..base import Backend
 from ..ranks import DEFAULT_PORT
@@ -45,6 +46,38 @@ class KubernetesOptions(Backend):
     tolerations = List(Dict(), [{"key": "nvidia.com/gpu", "operator": "Exists",
                                  "effect": "NoSchedule"}], help="""
         Tolerations of job pods, for the taints that keep other pods off GPU nodes.
+        """).tag(config=True)
+
+    lent_gpu_resources = Dict(help="""
+        With PoolService.lend_build_gpus (required then): what a job pod on a build node
+        asks the build nodes' device plugin for, per build GPU lent to it, so that
+        Kubernetes counts lent GPUs and slices in one resource and never binds a notebook
+        pod where a job still holds what its slice needs. {"nvidia.com/gpu": 1} where build
+        nodes advertise whole GPUs (slice_mode "exclusive"); {"nvidia.com/gpu": 1,
+        "nvidia.com/gpumem-percentage": 100} with HAMi; {"nvidia.com/gpu.shared": 4} with
+        time-slicing of 4 replicas, only on build nodes of one GPU each (the device plugin
+        picks which replicas a pod gets, of any GPU of the node) and with the plugin's
+        failRequestsGreaterThanOne off there.
+        """).tag(config=True)
+
+    @validate("lent_gpu_resources")
+    def _check_lent_gpu_resources(self, proposal):
+        value = proposal.value
+        for resource, count in value.items():
+            if not isinstance(resource, str) or not k8s.RESOURCE_NAME.match(resource):
+                raise TraitError(f"{type(self).__name__}.lent_gpu_resources names "
+                                 f"{str(resource)[:80]!r}, which is not a resource name like "
+                                 f"'nvidia.com/gpu.shared'.")
+            if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 1000:
+                raise TraitError(f"{type(self).__name__}.lent_gpu_resources[{resource!r}] "
+                                 f"must be a whole number from 1 to 1000 per GPU, not "
+                                 f"{str(count)[:40]!r}.")
+        return value
+
+    lent_tolerations = List(Dict(), help="""
+        With PoolService.lend_build_gpus, tolerations added to job pods on build nodes, for
+        a taint that keeps other pods off the build pool (as GPUShareKubeSpawner's
+        build_tolerations); the tolerations above are kept too.
         """).tag(config=True)
 
     use_notebook_pod = Bool(True, help="""
