@@ -1210,7 +1210,14 @@ async def test_jobs_on_lent_build_gpus_run_on_the_build_node_and_are_known_after
     sleep = "import time; print('up', flush=True); time.sleep(60)"
     try:
         await first.adopt([])
-        handle = await first.start(launch("j-lent", sleep, {"bk-build/lent": GPU}))
+        # Two starts side by side (as the loop makes them) get a GPU each.
+        handle, other = await asyncio.gather(
+            first.start(launch("j-lent", sleep, {"bk-build/lent": GPU})),
+            first.start(launch("j-next", sleep, {"bk-build/lent": GPU})))
+        assert (handle.data["lent"], other.data["lent"]) == ({"bk-build": [0]},
+                                                             {"bk-build": [1]})
+        await first.stop("j-next", 1, 0)
+        await ended(first)
         await log_of(first, "j-lent", "up")
         [pod] = pods_of(account, "j-lent")
         assert pod["spec"]["nodeName"] == "bk-build"
@@ -1231,7 +1238,10 @@ async def test_jobs_on_lent_build_gpus_run_on_the_build_node_and_are_known_after
     second = make_backend(lent_gpu_resources=resources)
     second.lend(build)
     try:
-        assert await second.adopt([handle]) == []
+        # A record without them: the pod's annotation says which GPUs the job holds.
+        bare = Handle(handle.job_id, handle.attempt,
+                      {k: v for k, v in handle.data.items() if k != "lent"})
+        assert await second.adopt([bare]) == []
         assert second.lent_holders() == {("bk-build", 0): "j-lent"}
         await second.stop("j-lent", 1, 1)
         (exit,) = await ended(second)

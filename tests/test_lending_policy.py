@@ -147,3 +147,37 @@ def test_lending_leaves_the_guarantee_as_it_is_and_takes_back_what_the_build_poo
     starts = [s for s in result.starts if "lent-0" in s.placement]
     assert all(set(s.placement) == {"lent-0"} for s in starts)
     assert sum(s.placement["lent-0"] for s in starts) <= free
+
+
+def test_a_slice_takes_a_free_gpu_else_wants_a_lent_one_back():
+    """``take_slice``, the rule the service (``BuildPool.reserve``) and the team scenario
+    share; ``lendable`` keeps the last spare GPUs as the reserve."""
+    from jupyter_gpushare.policy.lending import Want, lendable, take_slice
+    from jupyter_gpushare.policy.model import BUILD, Slice
+    from jupyter_gpushare.policy.slices import SlicePlacement, SliceRefused
+
+    nodes = [Node("b", 3, pool=BUILD)]
+    full = [Slice(f"s{i}", "carol", GPU // 4, "b", 2) for i in range(4)]  # GPU 2 is full
+    quarter = GPU // 4
+    # GPU 0 held by a job, GPU 1 free: the slice goes onto GPU 1 at once.
+    assert take_slice(nodes, full, "alice", quarter, held={("b", 0)}) == SlicePlacement("b", 1)
+    # GPU 1 is one a cycle may be starting a job on: want it (no job holds it) over GPU 0.
+    assert take_slice(nodes, full, "alice", quarter, held={("b", 0)},
+                      busy={("b", 1)}) == Want("b", 1)
+    # Both held: want the one packing picks; another server's wanted slice fills GPU 0.
+    assert take_slice(nodes, full, "alice", quarter, held={("b", 0), ("b", 1)}) == Want("b", 0)
+    bob_waits = [Slice("", "bob", GPU, "b", 0)]
+    assert take_slice(nodes, full, "alice", quarter, held={("b", 0), ("b", 1)},
+                      others=bob_waits) == Want("b", 1)
+    # Not while lending is off, nor beyond the allowance (counting her other waiting slice).
+    off = take_slice(nodes, full, "alice", quarter, held={("b", 0), ("b", 1)}, may_want=False)
+    assert isinstance(off, SliceRefused) and "full" in str(off)
+    mine = [Slice("", "alice", GPU // 2, "", -1)]
+    over = take_slice(nodes, full, "alice", quarter, GPU // 2, held={("b", 0), ("b", 1)},
+                      own_waiting=mine)
+    assert isinstance(over, SliceRefused) and "allowance" in str(over)
+    # lendable: GPUs without a slice that no server takes back, less the last spare one.
+    assert lendable(nodes, {("b", 2)}, set(), set(), reserve=1) == [("b", 0)]
+    assert lendable(nodes, {("b", 2)}, set(), {("b", 1)}, reserve=1) == [("b", 1)]
+    assert lendable(nodes, set(), {("b", 0)}, set(), reserve=0) == [("b", 1), ("b", 2)]
+    assert lendable(nodes, set(), set(), set(), reserve=0, nameable={("b", 2)}) == [("b", 2)]

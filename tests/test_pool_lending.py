@@ -341,10 +341,11 @@ def test_what_a_users_other_server_waits_for_counts_once_against_the_allowance(t
     ("c.PoolService.backend_class = 'kubernetes'\n"
      "c.KubernetesBackend.lent_gpu_resources = {'nvidia.com/gpu': 0}\n",
      "KubernetesBackend.lent_gpu_resources['nvidia.com/gpu'] must be a whole number from 1 "
-     "to 1000 per GPU, not '0'."),
+     "to 1000, not '0'."),
     ("c.PoolService.backend_class = 'kubernetes'\n"
-     "c.KubernetesBackend.lent_gpu_resources = {'nvidia gpu': 1}\n",
-     "KubernetesBackend.lent_gpu_resources names 'nvidia gpu', which is not a resource name"),
+     "c.KubernetesBackend.lent_device_limits = {'memory': 1}\n",
+     "KubernetesBackend.lent_device_limits names 'memory', which is not an extended resource "
+     "name"),
 ])
 def test_the_service_does_not_start_with_bad_lending_settings(extra, sentence, tmp_path,
                                                                 capsys):

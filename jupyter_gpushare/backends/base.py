@@ -108,6 +108,10 @@ class Backend(LoggingConfigurable):
     lends_build_gpus = False
     """Whether train jobs may run on build GPUs lent to the train pool (``lend``)."""
 
+    build_nodes_apart = False
+    """Whether a build node lends its GPUs as a node of its own, never also a train node (a
+    local machine's build and train GPUs may share one node)."""
+
     def lending_refused(self) -> str | None:
         """Why this backend's settings cannot lend build GPUs (one sentence), or None."""
         return None

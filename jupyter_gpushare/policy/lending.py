@@ -17,11 +17,14 @@ the simulator) offers such GPUs as lent train nodes. The cycle treats them apart
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Collection, Iterable, Mapping, NamedTuple, Sequence
 
 from .decisions import Preempt
-from .model import TRAIN, Node, TrainJob
+from .model import GPU, TRAIN, Node, Slice, TrainJob
 from .placement import FreeMap
+from .slices import SlicePlacement, SliceRefused, place_slice
+
+GPUKey = tuple[str, int]  # (build node, GPU index)
 
 TAKE_BACK = "take back"  # Preempt.kind of a job whose lent GPUs the build pool takes back
 LENT_SUFFIX = "/lent"  # a lent node's name: its build node's and this (no real node has "/")
@@ -35,6 +38,57 @@ def lent_node(build_node: str) -> str:
 def build_node_of(name: str) -> str | None:
     """The build node whose GPUs lent node ``name`` is; None for any other node."""
     return name[:-len(LENT_SUFFIX)] if name.endswith(LENT_SUFFIX) else None
+
+
+class Want(NamedTuple):
+    """A slice finds room only on a lent GPU a job holds (or one a cycle may be starting a
+    job on): its server wants that GPU back."""
+
+    node: str
+    gpu: int
+
+
+def lendable(build_nodes: Sequence[Node], sliced: Collection[GPUKey],
+             taken_back: Collection[GPUKey], held: Collection[GPUKey], reserve: int,
+             nameable: Collection[GPUKey] | None = None) -> list[GPUKey]:
+    """The build GPUs to lend now: those (``nameable`` ones, where a backend can give only
+    those) without a slice that no server takes back, but for the last ``reserve`` of those
+    that no job holds (``held``) either, so that most slices find room at once. A job on a
+    GPU is never preempted to keep the reserve."""
+    bare = [(n.name, i) for n in build_nodes for i in range(n.gpus)
+            if (nameable is None or (n.name, i) in nameable)
+            and (n.name, i) not in sliced and (n.name, i) not in taken_back]
+    spare = [g for g in bare if g not in held]
+    kept = set(spare[len(spare) - min(reserve, len(spare)):])
+    return [g for g in bare if g not in kept]
+
+
+def take_slice(build_nodes: Sequence[Node], slices: Sequence[Slice], user: str, milli: int,
+               allowance: int | None = None, *, others: Sequence[Slice] = (),
+               held: Collection[GPUKey] = (), busy: Collection[GPUKey] = (),
+               own_waiting: Sequence[Slice] = (),
+               may_want: bool = True) -> SlicePlacement | Want | SliceRefused:
+    """Where a slice goes on a build pool that lends GPUs: packed best fit on GPUs no job
+    holds (``held``) and no cycle may be starting a job on (``busy``); ``others`` are the
+    slices other servers wait for on GPUs they want back, which count against their users'
+    allowances and take their room. Where only lent GPUs have room, the server wants one
+    (``may_want``): one no job holds if packing finds one, else the one packing picks. A
+    slice that has no room lent GPUs or not, or is beyond the allowance (counting the
+    user's ``own_waiting`` slices), is refused."""
+    def fence(keys):
+        return [Slice("", "", GPU, n, g) for n, g in keys]
+
+    where = place_slice(build_nodes, [*slices, *others, *fence(held), *fence(busy)], user,
+                        milli, allowance)
+    if not isinstance(where, SliceRefused) or not may_want or (not held and not busy):
+        return where
+    anyway = place_slice(build_nodes, [*slices, *own_waiting], user, milli, allowance)
+    if isinstance(anyway, SliceRefused):
+        return anyway  # full, or beyond the allowance, lent GPUs or not
+    want = place_slice(build_nodes, [*slices, *others, *fence(held)], user, milli, allowance)
+    if isinstance(want, SliceRefused):
+        want = place_slice(build_nodes, [*slices, *others], user, milli, allowance)
+    return want if isinstance(want, SliceRefused) else Want(want.node, want.gpu)
 
 
 class Lending:

@@ -317,6 +317,7 @@ class PoolService(Application):
         try:
             self.backend = self.backend_class(parent=self, **self._backend_kwargs())
         except TraitError as e:  # a bad value of one of the backend's own settings
+            self.log.debug("The backend's settings were refused", exc_info=True)
             self._refuse(str(e))
         if self.lend_build_gpus:
             if not self.backend.lends_build_gpus:
@@ -327,6 +328,11 @@ class PoolService(Application):
             if why:
                 self._refuse(why)
         nodes = self.backend.nodes()
+        both = sorted(set(self.build_nodes) & {n.name for n in nodes})
+        if self.lend_build_gpus and self.backend.build_nodes_apart and both:
+            self._refuse(f"PoolService.build_nodes names {both[0][:100]!r}, which is also a "
+                         f"node of the train pool: label each node for one pool only, or "
+                         f"turn lending off.")
         odd = sorted(name for name in self.build_nodes if "/" in name)
         if odd:
             self._refuse(f"PoolService.build_nodes names {odd[0][:100]!r}: a node's name has no "

@@ -20,8 +20,8 @@ import time
 from typing import Callable, NamedTuple
 
 from .. import gpus as gpu_inventory
-from ..policy import SliceRefused, place_slice
-from ..policy.lending import lent_node
+from ..policy import SliceRefused
+from ..policy.lending import Want, lendable, lent_node, take_slice
 from ..policy.model import BUILD, GPU, Node, Slice
 from .models import SliceRow
 from .store import Store
@@ -94,29 +94,22 @@ class BuildPool:
                   if key != (user, server)]
         waiting = [Slice("", user, w.milli, "", -1) for key, w in self.wanted.items()
                    if key[0] == user and key != (user, server)]  # its allowance alone
-        held = [Slice("", "", GPU, n, g) for n, g in holders]
         # A lent GPU no job holds takes a slice at once, unless a cycle is between deciding
         # and starting its jobs (one may be on its way there, or the reserve may move)
-        busy = [Slice("", "", GPU, node, g) for node, gs in self._lent_now.items() for g in gs] \
+        busy = [(node, g) for node, gs in self._lent_now.items() for g in gs] \
             if self.deciding() else []
-        where = place_slice(self.nodes, slices + others + held + busy, user, milli, allowance)
-        if not isinstance(where, SliceRefused):
+        where = take_slice(self.nodes, slices, user, milli, allowance, others=others,
+                           held=holders, busy=busy, own_waiting=waiting, may_want=self.lend)
+        if not isinstance(where, (SliceRefused, Want)):
             self.wanted.pop((user, server), None)
             return self._add(user, server, milli, where)
-        if not self.lend or (not holders and not busy) or \
-                isinstance(place_slice(self.nodes, slices + waiting, user, milli, allowance),
-                           SliceRefused):
+        if isinstance(where, SliceRefused):
             return where  # full, or beyond the allowance, lent GPUs or not
         if any(key[0] == user and key != (user, server) for key in self.wanted):
             return SliceRefused(f"another server of {user} is taking back a GPU lent to train "
                                 f"jobs; start this one once that one has started")
-        if mine is None:  # only a lent GPU has room: want one no job holds, else a held one
-            where = place_slice(self.nodes, slices + others + held, user, milli, allowance)
-            if isinstance(where, SliceRefused):
-                where = place_slice(self.nodes, slices + others, user, milli, allowance)
-            if isinstance(where, SliceRefused):
-                return where
-            job = holders.get((where.node, where.gpu))
+        if mine is None:  # only a lent GPU has room: want the one packing picks
+            job = holders.get(tuple(where))
             self.log.info("Taking back GPU %d of %s%s for %s's server %r", where.gpu,
                           where.node, f" from job {job}" if job else "", user, server)
             self.wake()
@@ -146,16 +139,10 @@ class BuildPool:
         if slices is None:
             slices = [Slice(r.id, r.user, r.milli, r.node, r.gpu) for r in self.store.slices()]
         holders = self.holders() if holders is None else holders
-        sliced = {(s.node, s.gpu) for s in slices}
         self._forget_wanted(time.time())
-        taken_back = {w.gpu for w in self.wanted.values()}
-        named = self.lendable_gpus()
-        bare = [(n.name, i) for n in self.nodes for i in range(n.gpus)
-                if (n.name, i) in named and (n.name, i) not in sliced
-                and (n.name, i) not in taken_back]
-        spare = [g for g in bare if g not in holders]
-        reserve = set(spare[len(spare) - min(self.reserve_gpus, len(spare)):])
-        return [g for g in bare if g not in reserve]
+        return lendable(self.nodes, {(s.node, s.gpu) for s in slices},
+                        {w.gpu for w in self.wanted.values()}, holders, self.reserve_gpus,
+                        self.lendable_gpus())
 
     def lendable_gpus(self) -> set[GPUKey]:
         """The build GPUs a train job can be given: those this machine can name, or every

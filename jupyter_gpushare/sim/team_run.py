@@ -17,8 +17,8 @@ import math
 import random
 from bisect import bisect_right
 
-from ..policy import SliceRefused, place_slice
-from ..policy.lending import build_node_of, lent_node
+from ..policy import SliceRefused
+from ..policy.lending import Want, build_node_of, lendable, lent_node, take_slice
 from ..policy.model import BUILD, DEFAULT_MIN_RUNTIME_S, GPU, Node, PolicyConfig, Slice
 from ..usage.cull import CullSettings, Evidence, decide
 from . import activity
@@ -194,21 +194,26 @@ class TeamRun:
 
     # -- slices and lent GPUs: the rules of pool/build.py and pool/loop.py, GPU by GPU -----
     def _place_waiting(self, t: float) -> None:
-        """Give waiting servers their slices (``BuildPool.reserve``): packed best fit by the
-        policy on GPUs that no train job holds and no other server wants; where only a GPU a
-        job holds has room, the server wants the one packing picks, and its job is stopped
-        (``PoolLoop._take_back``): the slice comes when the job has left, after its grace."""
+        """Give waiting servers their slices by the service's rule (``policy.lending
+        .take_slice``, as ``BuildPool.reserve`` calls it): packed best fit on GPUs that no
+        train job holds and no other server wants; where only a GPU a job holds has room, the
+        server wants the one packing picks, and its job is stopped (``PoolLoop._take_back``):
+        the slice comes when the job has left, after its grace."""
         milli = round(self.p.slice_gpu * GPU)
         for name in sorted(self.waiting, key=self.waiting.get):
             slices = list(self.slices.values())
-            others = {gpu for who, gpu in self.wanted.items() if who != name}
             # another server's wanted GPU is fenced by its slice, as BuildPool.reserve does
-            kept_off = [Slice("", who, milli, *gpu) for who, gpu in self.wanted.items()
-                        if who != name] + [Slice("", "", GPU, n, g) for n, g in self.holder]
-            where = place_slice(self.build_nodes, slices + kept_off, name, milli)
+            others = [Slice("", who, milli, *gpu) for who, gpu in self.wanted.items()
+                      if who != name]
+            where = take_slice(self.build_nodes, slices, name, milli, others=others,
+                               held=self.holder, may_want=self.gpushare)
             if isinstance(where, SliceRefused):
+                continue  # the build pool is full: the server waits for a slice to end
+            if isinstance(where, Want):
                 if name not in self.wanted:
-                    self._want(name, slices, others, milli, t)
+                    self.wanted[name] = gpu = tuple(where)
+                    if gpu in self.holder:
+                        self.sim.stop(t, self.holder[gpu])
                 continue
             self.wanted.pop(name, None)
             self.slices[name] = Slice(name, name, milli, where.node, where.gpu)
@@ -216,26 +221,11 @@ class TeamRun:
             self.waits.append(t - self.waiting.pop(name))
         self._lend(t)
 
-    def _want(self, name: str, slices: list[Slice], others: set, milli: int, t: float) -> None:
-        where = place_slice(self.build_nodes,
-                            slices + [Slice("", "", milli, n, g) for n, g in others], name, milli)
-        if isinstance(where, SliceRefused) or not self.gpushare:
-            return  # the build pool is full: the server waits for a slice to end
-        gpu = (where.node, where.gpu)
-        self.wanted[name] = gpu
-        if gpu in self.holder:
-            self.sim.stop(t, self.holder[gpu])
-
     def _lendable(self) -> list[tuple[str, int]]:
-        """The build GPUs lent now (``BuildPool.lendable``): those without a slice that no
-        server wants, but for the last ``build_reserve`` of those that no job holds either."""
-        sliced = {(s.node, s.gpu) for s in self.slices.values()}
-        wanted = set(self.wanted.values())
-        bare = [(n.name, i) for n in self.build_nodes for i in range(n.gpus)
-                if (n.name, i) not in sliced and (n.name, i) not in wanted]
-        spare = [g for g in bare if g not in self.holder]
-        reserve = set(spare[len(spare) - min(self.p.build_reserve, len(spare)):])
-        return [g for g in bare if g not in reserve]
+        """The build GPUs lent now, by the service's rule (``policy.lending.lendable``, as
+        ``BuildPool.lendable`` calls it)."""
+        return lendable(self.build_nodes, {(s.node, s.gpu) for s in self.slices.values()},
+                        set(self.wanted.values()), self.holder, self.p.build_reserve)
 
     def _lend(self, t: float) -> None:
         """One lent train node per build server, of its GPUs lent now (``lent_nodes``)."""

@@ -50,7 +50,8 @@ def plan(handles: list[Handle], pods: Mapping[str, dict], recorded: Callable[[tu
             rendezvous = h.data.get("rendezvous")
             out.gangs.append(Gang(*key, ranks, placement, float("-inf"),
                                   str(rendezvous) if rendezvous else None,
-                                  lent=_lent(h.data.get("lent"))))
+                                  lent=_lent(h.data.get("lent"))
+                                  or _lent_of_pods(ranks, placement, pods)))
     for name, pod in pods.items():
         labels = pod["metadata"].get("labels") or {}
         key = (labels.get(k8s.JOB), _int(labels.get(k8s.ATTEMPT)))
@@ -72,6 +73,21 @@ def _lent(record) -> dict[str, tuple[int, ...]]:
         return {str(node): tuple(int(g) for g in gpus) for node, gpus in dict(record or {}).items()}
     except (TypeError, ValueError):
         return {}
+
+
+def _lent_of_pods(ranks, placement: Mapping[str, int],
+                  pods: Mapping[str, dict]) -> dict[str, tuple[int, ...]]:
+    """The build GPUs lent to a gang, as its pods' annotations say (a record without them)."""
+    out = {}
+    for rank, node in zip(ranks, sorted(placement)):
+        said = ((pods.get(rank.name) or {}).get("metadata", {}).get("annotations")
+                or {}).get(k8s.LENT)
+        if said:
+            try:
+                out[node] = tuple(int(g) for g in said.split(","))
+            except ValueError:
+                continue
+    return out
 
 
 def _int(value) -> int | None:

@@ -9,8 +9,8 @@ rank, or all of them under ``launcher.py`` in a per-GPU job.
 
 A job on build GPUs lent to the train pool (``PoolService.lend_build_gpus``) runs as a pod
 on the build node itself, pinned likewise, asking its device plugin for
-``lent_gpu_resources`` per GPU (the resource slices use, so Kubernetes counts both), with
-``lent_tolerations``; which of the node's GPUs (by the pool's index) it holds is in the
+``lent_gpu_resources`` per GPU (the resource slices use, so Kubernetes counts both) and
+``lent_device_limits``, with ``lent_tolerations``; which of the node's GPUs (by the pool's index) it holds is in the
 pod's annotation and the handle, so ``lent_holders`` knows them after a restart.
 
 A multi-node gang gets a headless Service (its DNS name is ``MASTER_ADDR``) and a
@@ -77,10 +77,14 @@ class KubernetesBackend(KubernetesOptions):
         self._last_nodes: list[Node] = []
         self._ready_lock: asyncio.Lock | None = None
         self._build = None  # the build pool whose GPUs are lent (``lend``)
+        # Attempts being started: the lent GPUs each chose, held from the choice on (starts
+        # run side by side, and creating the pods awaits the API).
+        self._claims: dict[tuple[str, int], dict[str, tuple[int, ...]]] = {}
 
     # --- lent build GPUs ---
 
     lends_build_gpus = True
+    build_nodes_apart = True
 
     def lending_refused(self) -> str | None:
         if not self.lent_gpu_resources:
@@ -96,8 +100,11 @@ class KubernetesBackend(KubernetesOptions):
         build.holders = self.lent_holders
 
     def lent_holders(self) -> dict[tuple[str, int], str]:
-        return {(node, g): gang.job_id for gang in self._running.values()
-                for node, gpus in gang.lent.items() for g in gpus}
+        held = {(node, g): job_id for (job_id, _), lent in self._claims.items()
+                for node, gpus in lent.items() for g in gpus}
+        held.update({(node, g): gang.job_id for gang in self._running.values()
+                     for node, gpus in gang.lent.items() for g in gpus})
+        return held
 
     def _on_build_nodes(self, placement) -> tuple[dict[str, int], dict[str, tuple[int, ...]]]:
         """The placement with each lent node as its build node, and the build GPUs a job
@@ -129,7 +136,7 @@ class KubernetesBackend(KubernetesOptions):
         for pod, node in zip(pods, sorted(launch.placement)):  # node-rank order
             if node in lent:
                 k8s.on_lent_gpus(pod, lent[node], settings, self.lent_gpu_resources,
-                                 tuple(self.lent_tolerations))
+                                 self.lent_device_limits, tuple(self.lent_tolerations))
         return pods
 
     @property
@@ -228,11 +235,20 @@ class KubernetesBackend(KubernetesOptions):
     async def start(self, launch: Launch) -> Handle:
         await self._ready()
         key = (launch.job_id, launch.attempt)
-        if key in self._running:
+        if key in self._running or key in self._claims:
             raise BackendError(f"Attempt {launch.attempt} of job {launch.job_id} is already "
                                "running.")
         placement, lent = self._on_build_nodes(launch.placement)
         self._check_placement(placement, lent)
+        self._claims[key] = lent  # no await between choosing the lent GPUs and this
+        try:
+            return await self._start(launch, placement, lent)
+        finally:
+            self._claims.pop(key, None)  # the gang holds them now, or it did not start
+
+    async def _start(self, launch: Launch, placement: dict[str, int],
+                     lent: dict[str, tuple[int, ...]]) -> Handle:
+        key = (launch.job_id, launch.attempt)
         launch = dataclasses.replace(launch, placement=placement)
         template, settings = self._template(launch.user), self.pod_settings()
         if template.source == "configuration":

@@ -48,8 +48,8 @@ HOME_CLAIMS = "component=singleuser-storage"
 CLAIM_USER = "hub.jupyter.org/username"
 CLAIM_SERVER = "hub.jupyter.org/servername"
 
-RESOURCE_NAME = re.compile(r"([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]"
-                           r"([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?\Z")
+EXTENDED_RESOURCE = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/[A-Za-z0-9]"
+                               r"([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?\Z")  # domain/name
 _LABEL_VALUE = re.compile(r"([A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?\Z")
 
 
@@ -268,15 +268,18 @@ def _pod(launch: Launch, template: PodTemplate, settings: PodSettings, lay: rank
 
 
 def on_lent_gpus(pod: dict, gpus: tuple[int, ...], settings: PodSettings,
-                 resources: Mapping[str, int], tolerations: tuple[Mapping, ...] = ()) -> dict:
+                 resources: Mapping[str, int], per_device: Mapping[str, int] | None = None,
+                 tolerations: tuple[Mapping, ...] = ()) -> dict:
     """``pod`` made for a build node whose ``gpus`` (indexes in the pool's count) are lent to
     its job: it requests them as the build node's device plugin advertises GPUs
-    (``resources`` per GPU) instead of train GPUs, tolerates the build pool's taints, and
-    names them in an annotation (the service knows them again after a restart)."""
+    (``resources`` per GPU, ``per_device`` limits as they are) instead of train GPUs,
+    tolerates the build pool's taints, and names them in an annotation (the service knows
+    them again after a restart)."""
     container = pod["spec"]["containers"][0]
     limits = {k: v for k, v in container["resources"]["limits"].items()
               if k != settings.gpu_resource}
     limits.update({name: str(count * len(gpus)) for name, count in resources.items()})
+    limits.update({name: str(count) for name, count in (per_device or {}).items()})
     container["resources"]["limits"] = limits
     if tolerations:
         pod["spec"]["tolerations"] = list(pod["spec"].get("tolerations") or []) + \

@@ -50,28 +50,32 @@ class KubernetesOptions(Backend):
 
     lent_gpu_resources = Dict(help="""
         With PoolService.lend_build_gpus (required then): what a job pod on a build node
-        asks the build nodes' device plugin for, per build GPU lent to it, so that
-        Kubernetes counts lent GPUs and slices in one resource and never binds a notebook
-        pod where a job still holds what its slice needs. {"nvidia.com/gpu": 1} where build
-        nodes advertise whole GPUs (slice_mode "exclusive"); {"nvidia.com/gpu": 1,
-        "nvidia.com/gpumem-percentage": 100} with HAMi; {"nvidia.com/gpu.shared": 4} with
-        time-slicing of 4 replicas, only on build nodes of one GPU each (the device plugin
-        picks which replicas a pod gets, of any GPU of the node) and with the plugin's
-        failRequestsGreaterThanOne off there.
+        asks the build nodes' device plugin for, per build GPU lent to it (multiplied by
+        its GPUs), in the resource the slices use, so that Kubernetes counts lent GPUs and
+        slices together and never binds a notebook pod where a job still holds what its
+        slice needs: {"nvidia.com/gpu": 1} where build nodes advertise whole GPUs
+        (slice_mode "exclusive", or HAMi with lent_device_limits); {"nvidia.com/gpu.shared":
+        4} with time-slicing of 4 replicas, only on build nodes of one GPU each (the device
+        plugin picks which replicas a pod gets, of any GPU of the node) and with the
+        plugin's failRequestsGreaterThanOne off there.
         """).tag(config=True)
 
-    @validate("lent_gpu_resources")
+    lent_device_limits = Dict(help="""
+        With PoolService.lend_build_gpus: limits of a job pod on a build node that hold for
+        each of its devices, as they are (not multiplied), e.g. HAMi's
+        {"nvidia.com/gpumem-percentage": 100}, which keeps slices off a lent GPU.
+        """).tag(config=True)
+
+    @validate("lent_gpu_resources", "lent_device_limits")
     def _check_lent_gpu_resources(self, proposal):
-        value = proposal.value
+        value, name = proposal.value, f"{type(self).__name__}.{proposal.trait.name}"
         for resource, count in value.items():
-            if not isinstance(resource, str) or not k8s.RESOURCE_NAME.match(resource):
-                raise TraitError(f"{type(self).__name__}.lent_gpu_resources names "
-                                 f"{str(resource)[:80]!r}, which is not a resource name like "
-                                 f"'nvidia.com/gpu.shared'.")
+            if not isinstance(resource, str) or not k8s.EXTENDED_RESOURCE.match(resource):
+                raise TraitError(f"{name} names {str(resource)[:80]!r}, which is not an "
+                                 f"extended resource name like 'nvidia.com/gpu.shared'.")
             if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 1000:
-                raise TraitError(f"{type(self).__name__}.lent_gpu_resources[{resource!r}] "
-                                 f"must be a whole number from 1 to 1000 per GPU, not "
-                                 f"{str(count)[:40]!r}.")
+                raise TraitError(f"{name}[{resource!r}] must be a whole number from 1 to "
+                                 f"1000, not {str(count)[:40]!r}.")
         return value
 
     lent_tolerations = List(Dict(), help="""
