@@ -47,6 +47,18 @@ def _scenario(text):
     return text
 
 
+def _seeds(text):
+    from .sim.scenario import MAX_SEEDS
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_SEEDS:
+        raise argparse.ArgumentTypeError(f"must be a whole number of teams from 1 to "
+                                         f"{MAX_SEEDS}, not {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="gpushare", description="Share GPUs in JupyterHub: build slices "
                      "for notebooks, a guaranteed-quota train pool for jobs.")
@@ -66,6 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
                      "loop, under static GPUs per researcher, a pool, and gpushare (culling, "
                      "idle-first reclaim, lent build GPUs), over a sweep of demand; with "
                      "--activity (default philly), --json and --plot")
+    sim.add_argument("--seeds", type=_seeds, metavar="N", help="with --scenario team: the "
+                     "mean over N teams drawn with seeds 21 onwards (each a closed loop whose "
+                     "figures move by points from one team to the next), and gpushare minus "
+                     "pooled per team; N times as long (default 1)")
     sim.add_argument("--from-pool", action="store_true", help="replay the pool service's "
                      "recorded train jobs (api/history, admins) instead of a trace: under "
                      "today's projects, quotas and nodes, and under the --capacity and "
@@ -154,6 +170,8 @@ def main(argv=None) -> int:
 def cmd_simulate(args) -> int:
     if args.scenario:
         return cmd_scenario(args)
+    if args.seeds:
+        raise UsageError("--seeds is for --scenario team; a trace is replayed as it is")
     if args.from_pool:
         if args.departments:
             raise UsageError("--departments is for a trace (--trace FILE); --from-pool replays "
@@ -287,7 +305,7 @@ def cmd_scenario(args) -> int:
         print(f"demand {row['demand']:g} ({row['demand_gpus']:g} GPUs) done", file=sys.stderr,
               flush=True)
 
-    result = scenario(TeamParameters(), profile, on_level=done)
+    result = scenario(TeamParameters(), profile, on_level=done, seeds=args.seeds or 1)
     if args.plot:
         from .sim.plot import plot_team
         _plot(plot_team, result, args.plot)

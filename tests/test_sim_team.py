@@ -105,3 +105,39 @@ def test_a_scenario_makes_its_own_pool(capsys):
     assert cli.main(["simulate", "--scenario", "team", "--capacity", "8"]) == 2
     assert capsys.readouterr().err == ("gpushare simulate: --scenario team makes its own demand, "
                                        "pool and quotas; leave out --capacity\n")
+
+
+def test_several_teams_give_each_figure_as_their_mean():
+    """--seeds: each figure the mean over the teams of consecutive seeds (the longest build
+    wait their largest), and gpushare minus pooled per team."""
+    both = scenario(WEEK, "philly", demands=(2.0,), seeds=2)
+    alone = [scenario(replace(WEEK, seed=WEEK.seed + k), "philly", demands=(2.0,))["sweep"][0]
+             for k in range(2)]
+    [row] = both["sweep"]
+    for config in CONFIGS:
+        for key in ("avg_utilization", "experiments_completed", "median_jct_s"):
+            assert row[config][key] == pytest.approx(
+                sum(a[config][key] for a in alone) / 2, abs=1e-4), (config, key)
+        assert row[config]["max_build_wait_s"] == max(a[config]["max_build_wait_s"]
+                                                      for a in alone)
+    assert row["gpushare_minus_pooled"]["experiments_completed"] == [
+        a["gpushare"]["experiments_completed"] - a["pooled"]["experiments_completed"]
+        for a in alone]
+    assert both["parameters"]["seeds"] == [WEEK.seed, WEEK.seed + 1]
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--scenario", "team", "--seeds", "0"], "argument --seeds: must be a whole number of "
+     "teams from 1 to 16, not '0'; see 'gpushare simulate --help'"),
+    (["--scenario", "team", "--seeds", "many"], "argument --seeds: must be a whole number of "
+     "teams from 1 to 16, not 'many'; see 'gpushare simulate --help'"),
+    (["--trace", "x.csv", "--seeds", "2"], "--seeds is for --scenario team; a trace is "
+     "replayed as it is"),
+])
+def test_bad_seeds_are_one_sentence(argv, said, capsys):
+    try:
+        code = cli.main(["simulate", *argv])
+    except SystemExit as e:
+        code = e.code
+    assert code == 2
+    assert capsys.readouterr().err == f"gpushare simulate: {said}\n"

@@ -4,7 +4,7 @@ average utilization is the case's 28 % (docs/explanation/before-and-after.md).""
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from . import activity
 from .team import JOBS_TABLE, Researcher, TeamParameters, load_jobs, make_team, unlimited_demand
@@ -17,22 +17,37 @@ light team to one whose experiments would keep about twice the GPUs busy."""
 CALIBRATION = 0.28  # static's average utilization in the case the scenario is checked against
 
 
-def scenario(p: TeamParameters, profile: str, demands=DEMANDS, on_level=None) -> dict:
+MAX_SEEDS = 16
+
+
+def scenario(p: TeamParameters, profile: str, demands=DEMANDS, on_level=None,
+             seeds: int = 1) -> dict:
     """The three configurations over the demand sweep, and at the demand where static's
-    average utilization is ``CALIBRATION`` (interpolated between the sweep's levels)."""
-    team, jobs = make_team(p), load_jobs()
+    average utilization is ``CALIBRATION`` (interpolated between the sweep's levels). With
+    ``seeds`` > 1, each figure is the mean over the teams of seeds ``p.seed`` onwards (the
+    longest build wait their largest), and each level says gpushare minus pooled per seed."""
+    jobs = load_jobs()
+    teams = [(q, make_team(q)) for q in (replace(p, seed=p.seed + k) for k in range(seeds))]
+
+    def runs(config: str, demand: float) -> list[dict]:
+        return [TeamRun(q, team, jobs, config, demand, profile).run() for q, team in teams]
 
     def level(demand: float) -> dict:
-        row = {"demand": round(demand, 3),
-               "demand_gpus": round(unlimited_demand(p, team, jobs, demand), 1)}
+        gpus = sum(unlimited_demand(q, team, jobs, demand) for q, team in teams) / seeds
+        row = {"demand": round(demand, 3), "demand_gpus": round(gpus, 1)}
+        each = {config: runs(config, demand) for config in CONFIGS}
         for config in CONFIGS:
-            row[config] = TeamRun(p, team, jobs, config, demand, profile).run()
+            row[config] = _mean(each[config])
+        if seeds > 1:
+            row["gpushare_minus_pooled"] = {
+                key: [round(g[key] - q[key], 4) for g, q in zip(each["gpushare"], each["pooled"])]
+                for key in ("avg_utilization", "experiments_completed")}
         if on_level is not None:
             on_level(row)
         return row
 
     def static(demand: float) -> float:
-        return TeamRun(p, team, jobs, "static", demand, profile).run()["avg_utilization"]
+        return _mean(runs("static", demand))["avg_utilization"]
 
     sweep = [level(d) for d in demands]
     calibration, why = None, ""
@@ -51,7 +66,23 @@ def scenario(p: TeamParameters, profile: str, demands=DEMANDS, on_level=None) ->
     return {"scenario": "team", "activity": profile,
             "activity_source": activity.PROFILE_SOURCES[profile],
             "lending": True, "calibration": calibration, "calibration_note": why,
-            "sweep": sweep, "parameters": parameters(p, team)}
+            "sweep": sweep, "parameters": parameters(p, teams[0][1], seeds)}
+
+
+def _mean(figures: list[dict]):
+    """One configuration's figures over seeds: each number's mean (the longest build wait,
+    the largest), each series' mean hour by hour."""
+    first = figures[0]
+    if len(figures) == 1:
+        return first
+    if isinstance(first, dict):
+        return {key: (max(f[key] for f in figures) if key == "max_build_wait_s"
+                      else _mean([f[key] for f in figures])) for key in first}
+    if isinstance(first, list):
+        return [_mean(list(column)) for column in zip(*figures)]
+    if isinstance(first, (int, float)) and not isinstance(first, bool):
+        return round(sum(figures) / len(figures), 4)
+    return first
 
 
 def _between(static, lo: tuple[float, float], hi: tuple[float, float]) -> float:
@@ -73,8 +104,9 @@ def _between(static, lo: tuple[float, float], hi: tuple[float, float]) -> float:
     return best[0]
 
 
-def parameters(p: TeamParameters, team: list[Researcher]) -> dict:
+def parameters(p: TeamParameters, team: list[Researcher], seeds: int = 1) -> dict:
     out = asdict(p)
+    out["seeds"] = list(range(p.seed, p.seed + seeds))
     out["servers"] = list(p.servers)
     out["window_s"] = p.window_s
     out["jobs_table"] = f"{JOBS_TABLE.name} ({len(load_jobs())} jobs of the Philly trace)"

@@ -26,10 +26,23 @@ def format_team(r: dict) -> str:
         "completed in the window)",
         f"  {'demand':>6} {'GPUs':>5}" + "".join(f" | {c:>8} util   exps" for c in CONFIGS),
     ]
+    seeds = p.get("seeds") or [p["seed"]]
+    if len(seeds) > 1:
+        lines[-2] = (f"sweep, mean of {len(seeds)} teams (seeds {seeds[0]}–{seeds[-1]}; "
+                     "utilization: average GPU utilization over time, of all GPUs; experiments "
+                     "completed in the window; Δ: gpushare − pooled, the smallest and largest "
+                     "of one team)")
+        lines[-1] += f" | {'Δ util, points':>16} {'Δ exps':>11}"
     for row in r["sweep"]:
-        lines.append(f"  {row['demand']:>6g} {row['demand_gpus']:>5g}" + "".join(
-            f" | {row[c]['avg_utilization']:>13.1%} {row[c]['experiments_completed']:>6}"
-            for c in CONFIGS))
+        line = f"  {row['demand']:>6g} {row['demand_gpus']:>5g}" + "".join(
+            f" | {row[c]['avg_utilization']:>13.1%} {row[c]['experiments_completed']:>6.0f}"
+            for c in CONFIGS)
+        if "gpushare_minus_pooled" in row:
+            util = [100 * d for d in row["gpushare_minus_pooled"]["avg_utilization"]]
+            exps = row["gpushare_minus_pooled"]["experiments_completed"]
+            line += (f" | {min(util):>+7.1f} to {max(util):>+4.1f} "
+                     f"{min(exps):>+5.0f} to {max(exps):>+4.0f}")
+        lines.append(line)
     c = r["calibration"]
     lines.append("")
     if not c:
@@ -44,7 +57,7 @@ def format_team(r: dict) -> str:
         for name in CONFIGS:
             x = c[name]
             lines.append(f"  {name:<9}{x['avg_utilization']:>7.1%}{x['allocation']:>7.1%}"
-                         f"{x['idle_allocated']:>11.1%}{x['experiments_completed']:>6}"
+                         f"{x['idle_allocated']:>11.1%}{x['experiments_completed']:>6.0f}"
                          f"{_h(x['median_jct_s']):>12}{_h(x['p95_jct_s']):>11}"
                          f"{_h(x['avg_queue_s']):>11}{x['max_build_wait_s']:>14.0f} s")
         for name in ("pooled", "gpushare"):
