@@ -52,10 +52,10 @@ def test_job_rows():
     assert job_rows(jobs, 1000.0) == [
         {"id": "j-2", "name": "j-2", "state": "pending", "gpus": "4", "position": "1",
          "reason": "waiting for 4 GPUs on one node", "elapsed": "10s", "attempt": "2",
-         "active": True, "ranks": 1, "use": none},
+         "active": True, "ranks": 1, "use": none, "lent": ""},
         {"id": "j-1", "name": "resnet", "state": "failed", "gpus": "1", "position": "",
          "reason": "exit code 1", "elapsed": "1h", "attempt": "1", "active": False,
-         "ranks": 1, "use": none}]
+         "ranks": 1, "use": none, "lent": ""}]
     pending, failed = job_rows(jobs, 1000.0)
     # the queue position and a requeue's attempt go with the state, in muted words
     assert state_html(pending) == (
@@ -64,6 +64,18 @@ def test_job_rows():
     assert state_html(failed) == \
         '<span style="color:var(--jp-error-color1, #c62828)">failed</span>'
     assert details_html(pending) == "waiting for 4 GPUs on one node"
+
+
+def test_a_job_on_lent_build_gpus_says_so_and_what_may_happen():
+    job = {"id": "j-3", "state": "running", "gpus": 1.0, "attempt": 1, "started": 0,
+           "placement": {"build-0/lent": 1.0}, "reason": ""}
+    [row] = job_rows([job], 10.0)
+    said = ("on build GPUs of build-0 lent to the train pool: a notebook may take them back "
+            "(the job is then requeued and resumes from its checkpoint)")
+    assert row["lent"] == said
+    assert details_html(row).endswith(f">{said}</div>")
+    assert job_rows([{**job, "placement": {"train-0": 1.0}}], 10.0)[0]["lent"] == ""
+    assert job_rows([{**job, "state": "pending"}], 10.0)[0]["lent"] == ""
 
 
 NOW = 1_800_000_030.0  # 30 s into a minute

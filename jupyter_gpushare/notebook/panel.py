@@ -27,6 +27,7 @@ import ipywidgets as widgets
 
 from ..charts import minute_values, sparkline
 from ..client import ClientError, PoolClient
+from ..policy.lending import LENT_SUFFIX
 from ..text import clock_time, duration, idle_text, memory_cell, no_jobs, sm_cell, when
 from ..trainjob import ACTIVE, CANCELLED, FAILED, PENDING, RUNNING, SUCCEEDED
 from .watchdog import BuildSlice
@@ -104,6 +105,17 @@ def gpu_use(usage: dict | None, now: float) -> dict:
             "spark": minute_values(usage.get("minutes"), now)}
 
 
+def lent_text(job: dict) -> str:
+    """Where a running job on build GPUs lent to the train pool runs, and what may happen to
+    it there; "" for any other job."""
+    nodes = sorted(name[:-len(LENT_SUFFIX)] for name in (job.get("placement") or {})
+                   if isinstance(name, str) and name.endswith(LENT_SUFFIX))
+    if job.get("state") != RUNNING or not nodes:
+        return ""
+    return (f"on build GPUs of {', '.join(nodes)} lent to the train pool: a notebook may take "
+            f"them back (the job is then requeued and resumes from its checkpoint)")
+
+
 def job_rows(jobs: list[dict], now: float) -> list[dict]:
     """One row per job, as the table shows it; ``active`` says whether it can be cancelled;
     ``use`` is a running job's GPU use."""
@@ -117,6 +129,7 @@ def job_rows(jobs: list[dict], now: float) -> list[dict]:
                      "reason": job.get("reason") or "", "elapsed": elapsed(job, now),
                      "attempt": str(job.get("attempt") or 1),
                      "active": job.get("state") in ACTIVE, "ranks": job.get("ranks") or 1,
+                     "lent": lent_text(job),
                      "use": gpu_use(job.get("usage"), now) if running else
                      {"text": "", "idle": "", "spark": []}})
     return rows
@@ -144,12 +157,16 @@ def state_html(row: dict) -> str:
 
 
 def details_html(row: dict) -> str:
-    """A running job's GPU use, then the pool's reason (why it waits, how it ended)."""
+    """A running job's GPU use, then the pool's reason (why it waits, how it ended), then
+    whether it runs on lent build GPUs."""
     reason = html.escape(row["reason"])
+    lent = html.escape(row.get("lent") or "")
     if not row["use"]["text"]:
-        return reason
-    return use_html(row["use"]) + (f' <span style="color:{MUTED}">· {reason}</span>'
-                                   if reason else "")
+        out = reason
+    else:
+        out = use_html(row["use"]) + (f' <span style="color:{MUTED}">· {reason}</span>'
+                                      if reason else "")
+    return out + (f'<div style="color:{MUTED}">{lent}</div>' if lent else "")
 
 
 def project_bars(quota: dict, capacity: float | None = None) -> list[dict]:

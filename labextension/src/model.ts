@@ -28,6 +28,8 @@ export interface Job {
   finished: number | null;
   exit_code: number | null;
   preempting?: boolean;
+  /** Node name -> GPUs, once placed; a node named `<build node>/lent` is build GPUs lent to the train pool. */
+  placement?: Record<string, number> | null;
   /** While running: its GPU use as the pool reads it. */
   usage?: Usage | null;
   /** One rank per GPU instead of one per node. */
@@ -316,6 +318,26 @@ export interface JobRow {
   followable: boolean;
   /** Ranks whose logs can be chosen (1: only rank 0, no choice to offer). */
   ranks: number;
+  /** A running job on build GPUs lent to the train pool: where, and what may happen; else ''. */
+  lent: string;
+}
+
+/** The suffix of a lent node's name (the pool's `policy/lending.py`, LENT_SUFFIX). */
+const LENT_SUFFIX = '/lent';
+
+/** Where a running job on lent build GPUs runs, and what may happen to it there; '' otherwise. */
+export function lentText(job: Job): string {
+  const nodes = Object.keys(job.placement ?? {})
+    .filter(name => name.endsWith(LENT_SUFFIX))
+    .map(name => name.slice(0, -LENT_SUFFIX.length))
+    .sort();
+  if (job.state !== 'running' || nodes.length === 0) {
+    return '';
+  }
+  return (
+    `on build GPUs of ${nodes.join(', ')} lent to the train pool: a notebook may take ` +
+    'them back (the job is then requeued and resumes from its checkpoint)'
+  );
 }
 
 export function jobRow(job: Job, now: number): JobRow {
@@ -340,7 +362,8 @@ export function jobRow(job: Job, now: number): JobRow {
     attempt: String(job.attempt),
     cancellable: live,
     followable: job.state !== 'pending' || job.attempt > 1,
-    ranks: Math.max(1, job.ranks ?? 1)
+    ranks: Math.max(1, job.ranks ?? 1),
+    lent: lentText(job)
   };
 }
 

@@ -287,6 +287,9 @@ export class GpusharePanel extends Widget {
       if (row.reason) {
         detail.append(el('div', 'jp-GpusharePanel-reason', row.reason));
       }
+      if (row.lent) {
+        detail.append(el('div', 'jp-GpusharePanel-lent', row.lent));
+      }
       const logs = el('button', 'jp-GpusharePanel-button jp-GpusharePanel-logs', 'Logs');
       logs.disabled = !row.followable;
       logs.title = row.followable ? 'Show the output (followed while it runs)' : 'No output until it starts';

@@ -161,6 +161,17 @@ describe('job table rows', () => {
     assert.equal(failed.position, '');
   });
 
+  test('a running job on lent build GPUs says so, and what may happen to it', () => {
+    const lent = jobRow(job({ state: 'running', started: 0, placement: { 'build-0/lent': 1 } }), 5);
+    assert.equal(
+      lent.lent,
+      'on build GPUs of build-0 lent to the train pool: a notebook may take them back ' +
+        '(the job is then requeued and resumes from its checkpoint)'
+    );
+    assert.equal(jobRow(job({ state: 'running', started: 0, placement: { 'train-0': 1 } }), 5).lent, '');
+    assert.equal(jobRow(job({ placement: { 'build-0/lent': 1 } }), 5).lent, '');
+  });
+
   test('a job without a name is shown by its id', () => {
     assert.equal(jobRow(job({ name: '', id: 'abc123' }), 0).name, 'abc123');
   });
