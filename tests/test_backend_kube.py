@@ -1203,13 +1203,21 @@ async def test_jobs_on_lent_build_gpus_run_on_the_build_node_and_are_known_after
     build = BuildPool({"bk-build": 2}, 1.0, Store(f"sqlite:///{tmp_path / 'pool.sqlite'}"),
                       simulated=False, lend=True, reserve_gpus=0)
     resources = {"nvidia.com/gpu.shared": 4}
-    first = make_backend(lent_gpu_resources=resources)
+    watched = {"build_node_selector": kube.node_selector}
+    first = make_backend(lent_gpu_resources=resources, **watched)
     first.lend(build)
-    assert build.indexed and build.lendable() == [("bk-build", 0), ("bk-build", 1)]
-    assert [n.name for n in build.lent_nodes()] == ["bk-build/lent"]
+    assert build.indexed and build.lendable() == []  # nothing lent before the nodes are seen
     sleep = "import time; print('up', flush=True); time.sleep(60)"
     try:
         await first.adopt([])
+        assert build.lendable() == [("bk-build", 0), ("bk-build", 1)]
+        assert [n.name for n in build.lent_nodes()] == ["bk-build/lent"]
+        # A cordoned build node lends nothing; uncordoned, it lends again.
+        kube.api.patch("/api/v1/nodes/bk-build", {"spec": {"unschedulable": True}})
+        await until(lambda: build.lendable() == [], what="the cordon to be seen")
+        kube.api.patch("/api/v1/nodes/bk-build", {"spec": {"unschedulable": False}})
+        await until(lambda: len(build.lendable()) == 2, what="the uncordon to be seen")
+        build.lent_nodes()
         # Two starts side by side (as the loop makes them) get a GPU each.
         handle, other = await asyncio.gather(
             first.start(launch("j-lent", sleep, {"bk-build/lent": GPU})),
@@ -1217,7 +1225,7 @@ async def test_jobs_on_lent_build_gpus_run_on_the_build_node_and_are_known_after
         assert (handle.data["lent"], other.data["lent"]) == ({"bk-build": [0]},
                                                              {"bk-build": [1]})
         await first.stop("j-next", 1, 0)
-        await ended(first)
+        await ended(first, timeout=40)
         await log_of(first, "j-lent", "up")
         [pod] = pods_of(account, "j-lent")
         assert pod["spec"]["nodeName"] == "bk-build"
@@ -1235,7 +1243,7 @@ async def test_jobs_on_lent_build_gpus_run_on_the_build_node_and_are_known_after
         assert await first.poll() == []
     finally:
         await first.shutdown()
-    second = make_backend(lent_gpu_resources=resources)
+    second = make_backend(lent_gpu_resources=resources, **watched)
     second.lend(build)
     try:
         # A record without them: the pod's annotation says which GPUs the job holds.
@@ -1243,8 +1251,11 @@ async def test_jobs_on_lent_build_gpus_run_on_the_build_node_and_are_known_after
                       {k: v for k, v in handle.data.items() if k != "lent"})
         assert await second.adopt([bare]) == []
         assert second.lent_holders() == {("bk-build", 0): "j-lent"}
-        await second.stop("j-lent", 1, 1)
-        (exit,) = await ended(second)
-        assert exit.job_id == "j-lent" and second.lent_holders() == {}
+        # The build node dies, and nothing deletes its pods: the job is lost (requeued).
+        kube.kubelet.remove_node("bk-build", delete_pods=False)
+        (exit,) = await ended(second, timeout=40)
+        assert (exit.job_id, exit.state) == ("j-lent", "lost")
+        assert "its node bk-build left the build pool" in exit.reason
+        assert second.lent_holders() == {} and build.lendable() == []
     finally:
         await second.shutdown()

@@ -53,6 +53,7 @@ c.KubernetesBackend.home_dir = {home!r}
 c.KubernetesBackend.rendezvous = "pod-ip"
 c.KubernetesBackend.lent_gpu_resources = {{"nvidia.com/gpu.shared": 4}}  # one GPU per build node
 c.KubernetesBackend.lent_tolerations = [{toleration!r}]
+c.KubernetesBackend.build_node_selector = {{"lend-kube-build": {namespace!r}}}
 """
 
 

@@ -346,7 +346,7 @@ class PoolService(Application):
             # No slice until the scheduler has adopted the jobs that run on build GPUs
             self.build.adopted = not any(build_node_of(n) for r in self.store.active()
                                          if r.state == RUNNING for n in r.placement or {})
-        if self.lend_build_gpus:
+        if self.lend_build_gpus and not self.build.indexed:  # this machine's own GPUs
             lendable = self.build.lendable_gpus()
             unnamed = sorted(n.name for n in self.build.nodes
                              if not any(key[0] == n.name for key in lendable))

@@ -74,6 +74,8 @@ class BuildPool:
         # Set by a backend that runs lent jobs by a GPU's index on its node, not its UUID
         # (Kubernetes: the node's device plugin picks the device): every build GPU is lendable.
         self.indexed = False
+        # Set by a backend that knows the build nodes: whether one may lend its GPUs now.
+        self.usable: Callable[[str], bool] = lambda node: True
 
     def reserve(self, user: str, milli: int, server: str) -> SliceRow | SliceRefused:
         """Pack a slice on the build pool or say why not. Never on a GPU a train job holds:
@@ -148,8 +150,9 @@ class BuildPool:
         """The build GPUs a train job can be given: those this machine can name, or every
         one where the backend gives them by index (``indexed``)."""
         if self.indexed:
-            return {(n.name, i) for n in self.nodes for i in range(n.gpus)}
-        return set(self.uuids())
+            return {(n.name, i) for n in self.nodes if self.usable(n.name)
+                    for i in range(n.gpus)}
+        return {key for key in self.uuids() if self.usable(key[0])}
 
     def lent_nodes(self) -> list[Node]:
         """One lent train node per build node with GPUs lent now or jobs still on them

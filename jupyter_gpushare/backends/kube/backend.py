@@ -8,10 +8,11 @@ volume, security context and environment of the user's notebook pod. A pod runs 
 rank, or all of them under ``launcher.py`` in a per-GPU job.
 
 A job on build GPUs lent to the train pool (``PoolService.lend_build_gpus``) runs as a pod
-on the build node itself, pinned likewise, asking its device plugin for
-``lent_gpu_resources`` per GPU (the resource slices use, so Kubernetes counts both) and
-``lent_device_limits``, with ``lent_tolerations``; which of the node's GPUs (by the pool's index) it holds is in the
-pod's annotation and the handle, so ``lent_holders`` knows them after a restart.
+on the build node itself (only a watched, schedulable, Ready one lends), pinned likewise,
+asking its device plugin for ``lent_gpu_resources`` per GPU (the resource slices use, so
+Kubernetes counts both) and ``lent_device_limits``, with ``lent_tolerations``; which of the
+node's GPUs (by the pool's index) it holds is in the pod's annotation and the handle, so
+``lent_holders`` knows them after a restart.
 
 A multi-node gang gets a headless Service (its DNS name is ``MASTER_ADDR``) and a
 NetworkPolicy that lets its pods, and only them, reach each other; both are owned by rank 0's
@@ -19,7 +20,8 @@ pod, so they go with it. Where the cluster has no DNS (``rendezvous = "pod-ip"``
 created first and the other ranks get its pod IP once it has one.
 
 Four reflectors (reflector.py) keep what the backend reads: our job pods, the train pool's
-nodes, the namespace's pod events and the users' notebook pods. ``poll`` judges each gang
+nodes, the namespace's pod events and the users' notebook pods (and a fifth the build nodes,
+with lending). ``poll`` judges each gang
 from the cache (gang.py): every pod Succeeded → succeeded; the first pod Failed, deleted by
 someone else or on a node that left the pool ends the gang: the others are deleted with the
 grace period, and the attempt is reported failed (or lost: the service requeues) once no pod
@@ -66,6 +68,7 @@ class KubernetesBackend(KubernetesOptions):
         super().__init__(**kwargs)
         self.api: KubeAPI | None = None
         self.pods = self.node_cache = self.events = self.notebooks = None
+        self.build_cache = None  # the build nodes, with lending (``lend``)
         self._logs: PodLogs | None = None
         self._running: dict[tuple[str, int], Gang] = {}
         self._ended: dict[str, k8s.PodState] = {}  # terminal states seen before a poll
@@ -98,6 +101,15 @@ class KubernetesBackend(KubernetesOptions):
         self._build = build
         build.indexed = True  # the build node's device plugin picks the device
         build.holders = self.lent_holders
+        build.usable = self._build_node_usable
+
+    def _build_node_usable(self, name: str) -> bool:
+        """Whether build node ``name`` may lend its GPUs: watched, schedulable and Ready."""
+        cache = self.build_cache
+        if cache is None or not cache.synced.is_set():
+            return False
+        node = cache.objects.get(name)
+        return node is not None and k8s.usable(node)
 
     def lent_holders(self) -> dict[tuple[str, int], str]:
         held = {(node, g): job_id for (job_id, _), lent in self._claims.items()
@@ -171,6 +183,10 @@ class KubernetesBackend(KubernetesOptions):
                     field_selector="involvedObject.kind=Pod"), index=_involved).start()
                 self.notebooks = watch(f"notebook pods in {ns}", functools.partial(
                     core.list_namespaced_pod, ns, label_selector=self.notebook_selector)).start()
+                if self._build is not None:
+                    self.build_cache = watch("build nodes", functools.partial(
+                        core.list_node, label_selector=_selector(self.build_node_selector))
+                    ).start()
         for reflector in (self.pods, self.node_cache):
             if not await reflector.wait_synced(self.api_retry_timeout):
                 error = reflector.last_error
@@ -186,7 +202,7 @@ class KubernetesBackend(KubernetesOptions):
                                    f"be submitted again when it answers.")
 
     def _node_selector(self) -> str:
-        return ",".join(f"{k}={v}" for k, v in sorted(self.train_node_selector.items()))
+        return _selector(self.train_node_selector)
 
     def _pod_event(self, kind: str, pod: dict) -> None:
         # A pod may appear, end and be deleted between two polls: remember that it was
@@ -494,7 +510,8 @@ class KubernetesBackend(KubernetesOptions):
         if state.phase in k8s.ENDED:
             return state
         if self._node_gone(pod, node):  # bound to it, or pinned to it and still waiting
-            return k8s.PodState(k8s.GONE, reason=f"its node {node} left the train pool")
+            pool = "build" if self._build is not None and node in self._build.names else "train"
+            return k8s.PodState(k8s.GONE, reason=f"its node {node} left the {pool} pool")
         if pod["metadata"].get("deletionTimestamp") and name not in self.ops.doomed:
             return k8s.PodState(k8s.GONE, reason=f"its pod {name} is being deleted outside the "
                                                "pool service")
@@ -504,9 +521,11 @@ class KubernetesBackend(KubernetesOptions):
         """Whether the pod's node has left the train pool (a build node, whose GPUs may be
         lent, is not watched: a pod there that its node's end takes away is gone)."""
         node = (pod.get("spec") or {}).get("nodeName") or node
+        if node and self._build is not None and node in self._build.names:
+            cache = self.build_cache
+            return cache is not None and cache.synced.is_set() and node not in cache.objects
         return bool(node) and self.node_cache.synced.is_set() and \
-            node not in self.node_cache.objects and \
-            (self._build is None or node not in self._build.names)
+            node not in self.node_cache.objects
 
     async def _wind_up(self, gang: Gang) -> None:
         """Keep every pod's log, then delete what is left of the pods and the rendezvous."""
@@ -588,7 +607,8 @@ class KubernetesBackend(KubernetesOptions):
 
     async def shutdown(self) -> None:
         # Jobs keep running; deletions not done yet are the restarted service's to repeat.
-        for reflector in (self.pods, self.node_cache, self.events, self.notebooks):
+        for reflector in (self.pods, self.node_cache, self.events, self.notebooks,
+                          self.build_cache):
             if reflector is not None:
                 await reflector.stop()
         if self.ops is not None:
@@ -596,6 +616,10 @@ class KubernetesBackend(KubernetesOptions):
         if self.api is not None:
             await self.api.close()
             self.api = None
+
+
+def _selector(labels: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
 
 
 def _involved(event: dict) -> str:

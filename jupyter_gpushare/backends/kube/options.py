@@ -78,6 +78,13 @@ class KubernetesOptions(Backend):
                                  f"1000, not {str(count)[:40]!r}.")
         return value
 
+    build_node_selector = Dict({"gpushare.jupyter.org/pool": "build"}, help="""
+        With PoolService.lend_build_gpus: labels of the build pool's nodes (as
+        GPUShareKubeSpawner.build_node_selector has them). The backend watches those nodes:
+        the GPUs of a build node it does not find, or that is cordoned or not Ready, are
+        not lent, and a job on a build node that leaves the cluster is requeued.
+        """).tag(config=True)
+
     lent_tolerations = List(Dict(), help="""
         With PoolService.lend_build_gpus, tolerations added to job pods on build nodes, for
         a taint that keeps other pods off the build pool (as GPUShareKubeSpawner's
