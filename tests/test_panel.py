@@ -73,7 +73,8 @@ def test_a_job_on_lent_build_gpus_says_so_and_what_may_happen():
     said = ("on build GPUs of build-0 lent to the train pool: a notebook may take them back "
             "(the job is then requeued and resumes from its checkpoint)")
     assert row["lent"] == said
-    assert details_html(row).endswith(f">{said}</div>")
+    assert details_html(row).endswith(f">· {said}</span>")
+    assert job_rows([{**job, "placement": 3}], 10.0)[0]["lent"] == ""
     assert job_rows([{**job, "placement": {"train-0": 1.0}}], 10.0)[0]["lent"] == ""
     assert job_rows([{**job, "state": "pending"}], 10.0)[0]["lent"] == ""
 

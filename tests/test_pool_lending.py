@@ -363,3 +363,16 @@ def test_the_service_does_not_start_with_bad_lending_settings(extra, sentence, t
     assert stopped.value.code != 0
     err = capsys.readouterr().err
     assert sentence in err and "Traceback" not in err, err
+
+
+def test_a_second_server_waits_behind_the_first_even_where_no_gpu_is_left_to_want(tmp_path):
+    """Her first server wants the one build GPU back (its whole room): her second is told to
+    wait for the first, not that the pool is full."""
+    store = Store(f"sqlite:///{tmp_path / 'pool.sqlite'}")
+    build = BuildPool({"b0": 1}, 2.0, store, simulated=True, lend=True, reserve_gpus=0)
+    build.holders = lambda: {("b0", 0): "j-1"}
+    first = build.reserve("alice", GPU, "a")
+    assert isinstance(first, SliceRefused) and "taking back GPU 0 of b0" in str(first)
+    assert str(build.reserve("alice", GPU // 4, "b")) == (
+        "another server of alice is taking back a GPU lent to train jobs; start this one once "
+        "that one has started")

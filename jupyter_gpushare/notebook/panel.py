@@ -108,8 +108,11 @@ def gpu_use(usage: dict | None, now: float) -> dict:
 def lent_text(job: dict) -> str:
     """Where a running job on build GPUs lent to the train pool runs, and what may happen to
     it there; "" for any other job."""
-    nodes = sorted(name[:-len(LENT_SUFFIX)] for name in (job.get("placement") or {})
-                   if isinstance(name, str) and name.endswith(LENT_SUFFIX))
+    placement = job.get("placement")
+    nodes = sorted(name[:-len(LENT_SUFFIX)] for name in
+                   (placement if isinstance(placement, dict) else {})
+                   if isinstance(name, str) and len(name) > len(LENT_SUFFIX)
+                   and name.endswith(LENT_SUFFIX))
     if job.get("state") != RUNNING or not nodes:
         return ""
     return (f"on build GPUs of {', '.join(nodes)} lent to the train pool: a notebook may take "
@@ -166,7 +169,9 @@ def details_html(row: dict) -> str:
     else:
         out = use_html(row["use"]) + (f' <span style="color:{MUTED}">· {reason}</span>'
                                       if reason else "")
-    return out + (f'<div style="color:{MUTED}">{lent}</div>' if lent else "")
+    if not lent:
+        return out
+    return (out + " " if out else "") + f'<span style="color:{MUTED}">· {lent}</span>'
 
 
 def project_bars(quota: dict, capacity: float | None = None) -> list[dict]:
@@ -345,7 +350,8 @@ class _JobRow:
         cells["gpus"].value = html.escape(row["gpus"])
         cells["elapsed"].value = html.escape(row["elapsed"])
         cells["details"].value = _cut(details_html(row), "; ".join(
-            x for x in (row["use"]["text"], row["use"]["idle"], row["reason"]) if x))
+            x for x in (row["use"]["text"], row["use"]["idle"], row["reason"],
+                        row.get("lent")) if x))
         self.cancel.disabled = not row["active"]
         if len(self.rank.options) != row["ranks"]:
             self.rank.options = [(f"rank {r}", r) for r in range(row["ranks"])]

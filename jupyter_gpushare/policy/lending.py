@@ -66,15 +66,16 @@ def lendable(build_nodes: Sequence[Node], sliced: Collection[GPUKey],
 def take_slice(build_nodes: Sequence[Node], slices: Sequence[Slice], user: str, milli: int,
                allowance: int | None = None, *, others: Sequence[Slice] = (),
                held: Collection[GPUKey] = (), busy: Collection[GPUKey] = (),
-               own_waiting: Sequence[Slice] = (),
-               may_want: bool = True) -> SlicePlacement | Want | SliceRefused:
+               own_waiting: Sequence[Slice] = (), may_want: bool = True,
+               not_now: SliceRefused | None = None) -> SlicePlacement | Want | SliceRefused:
     """Where a slice goes on a build pool that lends GPUs: packed best fit on GPUs no job
     holds (``held``) and no cycle may be starting a job on (``busy``); ``others`` are the
     slices other servers wait for on GPUs they want back, which count against their users'
     allowances and take their room. Where only lent GPUs have room, the server wants one
     (``may_want``): one no job holds if packing finds one, else the one packing picks. A
     slice that has no room lent GPUs or not, or is beyond the allowance (counting the
-    user's ``own_waiting`` slices), is refused."""
+    user's ``own_waiting`` slices), is refused; one that would want a GPU gets ``not_now``
+    instead where the caller gives it (another server of the user is taking one back)."""
     def fence(keys):
         return [Slice("", "", GPU, n, g) for n, g in keys]
 
@@ -85,6 +86,8 @@ def take_slice(build_nodes: Sequence[Node], slices: Sequence[Slice], user: str, 
     anyway = place_slice(build_nodes, [*slices, *own_waiting], user, milli, allowance)
     if isinstance(anyway, SliceRefused):
         return anyway  # full, or beyond the allowance, lent GPUs or not
+    if not_now is not None:
+        return not_now
     want = place_slice(build_nodes, [*slices, *others, *fence(held)], user, milli, allowance)
     if isinstance(want, SliceRefused):
         want = place_slice(build_nodes, [*slices, *others], user, milli, allowance)

@@ -100,16 +100,18 @@ class BuildPool:
         # and starting its jobs (one may be on its way there, or the reserve may move)
         busy = [(node, g) for node, gs in self._lent_now.items() for g in gs] \
             if self.deciding() else []
+        # One GPU taken back at a time per user
+        not_now = SliceRefused(f"another server of {user} is taking back a GPU lent to train "
+                               f"jobs; start this one once that one has started") \
+            if any(key[0] == user and key != (user, server) for key in self.wanted) else None
         where = take_slice(self.nodes, slices, user, milli, allowance, others=others,
-                           held=holders, busy=busy, own_waiting=waiting, may_want=self.lend)
+                           held=holders, busy=busy, own_waiting=waiting, may_want=self.lend,
+                           not_now=not_now)
         if not isinstance(where, (SliceRefused, Want)):
             self.wanted.pop((user, server), None)
             return self._add(user, server, milli, where)
         if isinstance(where, SliceRefused):
-            return where  # full, or beyond the allowance, lent GPUs or not
-        if any(key[0] == user and key != (user, server) for key in self.wanted):
-            return SliceRefused(f"another server of {user} is taking back a GPU lent to train "
-                                f"jobs; start this one once that one has started")
+            return where  # full, beyond the allowance, or another server takes one back
         if mine is None:  # only a lent GPU has room: want the one packing picks
             job = holders.get(tuple(where))
             self.log.info("Taking back GPU %d of %s%s for %s's server %r", where.gpu,

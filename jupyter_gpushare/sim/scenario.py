@@ -77,12 +77,12 @@ def _mean(figures: list[dict]):
         return first
     if isinstance(first, dict):
         return {key: (max(f[key] for f in figures) if key == "max_build_wait_s"
-                      else _mean([f[key] for f in figures])) for key in first}
+                      else _mean([f.get(key) for f in figures])) for key in first}
     if isinstance(first, list):
         return [_mean(list(column)) for column in zip(*figures)]
-    if isinstance(first, (int, float)) and not isinstance(first, bool):
+    if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in figures):
         return round(sum(figures) / len(figures), 4)
-    return first
+    return first  # a name, a flag, or a figure some team lacks: the first team's
 
 
 def _between(static, lo: tuple[float, float], hi: tuple[float, float]) -> float:

@@ -32,7 +32,7 @@ def format_team(r: dict) -> str:
                      "utilization: average GPU utilization over time, of all GPUs; experiments "
                      "completed in the window; Δ: gpushare − pooled, the smallest and largest "
                      "of one team)")
-        lines[-1] += f" | {'Δ util, points':>16} {'Δ exps':>11}"
+        lines[-1] += f" | {'Δ util, points':>16} {'Δ exps':>12}"
     for row in r["sweep"]:
         line = f"  {row['demand']:>6g} {row['demand_gpus']:>5g}" + "".join(
             f" | {row[c]['avg_utilization']:>13.1%} {row[c]['experiments_completed']:>6.0f}"
@@ -79,7 +79,8 @@ def format_team(r: dict) -> str:
         bound = p["grace_s"] + p["cycle_interval_s"]
         lines.append(f"  longest build-slice wait {c['gpushare']['max_build_wait_s']:g} s "
                      f"(bound: grace + cycle = {bound:g} s)")
-    lines += ["", "parameters:"]
+    lines += ["", "parameters" + (" (the weights, lines of work and static GPUs: the first "
+                                  "team's)" if len(seeds) > 1 else "") + ":"]
     for key, value in p.items():
         lines.append(f"  {key} = {value}")
     return "\n".join(lines)

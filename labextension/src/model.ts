@@ -327,8 +327,9 @@ const LENT_SUFFIX = '/lent';
 
 /** Where a running job on lent build GPUs runs, and what may happen to it there; '' otherwise. */
 export function lentText(job: Job): string {
-  const nodes = Object.keys(job.placement ?? {})
-    .filter(name => name.endsWith(LENT_SUFFIX))
+  const placement = job.placement;
+  const nodes = Object.keys(placement && typeof placement === 'object' && !Array.isArray(placement) ? placement : {})
+    .filter(name => name.length > LENT_SUFFIX.length && name.endsWith(LENT_SUFFIX))
     .map(name => name.slice(0, -LENT_SUFFIX.length))
     .sort();
   if (job.state !== 'running' || nodes.length === 0) {
