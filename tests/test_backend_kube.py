@@ -977,8 +977,9 @@ async def test_dropped_and_expired_watches(kube, account, make_backend, proxy, t
         await backend.adopt([])
         await backend.start(launch("j-watched", wait, {"bk-watch": GPU}))
         await backend.start(launch("j-unseen", wait, {"bk-watch": GPU}))
-        await log_of(backend, "j-watched", "up")
-        await log_of(backend, "j-unseen", "up")
+        # (40 s: once, in a full run, the first log took over 20 s through the proxy)
+        await log_of(backend, "j-watched", "up", timeout=40)
+        await log_of(backend, "j-unseen", "up", timeout=40)
         # A dropped connection: each reflector watches again from where it was.
         await until(lambda: proxy.open_streams("watch") == 4, what="4 watches")  # pods, nodes...
         watches = backend.pods.watches
@@ -1259,3 +1260,27 @@ async def test_jobs_on_lent_build_gpus_run_on_the_build_node_and_are_known_after
         assert second.lent_holders() == {} and build.lendable() == []
     finally:
         await second.shutdown()
+
+
+@kube
+@pytest.mark.asyncio
+async def test_a_job_stopped_before_the_watch_shows_its_pod_is_stopped_all_the_same(
+        kube, account, make_backend, proxy, tmp_path):
+    """Cancelled or taken back at once after its start, while the watch is behind: its pod is
+    deleted once the watch shows it, and the attempt ends (it waited for ever before)."""
+    kube.add_node("bk-quick", gpus=1, labels=TRAIN)
+    backend = make_backend(kubeconfig=str(proxy.kubeconfig(account.token, tmp_path / "kc")))
+    try:
+        await backend.adopt([])
+        await until(lambda: proxy.open_streams("watch") == 4, what="4 watches")
+        proxy.delay(3, path_contains="watch=true")  # the watches come back 3 s late
+        proxy.drop_streams("watch")
+        await backend.start(launch("j-quick-stop", "import time; time.sleep(60)",
+                                   {"bk-quick": GPU}))
+        assert "gpushare-j-quick-stop-1-0" not in backend.pods.objects  # not shown yet
+        await backend.stop("j-quick-stop", 1, 0)
+        (exit,) = await ended(backend, timeout=40)
+        assert (exit.job_id, exit.state) == ("j-quick-stop", "failed")
+        await until(lambda: not pods_of(account, "j-quick-stop"), what="its pod deleted")
+    finally:
+        await backend.shutdown()

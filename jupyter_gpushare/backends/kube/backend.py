@@ -391,8 +391,8 @@ class KubernetesBackend(KubernetesOptions):
         gang = self._running.get((job_id, attempt))
         if gang is None:
             return
-        gang.stopping = True
-        self._halt(gang, max(0, math.ceil(grace_s)))  # their logs are followed to the end
+        gang.stopping, gang.grace = True, max(0, math.ceil(grace_s))
+        self._halt(gang, gang.grace)  # their logs are followed to the end
 
     def _halt(self, gang: Gang, grace: int) -> None:
         """Delete every pod of the gang: those that run with ``grace`` (their logs are
@@ -468,6 +468,8 @@ class KubernetesBackend(KubernetesOptions):
         ended = []
         for gang in list(self._running.values()):
             self._create_waiting(gang)
+            if gang.stopping:  # a pod the watch had not shown when it was stopped
+                self._halt(gang, gang.grace)
             failing = gang.failure
             nodes = sorted(gang.placement)  # node rank order, as the pods were made
             exit = judge(gang, [self._pod_state(gang, name, node)

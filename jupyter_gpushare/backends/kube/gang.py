@@ -67,6 +67,7 @@ class Gang:
     waiting: frozenset[str] = frozenset()  # pods created once rank 0 has its IP ("pod-ip")
     later: Callable[[str], list[dict]] | None = None  # rank 0's IP -> their manifests
     stopping: bool = False
+    grace: int = 0  # the grace period its stop gave its pods
     failure: Exit | None = None  # the first rank that ended badly: the others are stopping
     followers: dict[int, asyncio.Task] = field(default_factory=dict)  # pod index -> its log
     keepers: dict[int, asyncio.Task] = field(default_factory=dict)  # ended pods: log, delete
