@@ -403,10 +403,9 @@ class SlicesHandler(PoolHandler):
         except Invalid as e:
             self.fail(e.status, str(e))
         placed = self.build.reserve(user, round(gpus * GPU), server)
-        if isinstance(placed, SliceRefused):
-            if placed.retry_s is not None:  # a GPU lent to train jobs comes back by then
-                self.set_header("Retry-After", str(math.ceil(placed.retry_s)))
-            self.fail(409, str(placed))
+        if isinstance(placed, SliceRefused):  # retry_s: a GPU lent to train jobs is back by then
+            self.fail(409, str(placed), None if placed.retry_s is None else
+                      math.ceil(placed.retry_s))
         self.reply(self.slice_json(placed), 201)
 
 

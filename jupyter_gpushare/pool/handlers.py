@@ -112,10 +112,17 @@ class ServiceHandler(HubAuthenticated, web.RequestHandler):
         else:
             message = "the pool service failed to answer; the administrator can see why in its log"
         self.set_header("Content-Type", "application/json")
+        retry = getattr(exc, "retry_after", None)
+        if retry is not None:  # set here: tornado clears the headers before write_error
+            self.set_header("Retry-After", str(retry))
         self.finish(json.dumps({"error": message}))
 
-    def fail(self, status: int, message: str):
-        raise web.HTTPError(status, reason=message)
+    def fail(self, status: int, message: str, retry_after: int | None = None):
+        """Answer ``status`` with ``message``; ``retry_after``: when to ask again, in seconds
+        (the Retry-After header)."""
+        error = web.HTTPError(status, reason=message)
+        error.retry_after = retry_after
+        raise error
 
     def body(self):
         """The request's JSON body, or a 400 with a sentence: bytes that are not UTF-8, text
