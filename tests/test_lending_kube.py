@@ -9,27 +9,26 @@ build node that requests the GPU's 4 replicas and tolerates the build pool's tai
 then starts her server: the spawn page says the GPU is being taken back, bob's pod is
 stopped and his job requeued, the scheduler binds her notebook pod once his pod is gone,
 and her server is up within the grace period + a cycle + the spawner's 2 s between asks +
-her spawn time without lending (measured first)."""
+her spawn time without lending (measured first). The spawner's slice_wait_timeout is 0: it
+waits only because the pool says when the GPU is back (Retry-After)."""
 
 import json
-import secrets
 import sys
 import time
-from pathlib import Path
 from urllib.request import Request, urlopen
 
 import pytest
 
-from hubtest import Hub, free_port, need_proxy, system_users
-from kube.podrun import ANN_RUN_LOCALLY
+from hubtest import Hub, need_proxy, system_users
 from kube_account import Account
+from test_spawner_kube import SPAWNER_TOKEN
+from test_spawner_kube import hub_extra as spawner_hub
 
 pytestmark = pytest.mark.kube
 
 PY = sys.executable
 TRAIN_NODE, BUILD_NODE = "lk-train-0", "lk-build-0"
 GRACE = 3
-SPAWNER_TOKEN = secrets.token_hex(16)
 BUILD_TAINT = {"key": "gpushare.jupyter.org/pool", "value": "build", "effect": "NoSchedule"}
 TOLERATE_BUILD = {"key": "gpushare.jupyter.org/pool", "operator": "Equal", "value": "build",
                   "effect": "NoSchedule"}
@@ -58,28 +57,11 @@ c.KubernetesBackend.build_node_selector = {{"lend-kube-build": {namespace!r}}}
 
 
 def hub_extra(namespace: str, node_selector: dict) -> str:
-    singleuser = str(Path(sys.executable).with_name("jupyterhub-singleuser"))
-    return f"""
-c.JupyterHub.spawner_class = "gpushare-kubernetes"
-c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 1}}
-c.JupyterHub.services.append({{"name": "gpushare-spawner", "api_token": "{SPAWNER_TOKEN}"}})
-c.JupyterHub.load_roles.append({{"name": "gpushare-spawner", "services": ["gpushare-spawner"],
-                                "scopes": ["access:services!service=gpushare"]}})
-c.KubeSpawner.namespace = {namespace!r}
-c.KubeSpawner.k8s_api_verify_ssl = False
-c.KubeSpawner.image = "local/not-pulled:1"
-c.KubeSpawner.cmd = [{singleuser!r}]
-c.KubeSpawner.args = ["--allow-root", "--ServerApp.jpserver_extensions={{'jupyterlab': False, "
-                      "'jupyter_lsp': False, 'notebook_shim': False, "
-                      "'jupyter_server_terminals': False}}"]
-c.KubeSpawner.port = {free_port()}
-c.KubeSpawner.default_url = "/api"
-c.KubeSpawner.extra_annotations = {{"{ANN_RUN_LOCALLY}": "true"}}
-c.KubeSpawner.start_timeout = 90
-c.KubeSpawner.http_timeout = 60
-c.GPUShareKubeSpawner.build_node_selector = {node_selector!r}
+    """test_spawner_kube's hub (GPUShareKubeSpawner on the real control plane), with the
+    build taint tolerated and the take-back awaited."""
+    return spawner_hub(namespace, node_selector) + f"""
 c.GPUShareKubeSpawner.build_tolerations = [{TOLERATE_BUILD!r}]
-c.GPUShareKubeSpawner.gpushare_url = "http://proxy.example/services/gpushare/"
+c.KubeSpawner.start_timeout = 90
 """
 
 
