@@ -544,7 +544,14 @@ SPEC = {
                      "requestBody": {"required": True, "content": {"application/json": {
                          "schema": {"$ref": "#/components/schemas/SliceRequest"}}}},
                      "responses": {"201": _ok("Slice", "reserved"),
-                                   **_errors(400, 409, 413)}},
+                                   **_errors(400, 409, 413), "409": {
+                                       **_ERROR, "description": "no room (the build pool is "
+                                       "full, or the allowance used); while a GPU lent to "
+                                       "train jobs is taken back for it, Retry-After says "
+                                       "within how many seconds it is free: ask again",
+                                       "headers": {"Retry-After": {
+                                           "description": "seconds until the GPU is back",
+                                           "schema": {"type": "integer", "minimum": 0}}}}}},
         },
         "/api/slices/{slice_id}": {
             "patch": {"summary": "Say which process is the slice's notebook server (the "
