@@ -243,3 +243,19 @@ def system_users(names):
     for name in names:
         if subprocess.run(["id", "-u", name], capture_output=True).returncode != 0:
             subprocess.run(["useradd", "--create-home", name], check=True)
+
+
+def refused_at_start(config_text: str, tmp_path: Path, capsys) -> str:
+    """The pool service started with ``config_text`` as its gpushare_config.py stops (a
+    non-zero exit) without a traceback; returns what it said on stderr."""
+    from jupyter_gpushare.pool.app import PoolService
+
+    config = tmp_path / "gpushare_config.py"
+    config.write_text(config_text)
+    with pytest.raises(SystemExit) as stopped:
+        PoolService().initialize([f"--PoolService.config_file={config}",
+                                  f"--PoolService.state_dir={tmp_path / 'state'}"])
+    assert stopped.value.code != 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    return err

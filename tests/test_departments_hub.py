@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hubtest import running_hub
+from hubtest import refused_at_start, running_hub
 
 POOL_CONFIG = """
 c = get_config()
@@ -197,20 +197,11 @@ def test_a_sibling_borrows_an_idle_quota_before_another_department(hub):
 ])
 def test_the_service_does_not_start_with_bad_departments(departments, sentence, tmp_path,
                                                          capsys):
-    from jupyter_gpushare.pool.app import PoolService
-
-    config = tmp_path / "gpushare_config.py"
-    config.write_text("c.PoolService.projects = {'vision': {'quota': 1}}\n"
-                      f"c.PoolService.departments = {departments!r}\n"
-                      "c.LocalBackend.simulated_nodes = 1\n"
-                      "c.LocalBackend.simulated_gpus_per_node = 4\n")
-    service = PoolService()
-    with pytest.raises(SystemExit) as stopped:
-        service.initialize([f"--PoolService.config_file={config}",
-                            f"--PoolService.state_dir={tmp_path / 'state'}"])
-    assert stopped.value.code != 0
-    err = capsys.readouterr().err
-    assert sentence in err and "Traceback" not in err, err
+    err = refused_at_start("c.PoolService.projects = {'vision': {'quota': 1}}\n"
+                           f"c.PoolService.departments = {departments!r}\n"
+                           "c.LocalBackend.simulated_nodes = 1\n"
+                           "c.LocalBackend.simulated_gpus_per_node = 4\n", tmp_path, capsys)
+    assert sentence in err, err
 
 
 def test_metrics_carry_the_department_and_pass_promtool(hub):

@@ -24,6 +24,7 @@ from jupyter_gpushare.pool.loop import Scheduler
 from jupyter_gpushare.pool.models import ProjectRow
 from jupyter_gpushare.pool.store import Store
 from jupyter_gpushare.text import format_pool
+from hubtest import refused_at_start
 from test_pool_loop import until
 
 GRACE = 3.0
@@ -349,20 +350,11 @@ def test_what_a_users_other_server_waits_for_counts_once_against_the_allowance(t
 ])
 def test_the_service_does_not_start_with_bad_lending_settings(extra, sentence, tmp_path,
                                                                 capsys):
-    from jupyter_gpushare.pool.app import PoolService
-
-    config = tmp_path / "gpushare_config.py"
-    config.write_text("c.PoolService.projects = {'vision': {'quota': 1}}\n"
-                      "c.PoolService.build_nodes = {'sim-build-0': 1}\n"
-                      "c.PoolService.lend_build_gpus = True\n"
-                      "c.LocalBackend.simulated_nodes = 1\n" + extra)
-    service = PoolService()
-    with pytest.raises(SystemExit) as stopped:
-        service.initialize([f"--PoolService.config_file={config}",
-                            f"--PoolService.state_dir={tmp_path / 'state'}"])
-    assert stopped.value.code != 0
-    err = capsys.readouterr().err
-    assert sentence in err and "Traceback" not in err, err
+    err = refused_at_start("c.PoolService.projects = {'vision': {'quota': 1}}\n"
+                           "c.PoolService.build_nodes = {'sim-build-0': 1}\n"
+                           "c.PoolService.lend_build_gpus = True\n"
+                           "c.LocalBackend.simulated_nodes = 1\n" + extra, tmp_path, capsys)
+    assert sentence in err, err
 
 
 def test_a_second_server_waits_behind_the_first_even_where_no_gpu_is_left_to_want(tmp_path):

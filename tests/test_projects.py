@@ -10,8 +10,7 @@ from urllib.parse import quote
 
 import pytest
 
-from hubtest import Hub, need_proxy
-from jupyter_gpushare.pool.app import PoolService
+from hubtest import Hub, need_proxy, refused_at_start
 from jupyter_gpushare.pool.projects import ProjectSpec, configured
 from jupyter_gpushare.pool.validate import Invalid
 
@@ -45,15 +44,9 @@ def test_a_bad_configured_project_gets_the_apis_sentence(name, settings, sentenc
 @pytest.mark.parametrize("name, settings, sentence", BAD)
 def test_the_service_does_not_start_with_a_bad_project(name, settings, sentence, tmp_path,
                                                        capsys):
-    config = tmp_path / "gpushare_config.py"
-    config.write_text(f"c.PoolService.projects = {{{name!r}: {settings!r}}}\n")
-    service = PoolService()
-    with pytest.raises(SystemExit) as stopped:
-        service.initialize([f"--PoolService.config_file={config}",
-                            f"--PoolService.state_dir={tmp_path / 'state'}"])
-    assert stopped.value.code != 0
-    err = capsys.readouterr().err
-    assert f"PoolService.projects[{name!r}]: {sentence}" in err and "Traceback" not in err
+    err = refused_at_start(f"c.PoolService.projects = {{{name!r}: {settings!r}}}\n", tmp_path,
+                           capsys)
+    assert f"PoolService.projects[{name!r}]: {sentence}" in err
 
 
 def test_configured_projects_take_the_defaults_written_once():
