@@ -55,10 +55,20 @@ c.JupyterHub.services = [
 """
 
 
+_GIVEN: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nothing listens on now, and never one this process was given before: the
+    ports of one hub are chosen before any is bound, and the kernel may offer a port
+    twice (a hub once got its proxy's port for the pool service too)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
 
 
 def need_proxy():
@@ -100,7 +110,11 @@ class Hub:
             [str(Path(sys.executable).with_name("jupyterhub")), "-f",
              str(self.dir / "jupyterhub_config.py")], cwd=self.dir, stdout=log, stderr=log,
             start_new_session=True)
-        self.wait_for_pool(timeout)
+        try:
+            self.wait_for_pool(timeout)
+        except BaseException:
+            self.stop()  # no hub left running behind a failed start
+            raise
         return self
 
     def wait_for_pool(self, timeout: float = 60) -> None:
