@@ -133,6 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="fair share over time, as PoolService.fair_share_half_life: seconds "
                      "after which borrowed GPU-time counts half when idle GPUs are divided "
                      "(default 0: off)")
+    sim.add_argument("--reclaim-fair-share", action="store_true",
+                     help="as PoolService.reclaim_fair_share: a borrower below its deserved share "
+                     "of idle GPUs may preempt borrowers above theirs (default: off). With "
+                     "--fair-share-half-life the shares count recent borrowing")
     sim.add_argument("--activity", choices=sorted(PROFILES), metavar="PROFILE",
                      help="model each train job's GPU utilization: from the trace's util column "
                      "where it has one, else drawn from the published per-GPU utilization CDF "
@@ -251,12 +255,16 @@ def cmd_simulate(args) -> int:
             fair_share = FairShareTime(args.fair_share_half_life, args.fair_share_window)
         except ValueError as e:
             raise UsageError(f"{e}: fix --fair-share-half-life or --fair-share-window") from None
+    if args.reclaim_fair_share and args.policy != "guaranteed":
+        raise UsageError("--reclaim-fair-share preempts borrowers for others: it is for --policy "
+                         "guaranteed (the baselines never borrow)")
     config = SimConfig(
         capacity_gpus=capacity, gpus_per_node=args.gpus_per_node, policy=args.policy,
         grace_s=args.grace_period, checkpoint_interval_s=args.checkpoint_interval,
         cycle_interval_s=args.cycle_interval, fair_share=fair_share, activity=args.activity,
         policy_config=PolicyConfig(min_runtime_s=args.min_runtime,
-                                   reserve_after_s=args.reserve_after))
+                                   reserve_after_s=args.reserve_after,
+                                   reclaim_fair_share=args.reclaim_fair_share))
     events = _open_out(args.events)
     try:
         run = Simulator(jobs, quotas, config, events=events, timeline=bool(args.plot),
@@ -347,7 +355,8 @@ def format_summary(s: dict) -> str:
     lines = [
         f"policy {s['policy']} on {s['capacity_gpus']} GPUs ({s['gpus_per_node']} per node)",
         f"  jobs {s['jobs']}, completed {s['completed']}, unschedulable {s['unschedulable']}",
-        f"  allocation {s['allocation']:.1%} over {s['span_s'] / 86400:.1f} days",
+        f"  allocation {s['allocation']:.1%} over {s['span_s'] / 86400:.1f} days "
+        f"({s['allocation_to_last_submit']:.1%} until the last submit)",
         _activity_line(s),
         f"  JCT avg {hours(s['avg_jct_s'])}, p50 {hours(s['p50_jct_s'])}, p99 {hours(s['p99_jct_s'])}",
         f"  queueing avg {hours(s['avg_queue_s'])}, p99 {hours(s['p99_queue_s'])}",
@@ -359,8 +368,9 @@ def format_summary(s: dict) -> str:
           if s["policy"] == "guaranteed" else []),  # the baselines promise no bound
         *([f"  borrowing against weights: weekly gap max {s['borrow_gap_max']:.1%}, mean "
            f"{s['borrow_gap_mean']:.1%} (fair share over time "
-           + (f"half-life {s['fair_share_half_life_s']:g} s)" if s['fair_share_half_life_s']
-              else "off)")]
+           + (f"half-life {s['fair_share_half_life_s']:g} s" if s['fair_share_half_life_s']
+              else "off")
+           + (", fair-share reclaim)" if s.get("reclaim_fair_share") else ")")]
           if s["policy"] == "guaranteed" and s["borrow_gap_weeks"] else []),
         f"  decision ms p50 {s['decision_ms']['p50']}, p99 {s['decision_ms']['p99']}, "
         f"max {s['decision_ms']['max']}; wall {s['wall_s']} s",

@@ -40,6 +40,16 @@ def test_fair_share_over_time_and_the_borrowing_gap(capsys, example):
     code, _, err = run(capsys, "simulate", "--trace", str(trace), "--quotas", str(quotas),
                        "--fair-share-half-life", "86400", "--policy", "fifo")
     assert code == 2 and "it is for --policy guaranteed" in err and "Traceback" not in err
+    code, out, _ = run(capsys, "simulate", "--trace", str(trace), "--quotas", str(quotas),
+                       "--fair-share-half-life", "86400", "--reclaim-fair-share")
+    assert code == 0 and "(fair share over time half-life 86400 s, fair-share reclaim)" in out
+    code, out, _ = run(capsys, "simulate", "--trace", str(trace), "--quotas", str(quotas),
+                       "--reclaim-fair-share", "--json")
+    assert code == 0 and json.loads(out)["reclaim_fair_share"] is True
+    code, _, err = run(capsys, "simulate", "--trace", str(trace), "--quotas", str(quotas),
+                       "--reclaim-fair-share", "--policy", "static")
+    assert code == 2 and "--reclaim-fair-share preempts borrowers for others: it is for --policy " \
+        "guaranteed" in err and "Traceback" not in err
 
 
 def test_events_and_plot_files(capsys, example, tmp_path):

@@ -98,7 +98,7 @@ def test_json_has_every_contract_key(example):
     summary = summarize(run)
     for key in ("policy", "capacity_gpus", "jobs", "completed", "span_s", "allocation",
                 "avg_jct_s", "p50_jct_s", "p99_jct_s", "avg_queue_s", "p99_queue_s",
-                "preemptions", "lost_gpu_hours", "within_quota_preemptions", "p99_reclaim_s",
+                "preemptions", "lost_gpu_hours", "allocation_to_last_submit", "within_quota_preemptions", "p99_reclaim_s",
                 "decision_ms", "wall_s", "per_project"):
         assert key in summary
     assert set(summary["decision_ms"]) == {"p50", "p99", "max"}
@@ -155,6 +155,20 @@ def test_a_young_jobs_wake_up_is_one_cycle_however_many_cycles_ran_before_it():
     # A cycle per submit, finish and release, and the one wake-up; nothing per copy.
     events = len(jobs) + sum(r.attempt for r in run.records.values()) + 1
     assert len(run.decision_s) <= events
+
+
+def test_allocation_to_the_last_submit_leaves_out_the_drain_after_it():
+    # Both GPUs busy until the last submit at 100 s, then one job alone for 900 s: the whole
+    # run's allocation counts the drain, the figure to the last submit does not. a preempted
+    # borrower's attempt that spans the last submit counts only its part before it.
+    jobs = [TraceJob("a", 0.0, 100.0, 2 * GPU, "x"), TraceJob("b", 100.0, 900.0, GPU, "x")]
+    summary = summarize(Simulator(jobs, {"x": 2 * GPU}, SimConfig(2, gpus_per_node=2)).run())
+    assert summary["allocation"] == round((200 + 900) / (2 * 1000), 4)
+    assert summary["allocation_to_last_submit"] == 1.0
+    jobs = [TraceJob("borrow", 0.0, 1000.0, 2 * GPU, "x"), TraceJob("own", 50.0, 10.0, 2 * GPU, "y")]
+    run = Simulator(jobs, {"x": 0, "y": 2 * GPU}, SimConfig(2, gpus_per_node=2)).run()
+    assert run.records["borrow"].preemptions == 1  # reclaimed at 50 s, gone at 80 s (grace)
+    assert summarize(run)["allocation_to_last_submit"] == 1.0  # 2 GPUs held 0..50 s
 
 
 def test_percentile_nearest_rank():

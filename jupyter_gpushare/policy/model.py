@@ -210,8 +210,9 @@ class PolicyConfig:
     reclaim_fair_share: bool = False
     """Borrowers below their deserved share may preempt borrowers above theirs. Off by
     default: on the Philly trace it multiplied preemptions and lost work
-    (docs/explanation/scheduling.md, "Fair borrowing"); fair
-    borrowing then comes from the order in which idle GPUs are handed out."""
+    (docs/explanation/scheduling.md, "Fair borrowing"); fair borrowing then comes from the
+    order in which idle GPUs are handed out. With fair share over time it is what makes
+    borrowing fair week by week (same page, "Fair share over time")."""
     preempt_within_project: bool = False
     """A higher-priority job may preempt lower-priority jobs of its own project."""
     preemption: bool = True

@@ -123,6 +123,10 @@ class SimRun:
     nodes it ran on)."""
     utilized_timeline: list[float] = field(default_factory=list)
     """Beside each ``timeline`` point: the milli-GPUs its running jobs utilized."""
+    last_submit: float = 0.0
+    gpu_s_to_last_submit: float = 0.0
+    """GPU-seconds allocated from the first submit to the last: the allocation while the
+    trace still offers work, which the time its last jobs take to end does not move."""
 
 
 def on_lent(placement) -> bool:
@@ -181,6 +185,8 @@ class Simulator:
         for j in jobs:
             if j.kind == "train":
                 self.records[j.id] = JobRecord(j, j.duration, util=self._util(j))
+        self.last_submit = max((r.trace.submit_time for r in self.records.values()), default=0.0)
+        self.gpu_s_to_last_submit = 0.0  # allocated GPU-seconds before the last submit
         self.active = Queues()  # pending and running jobs, as the policy sees them
         self.usage = dict.fromkeys(self.quota_of, 0)  # running, not being preempted
         self.holder: str | None = None
@@ -306,7 +312,8 @@ class Simulator:
                       time.perf_counter() - wall, self.timeline or [], self.guarantee_wait_s,
                       self.borrowed_s, self.wanted_s,
                       {p.name: p.over_quota_weight for p in self.projects}, self.departments,
-                      self.spans or [], self.utilized_timeline)
+                      self.spans or [], self.utilized_timeline, self.last_submit,
+                      self.gpu_s_to_last_submit)
 
     # -- events ------------------------------------------------------------------------
     def _submit(self, t: float, job_id: str) -> None:
@@ -349,6 +356,9 @@ class Simulator:
         ran = t - rec.attempt_start
         held = rec.trace.gpus / GPU * ran
         rec.allocated_gpu_s += held
+        if rec.attempt_start < self.last_submit:
+            self.gpu_s_to_last_submit += rec.trace.gpus / GPU * \
+                (min(t, self.last_submit) - rec.attempt_start)
         if rec.util is not None:
             rec.utilized_gpu_s += held * rec.util
             if rec.util < activity.IDLE_THRESHOLD:
