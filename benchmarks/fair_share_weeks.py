@@ -25,9 +25,9 @@ from jupyter_gpushare.policy.model import PolicyConfig
 from jupyter_gpushare.policy.past_use import FairShareTime
 from jupyter_gpushare.sim.engine import SimConfig, Simulator
 from jupyter_gpushare.sim.metrics import summarize
-from jupyter_gpushare.sim.trace import apportion, read_quotas, read_trace
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+from philly_policies import philly_arguments, philly_workload  # beside this script
+
 RUNS = {"off": (False, False), "half-life": (True, False), "reclaim": (False, True),
         "both": (True, True)}
 ROWS = [("allocation", "{:.1%}"), ("allocation_to_last_submit", "{:.1%}"), ("avg_jct_s", "{:,.0f}"), ("preemptions", "{:,}"),
@@ -39,10 +39,7 @@ ROWS = [("allocation", "{:.1%}"), ("allocation_to_last_submit", "{:.1%}"), ("avg
 
 def one(args, name):
     timed, reclaim = RUNS[name]
-    jobs = read_trace(args.trace)
-    if args.jobs:
-        jobs = jobs[: args.jobs]
-    quotas = apportion(read_quotas(args.quotas), args.capacity)
+    jobs, quotas = philly_workload(args)
     config = SimConfig(args.capacity, cycle_interval_s=10,
                        policy_config=PolicyConfig(min_runtime_s=30, reclaim_fair_share=reclaim),
                        fair_share=FairShareTime(args.half_life) if timed else None)
@@ -52,11 +49,7 @@ def one(args, name):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--trace", default=str(TRACES / "philly.csv.gz"))
-    ap.add_argument("--quotas", default=str(TRACES / "philly_quotas.csv"))
-    ap.add_argument("--capacity", type=int, default=512)
-    ap.add_argument("--jobs", type=int, default=0, help="only the first N jobs (0: all)")
+    ap = philly_arguments(argparse.ArgumentParser())
     ap.add_argument("--half-life", type=float, default=86400.0, help="seconds (default a day)")
     ap.add_argument("--parallel", type=int, default=2, help="runs at once (default 2)")
     args = ap.parse_args()

@@ -32,20 +32,31 @@ ROWS = [("allocation", "{:.1%}"), ("avg_queue_s", "{:,.0f}"), ("p99_queue_s", "{
         ("cycles", "{:,}"), ("wall_s", "{:.1f}")]
 
 
-def main():
-    ap = argparse.ArgumentParser()
+def philly_arguments(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The options every whole-Philly benchmark takes: the trace, its quotas, the capacity
+    and how many of its jobs."""
     ap.add_argument("--trace", default=str(TRACES / "philly.csv.gz"))
     ap.add_argument("--quotas", default=str(TRACES / "philly_quotas.csv"))
     ap.add_argument("--capacity", type=int, default=512)
     ap.add_argument("--jobs", type=int, default=0, help="only the first N jobs (0: all)")
+    return ap
+
+
+def philly_workload(args) -> tuple[list, dict[str, int]]:
+    """The jobs ``philly_arguments`` asked for, and the quotas scaled to the capacity."""
+    jobs = read_trace(args.trace)
+    if args.jobs:
+        jobs = jobs[: args.jobs]
+    return jobs, apportion(read_quotas(args.quotas), args.capacity)
+
+
+def main():
+    ap = philly_arguments(argparse.ArgumentParser())
     ap.add_argument("--json", help="also write the summaries to this file")
     ap.add_argument("--min-runtime", type=float, default=DEFAULT_MIN_RUNTIME_S)
     ap.add_argument("--no-thrash", action="store_true", help="skip the anti-thrash comparison")
     args = ap.parse_args()
-    jobs = read_trace(args.trace)
-    if args.jobs:
-        jobs = jobs[: args.jobs]
-    quotas = apportion(read_quotas(args.quotas), args.capacity)
+    jobs, quotas = philly_workload(args)
     results = {}
     for policy in ("guaranteed", "static", "fifo"):
         # The baselines never preempt: a minimum runtime means nothing to them.
