@@ -10,7 +10,7 @@ kept at that size while jobs finish and arrive between cycles. For every cycle i
 and checks that ours and the baseline decide the same. Ratios are from the same run.
 
     .venv/bin/python benchmarks/cycle_scale.py [--cycles 60] [--nodes 1000] [--projects 500]
-        [--backlog 20000] [--preset kai] [--departments N]
+        [--backlog 20000] [--preset kai] [--departments N] [--no-consolidate]
 
 ``--departments N`` puts the projects in N departments (round-robin), each with its projects'
 quotas and an even part of the 10 % of the pool no project's quota holds: two levels.
@@ -75,6 +75,8 @@ def main():
     ap.add_argument("--backlog", type=int, default=20000)
     ap.add_argument("--departments", type=int, default=0,
                     help="put the projects in this many departments (0: one level)")
+    ap.add_argument("--no-consolidate", action="store_true",
+                    help="move no jobs within quota for gangs (default: as the pool, it may)")
     ap.add_argument("--preset", choices=sorted(PRESETS),
                     help="a named size; options given as well override it")
     preset = ap.parse_known_args()[0].preset
@@ -85,7 +87,7 @@ def main():
     wall = time.perf_counter()
     nodes, projects, names, queues, serial, departments = build(
         rng, args.nodes, args.projects, args.backlog, args.departments)
-    config = PolicyConfig(min_runtime_s=60)
+    config = PolicyConfig(min_runtime_s=60, consolidate=not args.no_consolidate)
     ours, base, explain, starts, preempts = [], [], [], 0, 0
     now = 0.0
     for _ in range(args.cycles):

@@ -13,7 +13,12 @@ wait at p99 and at most, the bound, within-quota preemptions) and the weekly gap
 (docs/explanation/scheduling.md, "Fair share over time"): the mean over the weeks of each
 week's largest gap, and the largest week. Then each week's largest gap, off against both.
 
+Every run may move jobs within quota for a gang within quota, as the pool does
+(``PoolService.consolidate``; the row "moves" counts them); ``--no-consolidate`` turns that
+off in every run.
+
     .venv/bin/python benchmarks/fair_share_weeks.py [--jobs N] [--half-life 86400] [--parallel 2]
+                                                    [--no-consolidate]
 """
 
 import argparse
@@ -31,7 +36,7 @@ from philly_policies import philly_arguments, philly_workload  # beside this scr
 RUNS = {"off": (False, False), "half-life": (True, False), "reclaim": (False, True),
         "both": (True, True)}
 ROWS = [("allocation", "{:.1%}"), ("allocation_to_last_submit", "{:.1%}"), ("avg_jct_s", "{:,.0f}"), ("preemptions", "{:,}"),
-        ("lost_gpu_hours", "{:,.0f}"), ("within_quota_preemptions", "{:,}"),
+        ("lost_gpu_hours", "{:,.0f}"), ("within_quota_preemptions", "{:,}"), ("moves", "{:,}"),
         ("guarantee_wait_p99_s", "{:,.0f}"), ("guarantee_wait_max_s", "{:,.0f}"),
         ("guarantee_bound_s", "{:g}"), ("borrow_gap_mean", "{:.1%}"),
         ("borrow_gap_max", "{:.1%}"), ("wall_s", "{:.0f}")]
@@ -41,7 +46,8 @@ def one(args, name):
     timed, reclaim = RUNS[name]
     jobs, quotas = philly_workload(args)
     config = SimConfig(args.capacity, cycle_interval_s=10,
-                       policy_config=PolicyConfig(min_runtime_s=30, reclaim_fair_share=reclaim),
+                       policy_config=PolicyConfig(min_runtime_s=30, reclaim_fair_share=reclaim,
+                                                  consolidate=args.consolidate),
                        fair_share=FairShareTime(args.half_life) if timed else None)
     summary = summarize(Simulator(jobs, quotas, config).run())
     print(f"{name}: done in {summary['wall_s']} s", file=sys.stderr)
@@ -52,11 +58,13 @@ def main():
     ap = philly_arguments(argparse.ArgumentParser())
     ap.add_argument("--half-life", type=float, default=86400.0, help="seconds (default a day)")
     ap.add_argument("--parallel", type=int, default=2, help="runs at once (default 2)")
+    ap.add_argument("--no-consolidate", dest="consolidate", action="store_false",
+                    help="no run moves jobs within quota for gangs (default: they may)")
     args = ap.parse_args()
     with ProcessPoolExecutor(max(1, args.parallel)) as pool:
         results = dict(pool.map(one, [args] * len(RUNS), list(RUNS)))
     print(f"{results['off']['jobs']:,} jobs of {Path(args.trace).name} on {args.capacity} GPUs, "
-          f"half-life {args.half_life:g} s")
+          f"half-life {args.half_life:g} s" + ("" if args.consolidate else ", no moves"))
     print(f"{'':28}" + "".join(f"{name:>12}" for name in RUNS))
     for key, fmt in ROWS:
         print(f"{key:28}" + "".join(f"{fmt.format(results[n][key]):>12}" for n in RUNS))

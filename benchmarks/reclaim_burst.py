@@ -15,11 +15,13 @@ and checks that ours and the reference reach the same figures.
 
     .venv/bin/python benchmarks/reclaim_burst.py [--jobs 20000] [--projects 500] [--capacity 8000]
         [--policies guaranteed,reference,fifo] [--trace-out FILE] [--profile FILE]
-        [--departments N]
+        [--departments N] [--no-consolidate]
 
 ``--departments N`` puts the projects in N departments (round-robin), each with its projects'
 quotas (they add up to the pool): two levels. The reference policy knows one level only, so
-it is left out then.
+it is left out then. Ours moves jobs within quota for a gang within quota
+(``consolidate``, on by default), which the reference does not: the moves are printed, and
+``--no-consolidate`` turns them off to compare the two decision for decision.
 """
 
 import argparse
@@ -61,12 +63,14 @@ class ReferenceSimulator(Simulator):
         return reference_policy.cycle(snap, self.policy_config)
 
 
-def simulate(jobs, capacity: int, policy: str, departments: int = 0) -> dict:
+def simulate(jobs, capacity: int, policy: str, departments: int = 0,
+             consolidate: bool = True) -> dict:
     """What ``gpushare simulate --quotas proportional`` runs, with its defaults."""
     quotas = proportional_quotas(jobs, capacity)
     config = SimConfig(capacity, gpus_per_node=8,
                        policy="guaranteed" if policy == "reference" else policy,
-                       policy_config=PolicyConfig(min_runtime_s=DEFAULT_MIN_RUNTIME_S))
+                       policy_config=PolicyConfig(min_runtime_s=DEFAULT_MIN_RUNTIME_S,
+                                                  consolidate=consolidate))
     kind = ReferenceSimulator if policy == "reference" else Simulator
     levels = departments_over(quotas, departments) \
         if departments and policy == "guaranteed" else None
@@ -83,6 +87,8 @@ def main():
     ap.add_argument("--profile", help="write a cProfile of the guaranteed run to this file")
     ap.add_argument("--departments", type=int, default=0,
                     help="put the projects in this many departments (0: one level)")
+    ap.add_argument("--no-consolidate", action="store_true",
+                    help="ours moves no jobs, as the reference (default: it may)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(args.trace_out or Path(tmp) / "burst.csv")
@@ -99,18 +105,20 @@ def main():
         if policy == "guaranteed" and args.profile:
             profile = cProfile.Profile()
             results[policy] = profile.runcall(simulate, jobs, args.capacity, policy,
-                                              args.departments)
+                                              args.departments, not args.no_consolidate)
             profile.dump_stats(args.profile)
         else:
-            results[policy] = simulate(jobs, args.capacity, policy, args.departments)
+            results[policy] = simulate(jobs, args.capacity, policy, args.departments,
+                                       not args.no_consolidate)
         r = results[policy]
         print(f"  {policy}: {r['cycles']:,} cycles, {r['preemptions']:,} preemptions, "
               f"done in {r['wall_s']:.1f} s", file=sys.stderr)
-    print(f"{'':12}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'run s':>9}{'preemptions':>13}")
+    print(f"{'':12}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'run s':>9}{'preemptions':>13}"
+          f"{'moves':>7}{'guarantee wait max s':>22}")
     for policy, r in results.items():
         d = r["decision_ms"]
         print(f"{policy:12}{d['p50']:>9.2f}{d['p99']:>9.2f}{d['max']:>9.2f}{r['wall_s']:>9.1f}"
-              f"{r['preemptions']:>13,}")
+              f"{r['preemptions']:>13,}{r['moves']:>7,}{r['guarantee_wait_max_s']:>22,.0f}")
     if "guaranteed" in results and "reference" in results:
         ours, ref = results["guaranteed"], results["reference"]
         same = [k for k in ("completed", "preemptions", "avg_jct_s", "p99_reclaim_s", "cycles")
@@ -120,7 +128,9 @@ def main():
             for key in ("p50", "p99", "max")) +
             f", run {ref['wall_s'] / ours['wall_s']:.1f}x faster; " +
             ("the same completions, preemptions, JCT and reclaim times" if not same
-             else "DIFFERENT " + ", ".join(same)))
+             else "DIFFERENT " + ", ".join(same)
+             + (f" (ours moved {ours['moves']} jobs: run --no-consolidate to compare)"
+                if ours["moves"] else "")))
 
 
 if __name__ == "__main__":

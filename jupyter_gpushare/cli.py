@@ -137,6 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="as PoolService.reclaim_fair_share: a borrower below its deserved share "
                      "of idle GPUs may preempt borrowers above theirs (default: off). With "
                      "--fair-share-half-life the shares count recent borrowing")
+    sim.add_argument("--no-consolidate", dest="consolidate", action="store_false",
+                     help="as PoolService.consolidate = False: a gang within its project's "
+                     "quota that finds GPUs, but not on few enough nodes, and no borrower to "
+                     "take back, waits for jobs to end instead of moving jobs within quota to "
+                     "other GPUs (default: it moves them)")
     sim.add_argument("--activity", choices=sorted(PROFILES), metavar="PROFILE",
                      help="model each train job's GPU utilization: from the trace's util column "
                      "where it has one, else drawn from the published per-GPU utilization CDF "
@@ -258,13 +263,17 @@ def cmd_simulate(args) -> int:
     if args.reclaim_fair_share and args.policy != "guaranteed":
         raise UsageError("--reclaim-fair-share preempts borrowers for others: it is for --policy "
                          "guaranteed (the baselines never borrow)")
+    if not args.consolidate and args.policy != "guaranteed":
+        raise UsageError("--no-consolidate is about moving jobs for a gang within its quota: "
+                         "it is for --policy guaranteed (the baselines never preempt)")
     config = SimConfig(
         capacity_gpus=capacity, gpus_per_node=args.gpus_per_node, policy=args.policy,
         grace_s=args.grace_period, checkpoint_interval_s=args.checkpoint_interval,
         cycle_interval_s=args.cycle_interval, fair_share=fair_share, activity=args.activity,
         policy_config=PolicyConfig(min_runtime_s=args.min_runtime,
                                    reserve_after_s=args.reserve_after,
-                                   reclaim_fair_share=args.reclaim_fair_share))
+                                   reclaim_fair_share=args.reclaim_fair_share,
+                                   consolidate=args.consolidate))
     events = _open_out(args.events)
     try:
         run = Simulator(jobs, quotas, config, events=events, timeline=bool(args.plot),
@@ -360,7 +369,8 @@ def format_summary(s: dict) -> str:
         _activity_line(s),
         f"  JCT avg {hours(s['avg_jct_s'])}, p50 {hours(s['p50_jct_s'])}, p99 {hours(s['p99_jct_s'])}",
         f"  queueing avg {hours(s['avg_queue_s'])}, p99 {hours(s['p99_queue_s'])}",
-        f"  preemptions {s['preemptions']} ({s['within_quota_preemptions']} within quota), "
+        f"  preemptions {s['preemptions']} ({s['within_quota_preemptions']} within quota"
+        + (f", {s['moves']} moved" if s.get("consolidate") else "") + "), "
         f"lost {s['lost_gpu_hours']:.1f} GPU-hours, p99 reclaim {s['p99_reclaim_s']:.0f} s",
         *([f"  guarantee wait p99 {s['guarantee_wait_p99_s']:.0f} s, max "
            f"{s['guarantee_wait_max_s']:.0f} s (bound {s['guarantee_bound_s']:g} s; "

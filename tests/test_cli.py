@@ -52,6 +52,32 @@ def test_fair_share_over_time_and_the_borrowing_gap(capsys, example):
         "guaranteed" in err and "Traceback" not in err
 
 
+def test_consolidate_keeps_the_bound_where_a_gangs_shape_broke_it(capsys, example):
+    """On the small example with fair-share reclaim an 8-GPU job within quota found 16 GPUs
+    free, 4 on each node, all other GPUs held by projects within their quotas: without moves
+    it waited 2,302 s against a bound of 60 s. Moving one job within quota gives it a node."""
+    trace, quotas = example
+    args = ("simulate", "--trace", str(trace), "--quotas", str(quotas), "--reclaim-fair-share")
+    code, out, _ = run(capsys, *args, "--no-consolidate", "--json")
+    before = json.loads(out)
+    assert code == 0 and before["consolidate"] is False and before["moves"] == 0
+    assert before["guarantee_waits_over_bound"] > 0
+    code, out, _ = run(capsys, *args, "--json")
+    after = json.loads(out)
+    assert code == 0 and after["consolidate"] is True
+    assert after["guarantee_waits_over_bound"] == 0
+    assert after["guarantee_wait_max_s"] <= after["guarantee_bound_s"]
+    assert after["moves"] >= 1 and after["within_quota_preemptions"] == 0
+    code, out, _ = run(capsys, *args)
+    assert code == 0 and f"(0 within quota, {after['moves']} moved)" in out
+    code, out, _ = run(capsys, *args, "--no-consolidate")
+    assert code == 0 and "(0 within quota), " in out
+    code, _, err = run(capsys, "simulate", "--trace", str(trace), "--quotas", str(quotas),
+                       "--no-consolidate", "--policy", "fifo")
+    assert code == 2 and "--no-consolidate is about moving jobs for a gang" in err
+    assert "Traceback" not in err
+
+
 def test_events_and_plot_files(capsys, example, tmp_path):
     trace, quotas = example
     events, plot = tmp_path / "e.jsonl", tmp_path / "p.png"

@@ -4,8 +4,9 @@ The victim index only changes how reclaim searches, never what it finds: on ever
 a slice of the Philly trace, of a scaled-down reclaim burst (benchmarks/reclaim_burst.py)
 and of random snapshots, both give the same starts with their placements, preemptions,
 reservation, held GPUs, and waits with their positions and reasons. The reference knows one
-level of quotas; departments are checked against the contract in test_policy_properties.py
-(``quota_trees``) and in test_departments.py.
+level of quotas and no moves (``consolidate``, off here); departments and moves are checked
+against the contract in test_policy_properties.py (``quota_trees``, ``configs(moves=True)``),
+in test_departments.py and test_policy_scenarios.py.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def test_a_slice_of_the_philly_trace_is_decided_as_before(philly):
     # A small pool, so that the slice queues and reclaims as the whole trace does on 512 GPUs.
     quotas = apportion(read_quotas(quotas_csv), 128)
     sim = TwinSimulator(jobs, quotas, SimConfig(128, cycle_interval_s=10, policy_config=PolicyConfig(
-        min_runtime_s=DEFAULT_MIN_RUNTIME_S)))
+        min_runtime_s=DEFAULT_MIN_RUNTIME_S, consolidate=False)))
     sim.run()
     assert sim.preemptions > 100, "the slice must exercise reclaim"
 
@@ -75,7 +76,8 @@ def _burst(tmp_path, jobs: int, projects: int):
 @pytest.mark.parametrize("fair", [False, True], ids=["guarantee", "fair-share-reclaim"])
 def test_a_reclaim_burst_is_decided_as_before(tmp_path, fair):
     jobs = _burst(tmp_path, 600, 30)
-    config = PolicyConfig(min_runtime_s=DEFAULT_MIN_RUNTIME_S, reclaim_fair_share=fair)
+    config = PolicyConfig(min_runtime_s=DEFAULT_MIN_RUNTIME_S, reclaim_fair_share=fair,
+                          consolidate=False)
     sim = TwinSimulator(jobs, proportional_quotas(jobs, 240),
                         SimConfig(240, policy_config=config))
     sim.run()

@@ -93,7 +93,7 @@ def test_borrowers_go_by_fair_share_and_parked_projects_are_explained_in_order()
 # -- preemption.py --------------------------------------------------------------------------
 
 def test_a_reclaim_rule_is_the_kind_a_preemption_reports():
-    assert [r.value for r in Reclaim] == ["guarantee", "fair", "priority"]
+    assert [r.value for r in Reclaim] == ["guarantee", "fair", "priority", "move"]
     assert Preempt("j", "p", "c", "why").kind == Reclaim.GUARANTEE.value
 
 

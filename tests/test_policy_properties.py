@@ -79,7 +79,7 @@ def worlds(draw, max_jobs=20, arrive_until=12, finite=True):
                        idle=draw(st.booleans()))  # idle once it runs (GPUs measured unused)
         arrivals.append(Arrival(step, job, duration))
     nodes = tuple(Node(f"n{i}", g) for i, g in enumerate(sizes))
-    return World(nodes, tuple(projects), tuple(arrivals), draw(configs()), departments)
+    return World(nodes, tuple(projects), tuple(arrivals), draw(configs(moves=True)), departments)
 
 
 @st.composite
@@ -119,8 +119,11 @@ def quota_trees(draw, capacity):
     return projects, tuple(departments)
 
 
-def configs():
+def configs(moves=False):
+    """Policy configurations; with ``moves``, perhaps ``consolidate`` too (the reference
+    policy of test_policy_equality.py knows no moves)."""
     return st.builds(PolicyConfig,
+                     consolidate=st.booleans() if moves else st.just(False),
                      min_runtime_s=st.sampled_from([0.0, 0.0, 15.0, 40.0]),
                      reserve_after_s=st.sampled_from([20.0, 50.0, 1800.0]),
                      reclaim_fair_share=st.booleans(),
@@ -345,8 +348,8 @@ def current_reservation(snap: Snapshot, config: PolicyConfig) -> tuple[str | Non
 
 # -- the contract, one cycle at a time -----------------------------------------------------------
 
-EXCUSED = (R.AtLimit, R.TooLarge, R.Reclaiming, R.Releasing, R.BehindClaim)
-CLAIMS = (R.Reclaiming, R.Releasing)
+EXCUSED = (R.AtLimit, R.TooLarge, R.Reclaiming, R.Releasing, R.BehindClaim, R.Moving)
+CLAIMS = (R.Reclaiming, R.Releasing, R.Moving)
 
 
 class Contract:
@@ -425,6 +428,15 @@ class Contract:
             assert claimant.pending, f"{p.job} preempted for {p.for_job}, which is not pending"
             assert snap.now - victim.start_time >= self.config.min_runtime_s, \
                 f"{p.job} preempted before its minimum runtime"
+            if p.kind == "move":  # contract 6's one exception, with consolidate
+                assert self.config.consolidate, f"{p.job} moved without consolidate"
+                assert len(victim.placement) == 1, f"{p.job} moved off several nodes"
+                assert usage[victim.project] <= quota.get(victim.project, 0), \
+                    f"{p.job} moved while project {victim.project} ran beyond its quota"
+                assert usage[claimant.project] + claimant.gpus <= quota.get(claimant.project, 0), \
+                    f"{p.job} moved for {p.for_job}, which would take its project beyond quota"
+                self.stats["moves"] = self.stats.get("moves", 0) + 1
+                continue  # its project keeps its GPUs: they are kept for it elsewhere
             if self.config.preempt_within_project and victim.project == claimant.project:
                 assert victim.priority < claimant.priority, \
                     f"{p.job} preempted for {p.for_job} of its own project without lower priority"
@@ -597,7 +609,7 @@ def test_every_cycle_keeps_the_contract(world):
 
 
 @SETTINGS
-@given(snapshots(), configs())
+@given(snapshots(), configs(moves=True))
 def test_any_snapshot_gets_decisions_that_keep_the_contract(snap, config):
     note(f"snapshot: {snap}")
     result, _ = Contract(config).check(snap)
@@ -606,12 +618,13 @@ def test_any_snapshot_gets_decisions_that_keep_the_contract(snap, config):
 
 
 @SETTINGS
-@given(full_pools(), configs())
+@given(full_pools(), configs(moves=True))
 def test_a_within_quota_job_gets_room_in_a_full_pool(snap, config):
     note(f"snapshot: {snap}")
     contract = Contract(config)
     contract.check(snap)
     event(f"room on few enough nodes: {bool(contract.stats['guarantees'])}")
+    event(f"moves: {bool(contract.stats.get('moves'))}")
 
 
 @SETTINGS

@@ -444,7 +444,11 @@ def test_a_requeued_victim_does_not_retake_the_gpus_of_its_claimant():
     and only p1's j0 (2) and j3 (3) on n0 can give them; j0 leaves p1 below its quota. Both
     go; once n0 is free j2 goes first. Before jobs carried when they were requeued, the
     requeued j0, submitted before j2, went first, started there and was reclaimed again, for
-    ever; now it queues from its requeue, after j2 (``TrainJob.waiting_since``)."""
+    ever; now it queues from its requeue, after j2 (``TrainJob.waiting_since``). Requeued,
+    j0 keeps p1 within its quota but finds 1 GPU free on no node with 2: without
+    ``consolidate`` it waits for a job to end; with it, p0's j5 moves off n2 (and p2's j1 goes
+    back), and j0 starts there. The GPUs kept for j5 are kept for one cycle: p2's j12 takes one
+    and goes back when j5 returns (no minimum runtime here); then nothing changes."""
     snap = (cluster(sizes=(5, 6, 7))
             .projects(project("p0").quota(16).weight(0), project("p1").quota(2).weight(0),
                       project("p2").weight(0))
@@ -452,11 +456,17 @@ def test_a_requeued_victim_does_not_retake_the_gpus_of_its_claimant():
                 [("p1", 2), ("p2", 1), ("p0", 4), ("p1", 3), ("p0", 1), ("p0", 1), ("p2", 1),
                  ("p2", 1), ("p2", 1), ("p2", 1), ("p0", 4), ("p0", 1), ("p2", 1), ("p0", 5)])))
             .at(0))
-    config = PolicyConfig(min_runtime_s=0, reclaim_fair_share=False, reservations=False)
+    config = PolicyConfig(min_runtime_s=0, reclaim_fair_share=False, reservations=False,
+                          consolidate=False)
     events, _ = _history(snap, config, cycles=20)
     assert sorted(e for e in events if e[0] == 10) == [(10, "preempt", "j0"), (10, "preempt", "j3")]
     assert (30, "start", "j2") in events
     assert all(t <= 30 for t, _, _ in events), events
+    moved, snap = _history(snap, replace(config, consolidate=True), cycles=20)
+    assert [e for e in moved if e[0] > 10] == [
+        (30, "start", "j2"), (30, "preempt", "j1"), (30, "preempt", "j5"),
+        (40, "start", "j12"), (50, "start", "j0"), (50, "preempt", "j12"), (70, "start", "j5")]
+    assert job_of(snap, "j0").running and job_of(snap, "j5").running
 
 
 def test_a_claimant_keeps_its_turn_over_its_own_projects_later_jobs():
@@ -614,17 +624,71 @@ def test_a_guaranteed_gang_gets_a_whole_node_back_when_newest_first_would_spread
     assert started(result) == {"z1": {"n0": 8}}
 
 
-def test_within_quota_jobs_are_not_moved_to_make_room_for_a_gang():
-    # x is over its quota, but no node frees 4 GPUs unless y, within its quota, gives too.
-    snap = (cluster(nodes=2, gpus_per_node=4)
+def _shape_blocks_z():
+    """x is over its quota, but no node frees 4 GPUs for z unless y, within its quota, gives
+    too."""
+    return (cluster(nodes=2, gpus_per_node=4)
             .projects(project("x"), project("y").quota(4), project("z").quota(4))
             .jobs(running("x1", "x", 2, 0, "n0"), running("y1", "y", 2, 0, "n0"),
                   running("x2", "x", 2, 0, "n1"), running("y2", "y", 2, 0, "n1"),
                   pending("z1", "z", gpus=4, submitted=30))
             .at(100))
-    result = cycle(snap)
+
+
+def test_without_consolidate_within_quota_jobs_are_not_moved_to_make_room_for_a_gang():
+    result = cycle(_shape_blocks_z(), PolicyConfig(consolidate=False))
     assert preempted(result) == [] and started(result) == {}
     assert isinstance(reason_of(result, "z1"), R.Fragmented)
+
+
+MOVES = PolicyConfig()  # consolidate is on by default
+
+
+def test_with_consolidate_a_within_quota_job_moves_to_make_room_for_a_gang():
+    # The same pool: x's job on n0 goes back, y's moves from n0 to n1, where x's other job
+    # goes back for it; z gets n0. y keeps its 4 GPUs throughout.
+    result, snap = step(_shape_blocks_z(), MOVES)
+    kinds = {p.job: p.kind for p in result.preemptions}
+    assert kinds == {"x1": "guarantee", "x2": "guarantee", "y1": "move"}
+    assert str(reason_of(result, "z1")) == (
+        "waiting for 4 GPUs on one node; moving 2 GPUs of project y to other GPUs and "
+        "reclaiming 4 GPUs from project x")
+    assert result.usage["y"] == milli(2)  # what runs; its moved job is promised its GPUs
+    why = next(p.why for p in result.preemptions if p.job == "y1")
+    assert why.startswith("moved so that job z1 of project z, within its quota, gets the nodes")
+    result, snap = step(snap, MOVES)  # the victims leave at the end of their grace
+    result, snap = step(snap, MOVES)
+    assert started(result) == {"z1": {"n0": 4}, "y1": {"n1": 2}}
+    assert result.preemptions == ()
+
+
+@pytest.mark.parametrize("young", [True, False], ids=["borrowers-young", "borrowers-old"])
+def test_consolidate_moves_nothing_while_borrowers_could_make_room(young):
+    # x borrows a whole node: once old enough it goes back, and nobody within quota moves.
+    snap = (cluster(nodes=2, gpus_per_node=4)
+            .projects(project("x"), project("y").quota(4), project("z").quota(4))
+            .jobs(running("x1", "x", 4, 90 if young else 0, "n0"),
+                  running("y1", "y", 2, 0, "n1"), pending("z1", "z", gpus=4, submitted=30))
+            .at(100))
+    result = cycle(snap, PolicyConfig(consolidate=True, min_runtime_s=60))
+    assert [(p.job, p.kind) for p in result.preemptions] == ([] if young else [("x1", "guarantee")])
+    if young:
+        assert isinstance(reason_of(result, "z1"), R.MinRuntime)
+
+
+def test_consolidate_moves_only_jobs_that_ran_their_minimum_runtime():
+    snap = (cluster(nodes=2, gpus_per_node=8)
+            .projects(project("v").quota(8), project("n").quota(8))
+            .jobs(running("v1", "v", 4, 95, "n0"), running("v2", "v", 4, 95, "n1"),
+                  pending("n1", "n", gpus=8, submitted=30))
+            .at(100))
+    config = PolicyConfig(consolidate=True, min_runtime_s=60)
+    result = cycle(snap, config)
+    assert result.preemptions == ()  # a move would stop a young job
+    assert isinstance(reason_of(result, "n1"), R.Fragmented)
+    result = cycle(replace(snap, now=200), config)
+    assert [(p.job, p.kind) for p in result.preemptions] == [("v1", "move")]
+    assert result.held == {"n0": milli(4), "n1": milli(4)}  # for n1, and for v1 while it stops
 
 
 @pytest.mark.parametrize("now, victims", [
@@ -775,3 +839,18 @@ def test_jobs_on_a_drained_node_run_on_and_its_freed_gpus_are_not_reclaimed_for(
     result = cycle(drained(snap, "n0"))
     assert [p.job for p in result.preemptions] == ["older"]
     assert not result.starts
+
+
+def test_consolidate_moves_no_job_of_a_project_beyond_its_quota():
+    # p runs 5 GPUs on a quota of 4: its jobs are borrowers, never moved (found in review).
+    snap = (cluster(nodes=2, gpus_per_node=8)
+            .projects(project("p").quota(4), project("q").quota(4), project("z").quota(7))
+            .jobs(running("a", "p", 4, 0, "n0"), running("b", "p", 1, 50, "n0"),
+                  running("c", "q", 4, 0, "n1"), pending("z1", "z", gpus=7, submitted=60))
+            .at(100))
+    result = cycle(snap, PolicyConfig(min_runtime_s=0))
+    # b goes back (p back at its quota), q's c moves to n0, where b's GPU and 3 free hold it
+    assert [(p.job, p.kind) for p in result.preemptions] == [("b", "guarantee"), ("c", "move")]
+    assert str(reason_of(result, "z1")) == (
+        "waiting for 7 GPUs on one node; moving 4 GPUs of project q to other GPUs and "
+        "reclaiming 1 GPU from project p")

@@ -40,15 +40,22 @@ async def pool(tmp_path):
     store.add_missing_projects([ProjectRow(name="x", quota=0, groups=["x"]),
                                 ProjectRow(name="y", quota=2 * GPU, groups=["y"])])
     backend = TwoGPUs(state_dir=str(tmp_path / "state"), run_as_service_user=True)
+    yield store, backend, scheduler_for(store, backend, tmp_path)
+    kill_all(backend)
 
+
+def scheduler_for(store, backend, tmp_path) -> Scheduler:
+    """The scheduling loop over ``store`` and ``backend``, its jobs' files in ``tmp_path``."""
     def launch_for(row):
         return Launch(row.id, row.attempt, row.user, row.project, tuple(row.command),
                       dict(row.env), dict(row.placement), str(tmp_path / "ckpt" / row.id),
                       str(tmp_path))
 
-    scheduler = Scheduler(store, backend, PolicyConfig(), grace_s=3.0, launch_for=launch_for,
-                          log=logging.getLogger("test"))
-    yield store, backend, scheduler
+    return Scheduler(store, backend, PolicyConfig(), grace_s=3.0, launch_for=launch_for,
+                     log=logging.getLogger("test"))
+
+
+def kill_all(backend) -> None:
     for record in backend._records():
         try:
             os.killpg(record["pgid"], 9)
@@ -149,6 +156,66 @@ async def test_a_drained_node_starts_nothing_new_and_requeue_preempts_what_runs(
     assert (await again.undrain("sim-node-0")).by == "admin"
     await until(again, lambda: b"ready" in _log(backend, running.id, 2))
     assert store.job(running.id).attempt == 2 and store.drained() == {}
+
+
+class TwoNodes(LocalBackend):
+    """Two simulated nodes of two GPUs each, run as the service's own account."""
+
+    def detect_inventories(self):
+        return [SimulatedInventory("sim-node-0", 2), SimulatedInventory("sim-node-1", 2)]
+
+    def _service_is_root(self):
+        return False
+
+
+LOOPS = "trap 'echo checkpoint; exit 143' TERM; echo ready; while :; do sleep 0.05; done"
+
+
+@pytest.mark.asyncio
+async def test_a_job_within_quota_moves_so_that_a_gang_within_quota_gets_a_node(tmp_path):
+    """v (quota 2) runs one GPU on each node, x's borrower gone; n (quota 2) wants 2 GPUs on
+    one node: 2 are free, on two nodes. One of v's jobs is moved: stopped, requeued with a
+    detail that says why, started again on the other node; n's job runs; v keeps 2 GPUs."""
+    store = Store(f"sqlite:///{tmp_path / 'pool.sqlite'}")
+    store.add_missing_projects([ProjectRow(name="x", quota=0, groups=["x"]),
+                                ProjectRow(name="v", quota=2 * GPU, groups=["v"]),
+                                ProjectRow(name="n", quota=2 * GPU, groups=["n"])])
+    backend = TwoNodes(state_dir=str(tmp_path / "state"), run_as_service_user=True)
+    scheduler = scheduler_for(store, backend, tmp_path)
+
+    def add(project, gpus, script):
+        return store.add_job(time.time(), user="u", project=project, name="", gpus=gpus * GPU,
+                             priority=0, command=["/bin/sh", "-c", script], env={},
+                             checkpoint_dir="")
+
+    def running(job):
+        row = store.job(job.id)
+        return row.state == "running" and b"ready" in _log(backend, job.id, row.attempt)
+
+    try:
+        a = add("v", 1, LOOPS)
+        await until(scheduler, lambda: running(a))
+        x = add("x", 1, "echo ready; sleep 1")  # best fit: beside a
+        await until(scheduler, lambda: store.job(x.id).state == "running")
+        b = add("v", 1, LOOPS)  # the first node is full: the other one
+        await until(scheduler, lambda: running(b))
+        await until(scheduler, lambda: store.job(x.id).state == "succeeded")
+        assert {*store.job(a.id).placement} != {*store.job(b.id).placement}
+        gang = add("n", 2, "echo ready; sleep 1")
+        await until(scheduler, lambda: store.job(gang.id).state == "succeeded", timeout=20)
+        moved = [j for j in (a, b) if store.job(j.id).attempt == 2]
+        assert len(moved) == 1, [store.job(j.id).attempt for j in (a, b)]
+        moved = moved[0]
+        await until(scheduler, lambda: running(moved))
+        preempt = next(e for e in store.events(moved.id) if e.kind == "preempt")
+        assert preempt.detail.startswith(
+            f"moved so that job {gang.id} of project n, within its quota, gets the nodes it "
+            f"needs; it is requeued to start again on other GPUs")
+        assert [t.outcome for t in store.attempts(moved.id)][:1] == ["preempted"]
+        assert b"checkpoint" in _log(backend, moved.id, 1)
+        assert store.job(a.id).state == store.job(b.id).state == "running"
+    finally:
+        kill_all(backend)
 
 
 @pytest.mark.parametrize("code, outcome", [

@@ -119,7 +119,8 @@ class Admission:
             if self._start(job, frozenset(), Way.WITHIN_QUOTA):
                 continue
             self.within_quota_waiting.append(job.id)
-            if self.config.preemption and self._reclaim(job, Reclaim.GUARANTEE, frozenset()):
+            if self.config.preemption and (self._reclaim(job, Reclaim.GUARANTEE, frozenset())
+                                           or self._move(job)):
                 self.claiming.setdefault(job.project, job)
                 continue
             self.waits.append((job, self.explainer.why_no_room(job, frozenset())))
@@ -300,6 +301,17 @@ class Admission:
         self.c.lending.free.take(placement)
         self.starts.append(Start(job.id, placement))
         self.done.add(job.id)
+        return True
+
+    def _move(self, job: TrainJob) -> bool:
+        """With ``consolidate``: move jobs within quota off the nodes ``job`` needs."""
+        if not self.config.consolidate:
+            return False
+        reason = self.reclaimer.move(job, frozenset())
+        if reason is None:
+            return False
+        self.done.add(job.id)
+        self.waits.append((job, reason))
         return True
 
     def _reclaim(self, job: TrainJob, rule: Reclaim, exclude: frozenset) -> bool:

@@ -215,6 +215,12 @@ class PolicyConfig:
     borrowing fair week by week (same page, "Fair share over time")."""
     preempt_within_project: bool = False
     """A higher-priority job may preempt lower-priority jobs of its own project."""
+    consolidate: bool = True
+    """A gang within its project's quota that finds GPUs, but not on few enough nodes, and
+    no borrower to take them back from, may move jobs within their projects' quotas off the
+    nodes it needs, onto other GPUs (moves.py), one gang a cycle. A moved job loses the work
+    since its last checkpoint; its project keeps its GPUs (docs/explanation/scheduling.md,
+    "Gangs and moves")."""
     preemption: bool = True
     """Reclaim at all; off for baselines that never preempt."""
     reservations: bool = True

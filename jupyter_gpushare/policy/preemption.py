@@ -24,6 +24,7 @@ from .fits import FitMemo
 from .ledger import Ledger
 from .model import PolicyConfig, Project, TrainJob, gpus_text
 from .placement import nodes_needed
+from .moves import plan_moves
 from .victims import Candidates, Floor, VictimPicker, choose_victims
 
 
@@ -33,6 +34,7 @@ class Reclaim(str, enum.Enum):
     GUARANTEE = "guarantee"  # for a job within its project's quota: from over-quota projects
     FAIR = "fair"  # for a borrower within its deserved share: from projects above theirs
     PRIORITY = "priority"  # for a job of higher priority: from its own project
+    MOVE = "move"  # for a gang within quota: jobs within quota go to other GPUs (moves.py)
 
     def floor(self, projects: Mapping[str, Project], deserved: Mapping[str, int]) -> Floor:
         quota = lambda name: projects[name].quota  # noqa: E731
@@ -51,6 +53,10 @@ class Reclaim(str, enum.Enum):
         if self is Reclaim.FAIR:
             return (f"preempted so that project {project.name} gets its fair share of idle GPUs "
                     f"(job {job.id}); it is requeued")
+        if self is Reclaim.MOVE:
+            return (f"moved so that job {job.id} of project {project.name}, within its quota, "
+                    f"gets the nodes it needs; it is requeued to start again on other GPUs, "
+                    f"which are kept for it")
         return f"preempted for higher-priority job {job.id} of the same project; it is requeued"
 
 
@@ -72,7 +78,8 @@ class Reclaimer:
         self.held: dict[str, int] = {}
         self.victims: set[str] = set()
         self.too_young = 0
-        self._pools: dict[Reclaim, Candidates] = {}  # GUARANTEE and FAIR, gathered at first need
+        self.moved_for: str | None = None  # the gang given room by moves this cycle, if any
+        self._pools: dict = {}  # GUARANTEE, FAIR and "any age" (moves), gathered at first need
 
     def claim(self, job: TrainJob, rule: Reclaim, exclude: frozenset,
               at_limit: R.AtLimit | None = None) -> R.Reason | None:
@@ -109,10 +116,59 @@ class Reclaimer:
         self.ledger.claimed[job.project] += job.gpus
         if not victims:
             return R.Releasing(job.gpus, k)
-        by_project: dict[str, int] = {}
-        for v in victims:
-            by_project[v.project] = by_project.get(v.project, 0) + v.gpus
-        return R.Reclaiming(job.gpus, k, tuple(sorted(by_project.items())))
+        return R.Reclaiming(job.gpus, k, _by_project(victims))
+
+    def move(self, job: TrainJob, exclude: frozenset) -> R.Reason | None:
+        """Make room for ``job``, within its project's quota, by moving jobs within quota off
+        the nodes it needs (moves.py); say why it waits, or None if no move can serve it or
+        borrowers will: once their minimum runtime is over, taking them back costs no
+        project within quota anything."""
+        k = nodes_needed(job.gpus, self.c.node_size)
+        if self.moved_for is not None or self.memo.fails(Reclaim.MOVE, bool(exclude), k, job.gpus):
+            return None  # one gang a cycle is given room by moves
+        pool = self._pool(Reclaim.GUARANTEE, job)  # counts the young borrowers
+        if self.too_young and choose_victims(job.gpus, self.c.room, self.c.releasing,
+                                             self._any_age(), exclude) is not None:
+            plan = None  # young borrowers will make room once old enough
+        else:
+            plan = plan_moves(job.gpus, self.c.room, self.c.free, pool, exclude)
+        if plan is None:
+            # A larger gang on as many nodes moves nothing this cycle either: at worst it
+            # waits a cycle more, while the smaller one ahead of it waits for borrowers.
+            self.memo.failed(Reclaim.MOVE, bool(exclude), k, job.gpus)
+            return None
+        self.moved_for = job.id
+        moved = [m for m, _ in plan.moves]
+        self._commit(pool, [*plan.victims, *moved])
+        taken = self._hold(plan.placement)
+        self._preempt(job, Reclaim.GUARANTEE, plan.victims, taken)
+        self._preempt(job, Reclaim.MOVE, moved, taken)
+        free, releasing = self.c.free, self.c.releasing
+        for m, target in plan.moves:  # its project keeps them, and no one else gets them
+            self.ledger.claimed[m.project] += m.gpus
+            for name, need in target.items():
+                hold = min(free.free[name], need)
+                if hold:
+                    free.take({name: hold})
+                    self.held[name] = self.held.get(name, 0) + hold
+                if need > hold:
+                    releasing[name] -= need - hold
+        everyone = [*plan.victims, *moved]
+        self.moved({*plan.placement, *(n for v in everyone for n in v.placement),
+                    *(n for _, t in plan.moves for n in t)} & free.free.keys())
+        self.ledger.claimed[job.project] += job.gpus
+        return R.Moving(job.gpus, k, _by_project(moved), _by_project(plan.victims))
+
+    def _any_age(self) -> Candidates:
+        """What a guarantee reclaim could take were every job old enough: if it makes room,
+        the claimant waits for the young borrowers instead of moving anyone."""
+        pool = self._pools.get("any age")
+        if pool is None:
+            jobs = [j for j in self.c.running if j.id not in self.victims]
+            pool = self._pools["any age"] = Candidates(
+                jobs, self.ledger.kept, self.projects, self.deserved,
+                Reclaim.GUARANTEE.floor(self.projects, self.deserved), self.c.room)
+        return pool
 
     def within_limit(self, job: TrainJob, at: R.AtLimit) -> bool:
         """A job within its project's quota would take its department beyond its limit
@@ -231,3 +287,11 @@ class Reclaimer:
                     taken[name] = taken.get(name, 0) - use
                     releasing[name] = releasing.get(name, 0) + amount - use
             self.preemptions.append(Preempt(victim.id, victim.project, job.id, why, rule.value))
+
+
+def _by_project(jobs: list[TrainJob]) -> tuple[tuple[str, int], ...]:
+    """(project, milli-GPUs) of ``jobs``, by project name."""
+    by_project: dict[str, int] = {}
+    for j in jobs:
+        by_project[j.project] = by_project.get(j.project, 0) + j.gpus
+    return tuple(sorted(by_project.items()))

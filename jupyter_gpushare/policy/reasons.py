@@ -97,6 +97,23 @@ class Reclaiming(Reason):
 
 
 @dataclass(frozen=True, slots=True)
+class Moving(Reason):
+    """Within quota, blocked by the nodes' shape: jobs within their projects' quotas move
+    off the nodes it needs (moves.py), perhaps with borrowers taken back too."""
+
+    gpus: int
+    nodes: int
+    moved: tuple[tuple[str, int], ...]  # (project, milli) moving to other GPUs
+    reclaimed: tuple[tuple[str, int], ...]  # (project, milli) being taken back
+
+    def __str__(self):
+        parts = ", ".join(f"{gpus_text(m)} of project {p}" for p, m in self.moved)
+        taken = ", ".join(f"{gpus_text(m)} from project {p}" for p, m in self.reclaimed)
+        return (f"waiting for {_where(self.gpus, self.nodes)}; moving {parts} to other GPUs"
+                + (f" and reclaiming {taken}" if taken else ""))
+
+
+@dataclass(frozen=True, slots=True)
 class Releasing(Reason):
     gpus: int
     nodes: int

@@ -124,6 +124,13 @@ class PoolService(Application):
     reclaim_fair_share = Bool(False, help="Let borrowers below their deserved share preempt "
                               "borrowers above theirs (more preemptions: see 'Fair borrowing' "
                               "in the documentation's scheduling page).").tag(config=True)
+    consolidate = Bool(True, help="""Let a gang within its project's quota that finds GPUs,
+        but not on few enough nodes, and no borrower to take back, move jobs within their
+        projects' quotas to other GPUs (as KAI-Scheduler's consolidation), one gang a cycle:
+        each moved job is stopped, requeued and started again on other GPUs, and loses the
+        work since its last checkpoint; its project keeps its GPUs. False: such a gang waits
+        until those jobs end, beyond the guarantee's bound (see 'Gangs and moves' in the
+        documentation's scheduling page).""").tag(config=True)
     fair_share_half_life = Float(0.0, help="""Fair share over time, off at 0 (the default), as
         in KAI-Scheduler: seconds after which a project's borrowed GPU-time (GPUs held beyond
         its quota) counts half when idle GPUs are divided. A project that borrowed more than
@@ -429,7 +436,7 @@ class PoolService(Application):
             self.store, self.backend, PolicyConfig(
                 min_runtime_s=self.min_runtime, reserve_after_s=self.reserve_after,
                 preempt_within_project=self.preempt_within_project,
-                reclaim_fair_share=self.reclaim_fair_share),
+                reclaim_fair_share=self.reclaim_fair_share, consolidate=self.consolidate),
             self.grace_period,
             Launcher(self.backend, self.checkpoint_dir_template, self.state_dir),
             self.log, idle_jobs=self.usage.idle_jobs,

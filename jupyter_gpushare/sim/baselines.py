@@ -34,7 +34,7 @@ def config_for(policy: str, base: PolicyConfig) -> PolicyConfig:
     if policy == "guaranteed":
         return base
     return replace(base, preemption=False, reservations=False, reclaim_fair_share=False,
-                   preempt_within_project=False)
+                   preempt_within_project=False, consolidate=False)
 
 
 def queue_of(policy: str, project: str) -> str:

@@ -127,6 +127,10 @@ class SimRun:
     gpu_s_to_last_submit: float = 0.0
     """GPU-seconds allocated from the first submit to the last: the allocation while the
     trace still offers work, which the time its last jobs take to end does not move."""
+    moves: int = 0
+    """Jobs within their project's quota stopped and requeued so that a gang within quota
+    got the nodes it needed (``PolicyConfig.consolidate``): not in
+    ``within_quota_preemptions``, for their projects kept their GPUs."""
 
 
 def on_lent(placement) -> bool:
@@ -198,6 +202,7 @@ class Simulator:
         self.decision_s: list[float] = []
         self.reclaim_s: list[float] = []
         self.within_quota = 0
+        self.moves = 0
         self.claimants: dict[str, set[str]] = {}  # project → jobs it reclaimed GPUs for
         self.wanting: dict[str, set[str]] = {}  # project → its jobs waiting within quota
         self.guarantee_wait_s: list[float] = []
@@ -313,7 +318,7 @@ class Simulator:
                       self.borrowed_s, self.wanted_s,
                       {p.name: p.over_quota_weight for p in self.projects}, self.departments,
                       self.spans or [], self.utilized_timeline, self.last_submit,
-                      self.gpu_s_to_last_submit)
+                      self.gpu_s_to_last_submit, self.moves)
 
     # -- events ------------------------------------------------------------------------
     def _submit(self, t: float, job_id: str) -> None:
@@ -449,11 +454,11 @@ class Simulator:
         result = self.decide(snap)
         self.decision_s.append(time.perf_counter() - tick)
         for p in result.preemptions:
-            self._preempt(t, p.job)
+            self._preempt(t, p.job, p.kind == "move")
             if not p.for_job:  # lent GPUs taken back for the build pool: no claimant
                 continue
             claimant = self.records[p.for_job]
-            if p.kind == "guarantee" and claimant.claim_since is None:
+            if p.kind in ("guarantee", "move") and claimant.claim_since is None:
                 claimant.claim_since = t
                 self.claimants.setdefault(self.active.get(p.for_job).project, set()).add(p.for_job)
         for s in result.starts:
@@ -523,13 +528,15 @@ class Simulator:
                 rec.claim_since = None
                 waiting.discard(job_id)
 
-    def _preempt(self, t: float, job_id: str) -> None:
+    def _preempt(self, t: float, job_id: str, move: bool = False) -> None:
         rec = self.records[job_id]
         job = self.active.get(job_id)
         # Checked here, apart from the policy: the guarantee says this never happens.
         self._account(job.project, t)
         if not on_lent(job.placement):  # a job on lent GPUs is within no quota
-            if self.usage[job.project] <= self.quota_of[job.project]:
+            if move:
+                self.moves += 1
+            elif self.usage[job.project] <= self.quota_of[job.project]:
                 self.within_quota += 1
             self.usage[job.project] -= job.gpus
         rec.preemptions += 1
