@@ -230,8 +230,10 @@ def test_an_idle_server_is_warned_in_the_status_bar_and_panel_until_it_is_used(h
     page.locator(".jp-GpushareStatus").click()
     warning = page.locator("#jupyter-gpushare-panel .jp-GpusharePanel-cull")
     warning.wait_for(timeout=15_000)
-    # the clock time as the browser's locale writes it ("14:05", "2:05 PM")
-    assert re.fullmatch(r"This server will be stopped at \d?\d:\d\d(\s[AP]M)? "
+    # the clock time as the browser's locale writes it ("14:05", "2:05 PM"), with the day
+    # when the stop falls on another one ("Nov 27, 12:09 AM": a run just before midnight)
+    assert re.fullmatch(r"This server will be stopped at (\w{3} \d\d?, |\d\d? \w{3},? )?"
+                        r"\d?\d:\d\d(\s[AP]M)? "
                         r"\(in (9m \d\ds|10m 00s)\): its slice "
                         r"has shown no GPU use and the hub no activity from it\. Use it \(run a "
                         r"cell\) to keep it\.", warning.inner_text())
