@@ -58,7 +58,12 @@ ARCHIVE_WAIT_S = 5.0
 whole. The end comes once the kubelet sees the container's; a silent container's stream is
 answered only then, and on a busy node or API server that takes seconds: reading every such
 log a second time costs the API server and the kubelet more than the wait (a user's read of
-the log waits for it, at most ``read_log_from``'s 10 s)."""
+the log waits for it, at most ``WIND_UP_WAIT_S``)."""
+WIND_UP_WAIT_S = 30.0
+"""How long a read of a just-ended attempt's log waits for the log to be kept whole: the
+follower's ``ARCHIVE_WAIT_S``, then a read of the whole log, which right after an API server
+restart can take seconds more (with 10 s, a full test run once read an empty log, right after
+such a restart, for a job that had printed). Past it, what is kept so far is read."""
 
 
 class KubernetesBackend(KubernetesOptions):
@@ -602,7 +607,7 @@ class KubernetesBackend(KubernetesOptions):
         winding = self._winding.get((job_id, attempt))
         if winding is not None:  # just ended: its logs are being kept
             try:
-                await asyncio.wait_for(asyncio.shield(winding), 10)
+                await asyncio.wait_for(asyncio.shield(winding), WIND_UP_WAIT_S)
             except (asyncio.TimeoutError, Exception):
                 pass
         return self.logs.read((job_id, attempt), rank, offset, size)
