@@ -142,6 +142,28 @@ def test_the_guarantee_wait_counts_from_wanting_not_from_the_reclaim():
     assert summary["guarantee_bound_s"] == 60.0 and summary["guarantee_waits_over_bound"] == 0
 
 
+def test_a_wait_within_quota_ends_when_the_projects_later_job_takes_the_room():
+    # a (quota 4) holds 2 GPUs on each node once a1 and a3 end; b's gang of 4 (quota 4) is
+    # within quota at 10 s but finds no node with 4 free, and nothing to reclaim. Without
+    # moves, b's later 2-GPU job starts at 20 s: b got GPUs within its quota, and the gang
+    # would now borrow, so its wait ends there (10 s), not when the gang starts at 1,000 s.
+    # Once that job ends (120 s) the gang is within quota again: a new wait, to 1,000 s.
+    # With moves (the default) a2 moves and the gang starts after the grace: one 30 s wait.
+    jobs = [TraceJob("a1", 0.0, 5.0, 2 * GPU, "a"), TraceJob("a2", 0.0, 1000.0, 2 * GPU, "a"),
+            TraceJob("a3", 0.0, 5.0, 2 * GPU, "a"), TraceJob("a4", 0.0, 1000.0, 2 * GPU, "a"),
+            TraceJob("gang", 10.0, 100.0, 4 * GPU, "b"),
+            TraceJob("later", 20.0, 100.0, 2 * GPU, "b")]
+    quotas = {"a": 4 * GPU, "b": 4 * GPU}
+    config = SimConfig(8, gpus_per_node=4, policy_config=PolicyConfig(consolidate=False))
+    run = Simulator(jobs, quotas, config).run()
+    assert run.records["later"].attempt_start == 20.0
+    assert run.records["gang"].attempt_start == 1000.0
+    assert run.guarantee_wait_s == [10.0, 880.0]
+    run = Simulator(jobs, quotas, SimConfig(8, gpus_per_node=4)).run()
+    assert run.moves == 1 and run.records["gang"].attempt_start == 40.0
+    assert run.guarantee_wait_s == [30.0] and run.reclaim_s == [30.0]
+
+
 def test_a_young_jobs_wake_up_is_one_cycle_however_many_cycles_ran_before_it():
     # One borrower becomes preemptible at 30 s; 200 submits come before that, each with a
     # cycle of its own. The wake-up is one cycle at 30 s, not one per cycle before it (each

@@ -21,7 +21,7 @@ class Preempt:
     project: str
     for_job: str
     why: str
-    kind: str = "guarantee"  # guarantee | fair | priority: which rule took the GPUs back
+    kind: str = "guarantee"  # guarantee | fair | priority | move: which rule took the GPUs back
 
 
 @dataclass(frozen=True, slots=True)

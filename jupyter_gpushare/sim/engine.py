@@ -109,7 +109,8 @@ class SimRun:
     timeline: list[tuple[float, dict[str, int], int]]  # (t, allocated milli per project, queued)
     guarantee_wait_s: list[float] = field(default_factory=list)
     """From the first cycle that found a job within its project's quota and waiting to its
-    start (or its project back at quota by other means): what the guarantee's bound bounds."""
+    start (or until its project's other jobs left too little of the quota for it): what the
+    guarantee's bound bounds."""
     borrowed_s: dict[int, dict[str, float]] = field(default_factory=dict)
     """Week (from the first submit) → project → GPU-seconds held beyond its quota."""
     wanted_s: dict[int, dict[str, float]] = field(default_factory=dict)
@@ -465,9 +466,13 @@ class Simulator:
             self._start(t, s.job, s.placement)
         for job_id in result.within_quota_waiting:
             rec = self.records[job_id]
-            if rec.want_since is None:
+            project = self.active.get(job_id).project
+            # Still within quota after the cycle's starts (a later job of its project may
+            # have taken the room: then the project got what it was owed, _guarantee_met).
+            if rec.want_since is None and \
+                    self.usage[project] + rec.trace.gpus <= self.quota_of[project]:
                 rec.want_since = t
-                self.wanting.setdefault(self.active.get(job_id).project, set()).add(job_id)
+                self.wanting.setdefault(project, set()).add(job_id)
         self._apply_waits(t, result)
         if self.timeline is not None:
             view = self.active.view()
@@ -509,24 +514,17 @@ class Simulator:
 
     def _guarantee_met(self, t: float, project: str, started: str) -> None:
         """A guarantee reclaim, or a wait within quota, is done when its job starts, or when
-        the project is back at its quota by other means (its other jobs started first)."""
-        met = self.usage[project] >= self.quota_of[project]
-        wanting = self.wanting.get(project)
-        for job_id in list(wanting or ()):
-            if job_id == started or met:
+        the project's other jobs that started meanwhile leave too little of its quota for it:
+        the project got what it was owed, and the job, were it to start now, would borrow."""
+        room = self.quota_of[project] - self.usage[project]
+        for jobs, since, times in ((self.wanting, "want_since", self.guarantee_wait_s),
+                                   (self.claimants, "claim_since", self.reclaim_s)):
+            for job_id in list(jobs.get(project) or ()):
                 rec = self.records[job_id]
-                self.guarantee_wait_s.append(t - rec.want_since)
-                rec.want_since = None
-                wanting.discard(job_id)
-        waiting = self.claimants.get(project)
-        if not waiting:
-            return
-        for job_id in list(waiting):
-            if job_id == started or met:
-                rec = self.records[job_id]
-                self.reclaim_s.append(t - rec.claim_since)
-                rec.claim_since = None
-                waiting.discard(job_id)
+                if job_id == started or rec.trace.gpus > room:
+                    times.append(t - getattr(rec, since))
+                    setattr(rec, since, None)
+                    jobs[project].discard(job_id)
 
     def _preempt(self, t: float, job_id: str, move: bool = False) -> None:
         rec = self.records[job_id]
