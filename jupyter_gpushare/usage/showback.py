@@ -10,11 +10,10 @@ What flows out: rows and text. Pure: no I/O, no clock.
 
 from __future__ import annotations
 
-import csv
-import io
 import re
 from datetime import date, timedelta
 
+from .. import spreadsheet
 from ..text import percent, table
 
 STEPS = ("day", "week", "month")
@@ -79,14 +78,8 @@ def showback_rows(answer: dict, by: str, period: tuple[str, str] | None = None) 
 
 
 def to_csv(rows: list[dict]) -> str:
-    if not rows:
-        return ""
-    out = io.StringIO()
-    writer = csv.DictWriter(out, list(rows[0]), lineterminator="\n")
-    writer.writeheader()
-    for r in rows:
-        writer.writerow({k: "" if v is None else v for k, v in r.items()})
-    return out.getvalue()
+    """The rows as CSV, each text cell that a spreadsheet would evaluate made plain text."""
+    return spreadsheet.to_csv(list(rows[0]), rows) if rows else ""
 
 
 def to_table(rows: list[dict], by: str) -> str:
