@@ -174,6 +174,28 @@ def test_who_may_see_and_do_what(hub):
     assert hub.api("DELETE", f"api/jobs/{jid}", "alice")[0] == 409
 
 
+def test_a_failed_jobs_reason_quotes_its_command_to_its_owner_and_admins_only(hub):
+    """A failure's reason can quote the command line (and the working folder), which the API
+    shows only to the job's owner and admins: its project's other members see a generic
+    reason."""
+    secret = "deploy-key-sk_live_ABC123"
+    job = submit(hub, "alice", gpus=1, command=[f"/nonexistent/{secret}", "--now"])
+    failed = hub.wait_job("alice", job["id"], ("failed",))
+    assert secret in failed["reason"], failed  # the owner sees why
+    status, as_admin = hub.api("GET", f"api/jobs/{job['id']}", "admin")
+    assert status == 200 and secret in as_admin["reason"]
+    for query in ("api/jobs?project=vision", "api/jobs?project=vision&state=failed"):
+        status, queue = hub.api("GET", query, "carol")
+        seen = [j for j in queue.get("jobs", []) if j["id"] == job["id"]]
+        if status != 200 or not seen:
+            continue
+        assert secret not in json.dumps(seen[0]), seen[0]
+        assert seen[0]["reason"].startswith("failed") and "owner and admins" in seen[0]["reason"]
+        break
+    else:
+        pytest.fail("carol never saw the failed job in her project's queue")
+
+
 @pytest.mark.parametrize("body, status, words", [
     ({"gpus": -1, "command": ["true"]}, 400, "gpus must be 1 or more"),
     ({"gpus": 0, "command": ["true"]}, 400, "gpus must be 1 or more"),

@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 from ..backends.ranks import world_size
 from ..policy.model import GPU
-from ..trainjob import ACTIVE, PENDING, RUNNING
+from ..trainjob import ACTIVE, FAILED, PENDING, RUNNING
 from .loop import Explanation
 from .models import DepartmentRow, JobRow, ProjectRow, SliceRow
 
@@ -45,7 +45,7 @@ def job_json(row: JobRow, says: JobSays, full: bool) -> dict:
         "per_gpu": bool(row.per_gpu),
         "ranks": world_size(row.placement, row.per_gpu) if row.placement else None,
         "queue_position": says.queue_position,
-        "reason": says.reason,
+        "reason": says.reason if full or row.state != FAILED else shared_failure(row),
         "usage": says.usage,
         # Why this is not the first attempt ("preempted; requeued to resume ..."), for
         # front ends that follow a job across attempts.
@@ -58,6 +58,14 @@ def job_json(row: JobRow, says: JobSays, full: bool) -> dict:
         out["workdir"] = row.workdir
         out["request_id"] = row.request_id
     return out
+
+
+def shared_failure(row: JobRow) -> str:
+    """Why a job failed, as its project's other members see it: the full reason can quote its
+    command line and working folder ("cannot run /opt/deploy --key=...: No such file"),
+    which only its owner and admins see."""
+    code = f" with exit code {row.exit_code}" if row.exit_code is not None else ""
+    return f"failed{code}; its owner and admins can see why"
 
 
 def why_text(row: JobRow, explained: Explanation) -> str:
