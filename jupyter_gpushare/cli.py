@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from .cli_base import CommandError, UsageError, _Parser
+from .cli_base import CommandError, UsageError, _Parser, say
 from .cli_pool import add_pool_commands, connection_options
 from .policy.model import DEFAULT_MIN_RUNTIME_S, GPU, PolicyConfig
 from .policy.quotas import overbooking
@@ -161,7 +161,7 @@ def main(argv=None) -> int:
     try:
         return args.func(args)
     except CommandError as e:
-        print(f"gpushare {args.command}: {e}", file=sys.stderr)
+        say(f"gpushare {args.command}: {e}", sys.stderr)  # may echo the service's sentence
         return e.status
     except KeyboardInterrupt:
         print(file=sys.stderr)
@@ -289,7 +289,7 @@ def cmd_simulate(args) -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
-        print(format_summary(summary))
+        say(format_summary(summary))  # the trace's project names
     for what, path in (("events", args.events), ("plot", args.plot)):
         if path:  # on stderr: --json keeps stdout one JSON object
             print(f"wrote the {what} to {os.path.abspath(path)}", file=sys.stderr)

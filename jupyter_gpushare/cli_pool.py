@@ -18,7 +18,7 @@ import sys
 import time
 from datetime import date, timedelta
 
-from .cli_base import CommandError, UsageError
+from .cli_base import CommandError, UsageError, say, write_csv
 from .pool.validate import digits
 from .client import (DEFAULT_RETRY_S, InvalidInput, NoCredentials, PoolClient, PoolError,
                      PoolUnreachable, add_job_options, argument_type, job_spec)
@@ -200,9 +200,9 @@ def pool_command(run):
     @functools.wraps(run)
     def command(args):
         client = PoolClient(args.url or None, args.token or None, retry_s=args.retry,
-                            on_retry=lambda sentence: print(f"gpushare {args.command}: "
-                                                            f"{sentence}", file=sys.stderr,
-                                                            flush=True), via="cli")
+                            on_retry=lambda sentence: say(f"gpushare {args.command}: "
+                                                          f"{sentence}", sys.stderr, flush=True),
+                            via="cli")
         try:
             return run(args, client)
         except InvalidInput as e:
@@ -230,21 +230,24 @@ def cmd_submit(args, client) -> int:
                     path=os.environ.get("PATH"))
     job = client.submit(spec)
     if not args.wait:
-        print(json.dumps(job, indent=2) if args.json else describe(job))
+        if args.json:
+            print(json.dumps(job, indent=2))
+        else:
+            say(describe(job))
         return 0
     out = sys.stderr if args.json else sys.stdout
-    print(describe(job), file=sys.stderr, flush=True)
+    say(describe(job), sys.stderr, flush=True)
     try:
         job = follow_job(client, job, out, poll_s=POLL_S,
-                         note=lambda line: print(line, file=sys.stderr, flush=True))
+                         note=lambda line: say(line, sys.stderr, flush=True))
     except KeyboardInterrupt:
-        print(f"\nstopped following job {job['id']}; it goes on (gpushare cancel {job['id']} "
-              f"stops it)", file=sys.stderr)
+        say(f"\nstopped following job {job['id']}; it goes on (gpushare cancel {job['id']} "
+            f"stops it)", sys.stderr)
         return 130
     if args.json:
         print(json.dumps(job, indent=2))
     else:
-        print(describe(job), file=sys.stderr)
+        say(describe(job), sys.stderr)
     return 0 if job["state"] == SUCCEEDED else 1
 
 
@@ -261,7 +264,7 @@ def cmd_jobs(args, client) -> int:
     if args.json:
         print(json.dumps({"jobs": jobs}, indent=2))
     elif jobs:
-        print(format_jobs(jobs, now=time.time(), width=shutil.get_terminal_size((120, 24)).columns))
+        say(format_jobs(jobs, now=time.time(), width=shutil.get_terminal_size((120, 24)).columns))
     else:
         print(no_jobs(filtered=bool(args.project or args.state)))
     return 0
@@ -272,8 +275,10 @@ def cmd_logs(args, client) -> int:
     if args.follow and args.attempt is None:
         # Across attempts: a preempted job's output goes on with its next attempt.
         follow_job(client, client.job(args.job), sys.stdout, poll_s=POLL_S,
-                   note=lambda line: print(line, file=sys.stderr, flush=True), rank=args.rank)
+                   note=lambda line: say(line, sys.stderr, flush=True), rank=args.rank)
         return 0
+    # The job's own output, as its program wrote it (colours, progress bars): only its owner,
+    # or an admin, may read it.
     for text in client.logs(args.job, follow=args.follow, attempt=args.attempt, rank=args.rank):
         sys.stdout.write(text)
         sys.stdout.flush()
@@ -284,23 +289,29 @@ def cmd_logs(args, client) -> int:
 def cmd_cancel(args, client) -> int:
     job = client.cancel(args.job)
     if job.get("state") == CANCELLED:
-        print(f"job {job['id']} cancelled")
+        say(f"job {job['id']} cancelled")
     else:
-        print(f"job {job['id']} is being cancelled (still {job.get('state')})")
+        say(f"job {job['id']} is being cancelled (still {job.get('state')})")
     return 0
 
 
 @pool_command
 def cmd_quota(args, client) -> int:
     quota = client.quota()
-    print(json.dumps(quota, indent=2) if args.json else format_quota(quota))
+    if args.json:
+        print(json.dumps(quota, indent=2))
+    else:
+        say(format_quota(quota))
     return 0
 
 
 @pool_command
 def cmd_pool(args, client) -> int:
     pool = client.pool()
-    print(json.dumps(pool, indent=2) if args.json else format_pool(pool))
+    if args.json:
+        print(json.dumps(pool, indent=2))
+    else:
+        say(format_pool(pool))
     return 0
 
 
@@ -314,9 +325,9 @@ def cmd_usage(args, client) -> int:
     if fmt == "json":
         print(json.dumps(answer, indent=2))
     elif fmt == "csv":
-        sys.stdout.write(showback.to_csv(showback.showback_rows(answer, args.by)))
+        write_csv(showback.to_csv(showback.showback_rows(answer, args.by)))
     else:
-        print(format_usage(answer))
+        say(format_usage(answer))
     return 0
 
 
@@ -340,16 +351,19 @@ def _showback(args, client, fmt: str) -> int:
         print(json.dumps({"by": args.by, "step": args.step, "rows": rows, "periods": answers},
                          indent=2))
     elif fmt == "csv":
-        sys.stdout.write(showback.to_csv(rows))
+        write_csv(showback.to_csv(rows))
     else:
-        print(showback.to_table(rows, args.by))
+        say(showback.to_table(rows, args.by))
     return 0
 
 
 @pool_command
 def cmd_audit(args, client) -> int:
     answer = client.audit(since=args.since, limit=args.limit)
-    print(json.dumps(answer, indent=2) if args.json else format_audit(answer["entries"]))
+    if args.json:
+        print(json.dumps(answer, indent=2))
+    else:
+        say(format_audit(answer["entries"]))
     return 0
 
 
@@ -360,14 +374,14 @@ def cmd_drain(args, client) -> int:
     if node.get("requeued"):
         line += f"; {len(node['requeued'])} job(s) are being requeued: " + \
             ", ".join(node["requeued"])
-    print(line)
+    say(line)
     return 0
 
 
 @pool_command
 def cmd_undrain(args, client) -> int:
     node = client.set_drained(args.node, False)
-    print(f"node {node['name']} takes new jobs again")
+    say(f"node {node['name']} takes new jobs again")
     return 0
 
 

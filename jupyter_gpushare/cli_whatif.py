@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 
-from .cli_base import UsageError
+from .cli_base import UsageError, say
 from .cli_pool import pool_command
 from .sim.history import BadChange, check_capacity, what_if
 from .sim.trace import TraceError, read_quotas
@@ -64,7 +64,7 @@ def cmd_from_pool(args, client) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(format_comparison(result))
+        say(format_comparison(result))  # the pool's project names
     return 0
 
 

@@ -7,6 +7,7 @@ answers (no I/O).
 
 from __future__ import annotations
 
+import re
 import time
 
 from .trainjob import FAILED, PENDING, RUNNING
@@ -16,6 +17,30 @@ GiB, MiB = 2**30, 2**20
 # an idle flag only after five minutes of it says something.
 SHOW_IDLE_AFTER_S = 300
 RECENT_S = 3600  # events this recent are said relative to now ("2 min ago"), older by the clock
+
+
+# Characters a terminal obeys instead of showing: the C0 controls and DEL (ESC starts the
+# sequences that retitle a window or hide the rows below; CR and BS overwrite), the C1
+# controls (U+009B is a one-character CSI), the line and paragraph separators, and the
+# bidirectional controls that make a name read backwards or reorder the rest of its row.
+_UNSEEN = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e"
+                     r"\u2066-\u2069]")
+
+
+def visible(text: str, lines: bool = False) -> str:
+    """``text`` as a terminal may print it: each character it would obey instead of show
+    written as an escape, ``\\x1b``, ``\\u202e``; letters of any script are left alone. Names,
+    reasons and sentences come from other people through the pool: a job named
+    ``"\\x1b]0;PWNED\\x07"`` must not retitle an admin's window. With ``lines``, newlines
+    are kept (text of several lines); a table cell keeps none."""
+    if lines:
+        return "\n".join(visible(line) for line in text.split("\n"))
+    return _UNSEEN.sub(_escape, text)
+
+
+def _escape(match) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def percent(ratio) -> str:
@@ -200,18 +225,21 @@ def status_line(job: dict, now: float | None = None) -> str:
 
 
 def table(headers, rows, numeric=()) -> str:
-    """Aligned columns, two spaces apart; the columns named in ``numeric`` aligned right."""
-    rows = [[str(cell) for cell in row] for row in rows]
-    widths = [max([len(h)] + [len(row[i]) for row in rows]) for i, h in enumerate(headers)]
+    """Aligned columns, two spaces apart; the columns named in ``numeric`` aligned right.
+    Every cell, and every header (a node's fields name columns), is :func:`visible`."""
+    right = [h in numeric for h in headers]
+    rows = [[visible(str(cell)) for cell in row] for row in [headers] + list(rows)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(headers))]
     lines = []
-    for row in [list(headers)] + rows:
-        cells = [cell.rjust(w) if h in numeric else cell.ljust(w)
-                 for cell, w, h in zip(row, widths, headers)]
+    for row in rows:
+        cells = [cell.rjust(w) if r else cell.ljust(w) for cell, w, r in zip(row, widths, right)]
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines)
 
 
 def _cut(text: str, width: int) -> str:
+    """A table cell of at most ``width`` characters as printed (:func:`visible`)."""
+    text = visible(text)
     return text if len(text) <= width else text[:max(width - 1, 0)] + "…"
 
 
@@ -243,7 +271,7 @@ def format_jobs(jobs: list[dict], now: float | None = None, width: int | None = 
                        duration(now - submitted if submitted is not None else None)])
     if width is not None:
         col = headers.index("REASON")
-        others = sum(max([len(h)] + [len(str(r[i])) for r in rows])
+        others = sum(max([len(h)] + [len(visible(str(r[i]))) for r in rows])
                      for i, h in enumerate(headers) if i != col) + 2 * (len(headers) - 1)
         room = max(width - others, 24)
         for row in rows:

@@ -7,6 +7,7 @@ import http.server
 import io
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -579,3 +580,105 @@ def test_the_client_refuses_the_rank_variables_the_server_refuses():
             server_spec({"command": ["x"], "env": {name: "1"}})
         assert str(client.value) == str(server.value) == \
             f"env may not set {name}: the pool sets it for each rank"
+
+
+# -- names that would command the terminal ------------------------------------------------------
+
+# What a pool member may name a job, and what reaches an admin's terminal through it: the title
+# of the window set, then the rows below hidden; a project name that reads backwards.
+RETITLE = "\x1b]0;PWNED\x07\x1b[8mhidden"
+BACKWARDS = "\u202eevil"
+# All a terminal obeys instead of showing, but the newlines between lines.
+OBEYED = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e"
+                    "\u2066-\u2069]")
+
+
+def shown_safely(text: str) -> str:
+    """``text`` with nothing a terminal obeys, and the hostile names in it as escapes."""
+    assert not OBEYED.search(text), repr(text)
+    return text
+
+
+def test_names_from_the_pool_reach_the_terminal_escaped(capsys, env):
+    job = {"id": "j1", "state": "pending", "gpus": 1, "project": BACKWARDS, "queue_position": 1,
+           "reason": "waits\x9b31m for\rGPUs\u2066", "attempt": 0, "submitted": 0,
+           "user": "ann\x1b[2J", "name": RETITLE}
+    other = {**job, "id": "j2", "user": "bob", "name": "plain"}
+    entry = {"at": 0, "who": RETITLE, "action": "cancel", "target": BACKWARDS,
+             "before": {"state": RETITLE}, "after": {"state": "cancelled"}, "via": "api\x7f"}
+    usage = {"by": "user", "rows": [{"user": RETITLE, "allocated_gpu_seconds": 3600,
+                                     "allocation": 0.5, "utilization": 0.25, "idle_ratio": 0.1}]}
+    env.routes.update({
+        ("POST", "api/jobs"): (201, job), ("GET", "api/jobs"): (200, {"jobs": [job, other]}),
+        ("DELETE", "api/jobs/j1"): (200, {**job, "id": RETITLE, "state": "cancelled"}),
+        ("DELETE", "api/jobs/j9"): (404, {"error": f"no job {RETITLE} here"}),
+        ("GET", "api/quota"): (200, {"user": RETITLE, "jobs": {"pending": 1}, "projects": [
+            {"name": BACKWARDS, "quota": 4, "in_use": 1, "department": RETITLE}],
+            "departments": [{"name": RETITLE, "quota": 4, "projects": [BACKWARDS]}]}),
+        ("GET", "api/pool"): (200, {"capacity": 8, "in_use": 1, "build": {"lent": [
+            {"gpu": 0, "node": RETITLE, "job": BACKWARDS}]}, "nodes": [
+            {"name": RETITLE, "gpus": 8, "pool": "train", RETITLE: BACKWARDS}]}),
+        ("GET", "api/usage"): (200, usage),
+        ("GET", "api/audit"): (200, {"entries": [entry]}),
+        ("PUT", "api/nodes/n1"): (200, {"name": RETITLE, "requeued": [BACKWARDS]}),
+    })
+    said = {}
+    for argv in (["jobs", "--all"], ["submit", "--", "x"], ["cancel", "j1"], ["cancel", "j9"],
+                 ["quota"], ["pool"], ["usage", "--by", "user"],
+                 ["usage", "--by", "user", "--step", "day", "--since", "2026-10-01", "--until",
+                  "2026-10-02"], ["audit"], ["drain", "n1"]):
+        code, out, err = run(capsys, *argv)
+        said[argv[0] + (" --step" if "--step" in argv else "")] = shown_safely(out + err)
+    # Still there to read, and the table still lines up.
+    table = said["jobs"].splitlines()
+    assert "\\x1b]0;PWNED\\x07\\x1b[8m…" in table[1] and "\\u202eevil" in table[1]
+    assert "ann\\x1b[2J" in table[1] and "waits\\x9b31m for GPUs" in table[1]
+    assert table[0].index("STATE") == table[1].index("pending") == table[2].index("pending")
+    assert "project \\u202eevil" in said["submit"]
+    assert run(capsys, "cancel", "j1")[1] == "job \\x1b]0;PWNED\\x07\\x1b[8mhidden cancelled\n"
+    assert said["cancel"] == "gpushare cancel: no job \\x1b]0;PWNED\\x07\\x1b[8mhidden here\n"
+    assert "jobs of \\x1b]0;PWNED\\x07\\x1b[8mhidden: 1 pending" in said["quota"]
+    assert "GPU 0 of \\x1b]0;PWNED\\x07\\x1b[8mhidden: lent to job \\u202eevil" in said["pool"]
+    assert "\\x1b]0;PWNED\\x07\\x1b[8mhidden" in said["usage"].splitlines()[1]
+    assert "\\x1b]0;PWNED\\x07\\x1b[8mhidden" in said["usage --step"].splitlines()[1]
+    assert "api\\x7f" in said["audit"] and "state=\\x1b]0;PWNED" in said["audit"]
+    assert "requeued: \\u202eevil" in said["drain"]
+
+
+def test_json_for_scripts_escapes_what_a_terminal_obeys(capsys, env):
+    job = {"id": "j1", "state": "pending", "name": RETITLE + BACKWARDS + "\x9b\x7f"}
+    env.routes[("GET", "api/jobs")] = (200, {"jobs": [job]})
+    out = shown_safely(run(capsys, "jobs", "--json")[1])
+    assert json.loads(out) == {"jobs": [job]}
+
+
+def test_a_followed_jobs_state_lines_are_escaped_and_its_own_output_is_not(capsys, env):
+    """State lines carry the service's words; the output is the job's own program's (its
+    colours kept), which only its owner or an admin reads."""
+    running = {"id": "j1", "state": "running", "gpus": 1, "attempt": 1,
+               "placement": {RETITLE: [0]}, "reason": BACKWARDS}
+    env.routes.update({
+        ("POST", "api/jobs"): (201, {**running, "state": "pending", "project": BACKWARDS}),
+        ("GET", "api/jobs/j1"): (200, {**running, "state": "succeeded", "reason": RETITLE}),
+        ("GET", "api/jobs/j1/logs"): (200, b"\x1b[32mok\x1b[0m\n", {"Content-Type": "text/plain"}),
+    })
+    code, out, err = run(capsys, "submit", "--wait", "--", "x")
+    assert code == 0 and out == "\x1b[32mok\x1b[0m\n"
+    err = shown_safely(err)
+    assert "project \\u202eevil" in err and "succeeded: \\x1b]0;PWNED\\x07" in err
+
+
+def test_a_whatif_names_the_pools_projects_escaped(capsys, env):
+    entry = {"job_id": "j1", "submit_time": 0, "duration": 60, "gpus": 1, "project": BACKWARDS,
+             "user": RETITLE, "priority": 0, "kind": "train", "submitted": 1000.0,
+             "held_s": 60, "queued_s": 0, "first_start_s": 0.1, "end_s": 60.1, "attempts": 1,
+             "state": "succeeded", "utilization": None}
+    env.routes.update({
+        ("GET", "api/history"): (200, {"since": 1000.0, "until": 2000.0, "jobs": [entry],
+                                       "settings": {}, "next": None}),
+        ("GET", "api/pool"): (200, {"nodes": [{"name": RETITLE, "gpus": 8, "pool": "train"}]}),
+        ("GET", "api/projects"): (200, {"projects": [{"name": BACKWARDS, "quota": 8}]}),
+    })
+    code, out, err = run(capsys, "simulate", "--from-pool", "--capacity", "+8")
+    assert code == 0, err
+    assert "project \\u202eevil (quota 8 → 8 GPUs)" in shown_safely(out)

@@ -1,12 +1,12 @@
 """The words people read about time (text.py): one duration format and one way to say when,
 for the %gpushare panel, the CLI and the %%train status line alike (the JupyterLab extension
-follows the same)."""
+follows the same); and how other people's words reach a terminal (escaped)."""
 
 import time
 
 import pytest
 
-from jupyter_gpushare.text import clock_time, duration, idle_text, no_jobs, when
+from jupyter_gpushare.text import clock_time, duration, idle_text, no_jobs, table, visible, when
 
 
 @pytest.mark.parametrize("seconds, said", [
@@ -40,3 +40,26 @@ def test_idle_only_after_five_minutes_in_whole_minutes():
 def test_no_jobs_says_how_to_send_one_unless_a_filter_hid_them():
     assert "%%train" in no_jobs() and "gpushare submit" in no_jobs()
     assert no_jobs(filtered=True) == "no jobs match"
+
+
+# -- what a terminal may print ------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, shown", [
+    ("\x1b]0;PWNED\x07\x1b[8mhidden", "\\x1b]0;PWNED\\x07\\x1b[8mhidden"),  # retitle, conceal
+    ("\u202eevil", "\\u202eevil"), ("a\u2066b\u2069\u200e\u200f\u061c", "a\\u2066b\\u2069"
+                                    "\\u200e\\u200f\\u061c"),  # bidirectional controls
+    ("\x9b2J\x85", "\\x9b2J\\x85"), ("del\x7f", "del\\x7f"),  # C1 CSI and NEL, DEL
+    ("cr\rbs\x08tab\tnl\n\x00", "cr\\x0dbs\\x08tab\\x09nl\\x0a\\x00"), ("\u2028", "\\u2028"),
+    ("bert-é 名前 🙂 C:\\x1b", "bert-é 名前 🙂 C:\\x1b"),  # letters, and text that only looks so
+])
+def test_visible_writes_what_a_terminal_obeys_as_escapes(text, shown):
+    assert visible(text) == shown
+    assert visible(shown) == shown  # printed twice, escaped once
+
+
+def test_visible_lines_keeps_the_newlines_and_tables_line_up_escaped():
+    assert visible("a\x1b\nb", lines=True) == "a\\x1b\nb"
+    assert table(["NAME", "GPUS"], [["\u202eevil", 1], ["bert", 12]], numeric={"GPUS"}) == (
+        "NAME        GPUS\n"
+        "\\u202eevil     1\n"
+        "bert          12")
