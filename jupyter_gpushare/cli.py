@@ -26,7 +26,7 @@ def _positive_int(text):
 
 def _capacity(text):
     """GPUs (a whole number from 1), or with --from-pool a change: +K or -K."""
-    if text[:1] in "+-" and text[1:].isdigit():
+    if text[:1] in "+-" and text[1:].isascii() and text[1:].isdigit():
         return text
     return str(_positive_int(text))
 
