@@ -181,3 +181,34 @@ def test_a_slice_takes_a_free_gpu_else_wants_a_lent_one_back():
     assert lendable(nodes, {("b", 2)}, set(), {("b", 1)}, reserve=1) == [("b", 1)]
     assert lendable(nodes, set(), {("b", 0)}, set(), reserve=0) == [("b", 1), ("b", 2)]
     assert lendable(nodes, set(), set(), set(), reserve=0, nameable={("b", 2)}) == [("b", 2)]
+
+
+def test_a_gpu_taken_back_rests_unlent_and_counts_toward_the_reserve():
+    """``lendable``'s ``resting``: a GPU taken back is not lent, whether a slice came or not;
+    one that no job holds is free for slices, so it counts toward the reserve."""
+    from jupyter_gpushare.policy.lending import lendable
+    from jupyter_gpushare.policy.model import BUILD
+
+    nodes = [Node("b", 3, pool=BUILD)]
+    # GPU 0 rests, free: it is the reserve, GPUs 1 and 2 are lent
+    assert lendable(nodes, set(), set(), set(), reserve=1, resting={("b", 0)}) == \
+        [("b", 1), ("b", 2)]
+    # without a reserve it is still not lent
+    assert lendable(nodes, set(), set(), set(), reserve=0, resting={("b", 0)}) == \
+        [("b", 1), ("b", 2)]
+    # its preempted job still leaving it: not lent, and not the reserve (GPU 2 is)
+    assert lendable(nodes, set(), set(), {("b", 0), ("b", 1)}, reserve=1,
+                    resting={("b", 0)}) == [("b", 1)]
+
+
+def test_one_user_takes_back_at_most_so_many_lent_gpus_within_the_window():
+    from jupyter_gpushare.policy.lending import take_back_wait
+
+    assert take_back_wait([], NOW, 2, 600) == 0
+    assert take_back_wait([NOW - 30], NOW, 2, 600) == 0
+    # two within the window: the next once the older of them leaves it
+    assert take_back_wait([NOW - 30, NOW - 400], NOW, 2, 600) == 200
+    assert take_back_wait([NOW - 700, NOW - 30, NOW - 400], NOW, 2, 600) == 200
+    assert take_back_wait([NOW - 30, NOW - 400], NOW, 3, 600) == 0
+    assert take_back_wait([NOW - 30, NOW - 40], NOW, 1, 600) == 570
+    assert take_back_wait([NOW - 30, NOW - 40], NOW, 1, 0) == 0  # no limit

@@ -1,8 +1,10 @@
 """Build GPUs lent to train jobs, in the service: a real store, the real local backend
 (simulated GPUs) and the scheduling loop. A borrower runs on build GPUs without slices; a
 notebook's slice takes one back (the job is preempted and requeued) within the grace
-period; a job within quota never runs there; ``build_reserve`` GPUs are never lent."""
+period; a job within quota never runs there; ``build_reserve`` GPUs are never lent; a user
+who starts servers only to stop them cannot keep preempting the jobs there."""
 
+import asyncio
 import logging
 import os
 import time
@@ -19,6 +21,7 @@ from jupyter_gpushare.dashboard.poolmap import pool_map
 from jupyter_gpushare.gpus import SimulatedInventory
 from jupyter_gpushare.policy import SliceRefused
 from jupyter_gpushare.policy.model import GPU, PolicyConfig
+from jupyter_gpushare.pool import build as build_module
 from jupyter_gpushare.pool.build import BuildPool
 from jupyter_gpushare.pool.loop import Scheduler
 from jupyter_gpushare.pool.models import ProjectRow
@@ -41,13 +44,13 @@ class TwoGPUs(LocalBackend):
         return False
 
 
-def make_pool(tmp_path, reserve):
+def make_pool(tmp_path, reserve, **lending):
     store = Store(f"sqlite:///{tmp_path / 'pool.sqlite'}")
     store.add_missing_projects([ProjectRow(name="x", quota=0, groups=["x"]),
                                 ProjectRow(name="y", quota=2 * GPU, groups=["y"])])
     backend = TwoGPUs(state_dir=str(tmp_path / "state"), run_as_service_user=True)
     build = BuildPool({"sim-build-0": 2}, 1.0, store, simulated=True, lend=True,
-                      reserve_gpus=reserve, take_back_s=GRACE + 1)
+                      reserve_gpus=reserve, take_back_s=GRACE + 1, **lending)
     backend.lend(build)
 
     def launch_for(row):
@@ -368,3 +371,111 @@ def test_a_second_server_waits_behind_the_first_even_where_no_gpu_is_left_to_wan
     assert str(build.reserve("alice", GPU // 4, "b")) == (
         "another server of alice is taking back a GPU lent to train jobs; start this one once "
         "that one has started")
+
+
+# -- take-backs cannot be abused --------------------------------------------------------------
+async def run_for(scheduler, seconds):
+    """The loop's cycles for ``seconds``, as the service runs them."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        await scheduler.tick()
+        await asyncio.sleep(0.05)
+
+
+def preempted(store, jobs):
+    return [e.detail for j in jobs for e in store.events(j.id) if e.kind == "preempt"]
+
+
+async def bobs_jobs_on_lent_gpus(store, scheduler):
+    """Four 1-GPU borrowers: two on the train node, two on the two lent build GPUs."""
+    jobs = [submit(store, "x", gpus=1) for _ in range(4)]
+    await until(scheduler, lambda: all(store.job(j.id).state == "running" for j in jobs))
+    assert sum("sim-build-0/lent" in store.job(j.id).placement for j in jobs) == 2
+    return jobs
+
+
+async def start_and_stop(build, scheduler, user):
+    """A server started through the hub API and stopped as soon as it is up: the spawner asks
+    for its slice until it has one, and releases it when the server stops."""
+    got = None
+
+    def placed():
+        nonlocal got
+        got = build.reserve(user, GPU // 4, "")
+        return not isinstance(got, SliceRefused)
+    await until(scheduler, placed, timeout=GRACE + 5)
+    build.store.remove_slice(got.id)
+
+
+@pytest.mark.asyncio
+async def test_abandoned_starts_do_not_preempt_the_jobs_on_lent_gpus_again_and_again(
+        pool, monkeypatch):
+    """The attack: mallory's server asks once for a slice where only lent GPUs have room and
+    gives up; the want lapses, and she asks again a little later, again and again. Bob's jobs
+    there are preempted once: the GPU taken back is not lent again for a while, so her next
+    start finds it free."""
+    monkeypatch.setattr(build_module, "WANT_FOR_S", 1.0)  # her spawner stops asking sooner
+    store, backend, build, scheduler = pool
+    jobs = await bobs_jobs_on_lent_gpus(store, scheduler)
+    for _ in range(3):
+        got = build.reserve("mallory", GPU // 4, "")  # one ask, then the start is cancelled
+        if not isinstance(got, SliceRefused):
+            store.remove_slice(got.id)
+        await run_for(scheduler, 1.0 + GRACE)  # the want lapses; the loop lends what it may
+    assert len(preempted(store, jobs)) == 1
+
+
+@pytest.mark.asyncio
+async def test_starting_and_stopping_a_server_does_not_preempt_the_jobs_on_lent_gpus_again(
+        pool):
+    """The same through the hub API: mallory starts a server, which takes a lent GPU back,
+    stops it as soon as it is up, and starts it again. Her second and third starts find the
+    GPU taken back free (it is not lent again meanwhile): bob's jobs are preempted once."""
+    store, backend, build, scheduler = pool
+    jobs = await bobs_jobs_on_lent_gpus(store, scheduler)
+    for _ in range(3):
+        await start_and_stop(build, scheduler, "mallory")
+        await run_for(scheduler, 1.0)  # the loop lends what it may: bob's job would restart
+    assert len(preempted(store, jobs)) == 1
+
+
+@pytest.mark.asyncio
+async def test_a_user_takes_back_at_most_take_backs_per_user_lent_gpus_in_the_window(
+        tmp_path):
+    """Even with lent GPUs lent again at once, mallory's servers take back two of them within
+    the window, not a third; alice's server still takes one back; each take-back is in the
+    audit trail with the user who caused it and the job, which the job's owner does not see."""
+    store, backend, build, scheduler = make_pool(tmp_path, reserve=0, lend_again_after_s=0)
+    try:
+        jobs = await bobs_jobs_on_lent_gpus(store, scheduler)
+        for _ in range(2):
+            await start_and_stop(build, scheduler, "mallory")
+            await until(scheduler, lambda: all(store.job(j.id).state == "running"
+                                               for j in jobs), timeout=GRACE + 5)
+        assert len(preempted(store, jobs)) == 2
+        refused = build.reserve("mallory", GPU // 4, "")
+        assert isinstance(refused, SliceRefused) and refused.retry_s is None
+        assert str(refused).startswith(
+            "mallory's servers have taken back 2 build GPUs from train jobs within 600 s, the "
+            "most one user may: this one can start when a build GPU is free, or take one back "
+            "in ")
+        await run_for(scheduler, 0.5)
+        assert len(preempted(store, jobs)) == 2 and not build.wanted
+        # the limit is per user
+        assert "taking back GPU" in str(build.reserve("alice", GPU // 4, ""))
+        await until(scheduler, lambda: len(preempted(store, jobs)) == 3, timeout=2)
+
+        taken = [e for e in reversed(store.audit()) if e.action == "take back GPU"]
+        assert [(e.who, e.via) for e in taken] == [("mallory", "lending")] * 2 + \
+            [("alice", "lending")]
+        victims = [e.before["job"] for e in taken]
+        assert all(v in {j.id for j in jobs} for v in victims)
+        assert taken[0].target.startswith("GPU ") and " of sim-build-0" in taken[0].target
+        assert taken[0].before["project"] == "x"
+        assert taken[0].after == {"job": None, "server": "mallory"}
+        # the job's owner reads why, not whose server it was
+        details = preempted(store, jobs)
+        assert all("taken back for a notebook server" in d for d in details)
+        assert not any("mallory" in d or "alice" in d for d in details)
+    finally:
+        kill_all(backend)

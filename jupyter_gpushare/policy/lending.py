@@ -13,6 +13,10 @@ the simulator) offers such GPUs as lent train nodes. The cycle treats them apart
   lent node fewer GPUs than its jobs hold; the cycle then preempts jobs there (idle ones
   first, then the most recently started) until what stays fits, whatever their age. They
   are requeued as any victim is, after the grace period.
+- **Taking back is not a lever**: a GPU taken back rests, unlent, for a while (``lendable``'s
+  ``resting``), so that a server that gave up or stopped again does not have it lent and
+  taken back once more; and one user takes back only so many GPUs within a window
+  (``take_back_wait``).
 """
 
 from __future__ import annotations
@@ -50,17 +54,30 @@ class Want(NamedTuple):
 
 def lendable(build_nodes: Sequence[Node], sliced: Collection[GPUKey],
              taken_back: Collection[GPUKey], held: Collection[GPUKey], reserve: int,
-             nameable: Collection[GPUKey] | None = None) -> list[GPUKey]:
+             nameable: Collection[GPUKey] | None = None,
+             resting: Collection[GPUKey] = ()) -> list[GPUKey]:
     """The build GPUs to lend now: those (``nameable`` ones, where a backend can give only
-    those) without a slice that no server takes back, but for the last ``reserve`` of those
-    that no job holds (``held``) either, so that most slices find room at once. A job on a
-    GPU is never preempted to keep the reserve."""
+    those) without a slice that no server takes back and that do not rest after a take-back
+    (``resting``), but for the last ``reserve`` of those that no job holds (``held``)
+    either, so that most slices find room at once; resting GPUs no job holds count toward
+    the reserve. A job on a GPU is never preempted to keep the reserve."""
     bare = [(n.name, i) for n in build_nodes for i in range(n.gpus)
             if (nameable is None or (n.name, i) in nameable)
             and (n.name, i) not in sliced and (n.name, i) not in taken_back]
-    spare = [g for g in bare if g not in held]
-    kept = set(spare[len(spare) - min(reserve, len(spare)):])
-    return [g for g in bare if g not in kept]
+    spare = [g for g in bare if g not in held and g not in resting]
+    reserve -= sum(g not in held for g in bare if g in resting)
+    kept = set(spare[len(spare) - min(max(0, reserve), len(spare)):])
+    return [g for g in bare if g not in kept and g not in resting]
+
+
+def take_back_wait(taken: Sequence[float], now: float, most: int, window_s: float) -> float:
+    """Seconds until a user whose servers took back lent GPUs at times ``taken`` may take
+    back another: 0 while fewer than ``most`` of them fall within the last ``window_s``
+    seconds (a window of 0: no limit)."""
+    recent = sorted(t for t in taken if t > now - window_s)
+    if window_s <= 0 or len(recent) < most:
+        return 0.0
+    return max(0.0, recent[len(recent) - most] + window_s - now)
 
 
 def take_slice(build_nodes: Sequence[Node], slices: Sequence[Slice], user: str, milli: int,

@@ -17,7 +17,8 @@ from .models import DrainRow, JobRow, ProjectRow
 from .projects import ProjectSpec, changes, project_name
 from .validate import Invalid
 
-VIA = ("api", "dashboard", "cli", "config", "culling")  # the doors a change comes through
+# The doors a change comes through ("lending": a notebook server took back a lent build GPU)
+VIA = ("api", "dashboard", "cli", "config", "culling", "lending")
 CONFIGURATION = "configuration"  # who changes projects through PoolService.projects
 CULLING = "gpushare (culling)"  # who stops idle notebook servers
 

@@ -11,7 +11,11 @@ Lending (``PoolService.lend_build_gpus``): whole build GPUs that hold no slice, 
 once (unless a cycle is starting jobs); where only a GPU a job holds has room, the slice's
 server *wants* it (``wanted``), which ends the lending of that GPU; the scheduler preempts
 the job on it (grace period, requeue), and the spawner, told so with a 409, asks again until
-the GPU is free."""
+the GPU is free. Each take-back is in the audit trail with the user whose server caused it
+(``took_back``); the GPU taken back is not lent again for ``lend_again_after_s`` (a server
+that gave up or stopped at once would otherwise have it lent and taken back again and
+again), and one user's servers take back at most ``take_backs_per_user`` GPUs within
+``take_back_window_s``."""
 
 from __future__ import annotations
 
@@ -21,8 +25,9 @@ from typing import Callable, NamedTuple
 
 from .. import gpus as gpu_inventory
 from ..policy import SliceRefused
-from ..policy.lending import Want, lendable, lent_node, take_slice
+from ..policy.lending import Want, lendable, lent_node, take_back_wait, take_slice
 from ..policy.model import BUILD, GPU, Node, Slice
+from .admin import record
 from .models import SliceRow
 from .store import Store
 
@@ -48,12 +53,17 @@ class Wanted(NamedTuple):
 class BuildPool:
     def __init__(self, nodes: dict[str, float], allowance: float, store: Store,
                  simulated: bool, log: logging.Logger | None = None, lend: bool = False,
-                 reserve_gpus: int = 1, take_back_s: float = 31.0):
+                 reserve_gpus: int = 1, take_back_s: float = 31.0,
+                 lend_again_after_s: float = 300.0, take_backs_per_user: int = 2,
+                 take_back_window_s: float = 600.0):
         """``nodes``: {node name: GPUs}; ``allowance``: GPUs of slices one user may hold;
         ``simulated``: this machine has no GPU (the train pool is simulated), so the build
         GPUs are simulated too; ``lend``: lend whole GPUs without slices to train jobs, but
         for ``reserve_gpus`` of them; ``take_back_s``: the longest a lent GPU takes to come
-        back (the grace period and a cycle), said to the spawner."""
+        back (the grace period and a cycle), said to the spawner; ``lend_again_after_s``: a
+        GPU taken back is not lent again for this long; ``take_backs_per_user``: the most
+        GPUs one user's servers take back within ``take_back_window_s`` (a window of 0: no
+        limit)."""
         self.nodes = [Node(name, int(gpus), pool=BUILD) for name, gpus in sorted(nodes.items())]
         self.names = frozenset(n.name for n in self.nodes)
         self.allowance = allowance
@@ -63,6 +73,11 @@ class BuildPool:
         self._partial: tuple[float, dict] | None = None  # (when, what) of a read that failed
         self.lend, self.reserve_gpus, self.take_back_s = lend, reserve_gpus, take_back_s
         self.wanted: dict[tuple[str, str], Wanted] = {}  # (user, server) → its lent GPU
+        self.lend_again_after_s = lend_again_after_s
+        self.take_backs_per_user, self.take_back_window_s = take_backs_per_user, \
+            take_back_window_s
+        self.resting: dict[GPUKey, float] = {}  # a GPU taken back → when it may be lent again
+        self.took: dict[str, list[float]] = {}  # user → when their servers took GPUs back
         # Set by the service: (node, index) → the job on a lent GPU (the backend's, also
         # after lending was turned off: those jobs are taken back); whether a cycle runs;
         # run one soon; whether running jobs were adopted after a start.
@@ -112,6 +127,16 @@ class BuildPool:
             return self._add(user, server, milli, where)
         if isinstance(where, SliceRefused):
             return where  # full, beyond the allowance, or another server takes one back
+        if mine is None and tuple(where) in holders:  # a take-back: within the user's limit?
+            wait = take_back_wait(self.took.get(user, ()), now, self.take_backs_per_user,
+                                  self.take_back_window_s)
+            if wait > 0:
+                most = self.take_backs_per_user
+                return SliceRefused(
+                    f"{user}'s servers have taken back {most} build GPU{'s' * (most != 1)} "
+                    f"from train jobs within {self.take_back_window_s:.0f} s, the most one "
+                    f"user may: this one can start when a build GPU is free, or take one back "
+                    f"in {max(1.0, wait):.0f} s")
         if mine is None:  # only a lent GPU has room: want the one packing picks
             job = holders.get(tuple(where))
             self.log.info("Taking back GPU %d of %s%s for %s's server %r", where.gpu,
@@ -128,16 +153,40 @@ class BuildPool:
                                     node=where.node, gpu=where.gpu)
 
     def _forget_wanted(self, now: float) -> None:
-        """A server that stopped asking (its start gave up) no longer wants its GPU."""
+        """A server that stopped asking (its start gave up) no longer wants its GPU; a GPU
+        taken back rests no more after its while, nor counts a take-back after the window."""
         for key in [k for k, w in self.wanted.items() if w.until < now]:
             del self.wanted[key]
+        for gpu in [g for g, until in self.resting.items() if until <= now]:
+            del self.resting[gpu]
+        for user in list(self.took):
+            self.took[user] = [t for t in self.took[user] if t > now - self.take_back_window_s]
+            if not self.took[user]:
+                del self.took[user]
+
+    def took_back(self, gpu: GPUKey, job: str, project: str, now: float) -> str | None:
+        """The loop preempted ``job`` (of ``project``) on lent GPU ``gpu`` because a server
+        wants it: counted against the user whose server asked first, noted in the audit
+        trail, and the GPU rests, unlent, for ``lend_again_after_s``. Returns that user (None
+        where no server wants the GPU: lending was turned off)."""
+        wanting = sorted((w.since, key) for key, w in self.wanted.items() if w.gpu == gpu)
+        if not wanting:
+            return None
+        user, server = wanting[0][1]
+        self.took.setdefault(user, []).append(now)
+        if self.lend_again_after_s > 0:
+            self.resting[gpu] = now + self.lend_again_after_s
+        record(self.store, user, "take back GPU", f"GPU {gpu[1]} of {gpu[0]}",
+               {"job": job, "project": project},
+               {"job": None, "server": f"{user}/{server}" if server else user}, "lending")
+        return user
 
     # -- lending -----------------------------------------------------------------------------
     def lendable(self, slices: list[Slice] | None = None,
                  holders: dict[GPUKey, str] | None = None) -> list[GPUKey]:
         """The build GPUs to lend now: those this machine can name, without a slice, that no
-        server wants, but for the last ``reserve_gpus`` of those that no job holds either.
-        None unless lending."""
+        server wants and that do not rest after a take-back, but for the last
+        ``reserve_gpus`` of those that no job holds either. None unless lending."""
         if not self.lend:
             return []
         if slices is None:
@@ -146,7 +195,7 @@ class BuildPool:
         self._forget_wanted(time.time())
         return lendable(self.nodes, {(s.node, s.gpu) for s in slices},
                         {w.gpu for w in self.wanted.values()}, holders, self.reserve_gpus,
-                        self.lendable_gpus())
+                        self.lendable_gpus(), self.resting)
 
     def lendable_gpus(self) -> set[GPUKey]:
         """The build GPUs a train job can be given: those this machine can name, or every

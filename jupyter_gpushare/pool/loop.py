@@ -237,11 +237,14 @@ class Scheduler:
 
     async def _take_back(self, now: float) -> None:
         """Preempt the jobs on lent build GPUs that notebook servers want back: requeued
-        after the grace period, as any victim."""
+        after the grace period, as any victim. The build pool counts each against the user
+        whose server wants the GPU and notes it in the audit trail; the job's detail says
+        what took it back, not whose server."""
         for (node, gpu), job_id in sorted(self.build.taken_back().items()):
             row = self.store.job(job_id)
             if row is None or row.state != RUNNING or row.preempting or row.cancel_requested:
                 continue
+            self.build.took_back((node, gpu), job_id, row.project, now)
             row = self.store.mark(job_id, now, preempting=True,
                                   detail=f"GPU {gpu} of {node}, lent to train jobs, is taken "
                                          f"back for a notebook server; requeued to resume "

@@ -146,9 +146,10 @@ class UsageRow(Base):
 
 
 class AuditRow(Base):
-    """One thing an admin (or the configuration, or culling) changed: who, when, what, through
-    which door (``via``: api, dashboard, cli, config or culling), and the values before and
-    after (None: there was none, or there is none now)."""
+    """One thing an admin (or the configuration, or culling, or a user's notebook server
+    taking back a lent build GPU) changed: who, when, what, through which door (``via``: api,
+    dashboard, cli, config, culling or lending), and the values before and after (None: there
+    was none, or there is none now)."""
 
     __tablename__ = "audit"
 
