@@ -507,3 +507,24 @@ def test_new_tokens_beyond_the_waiting_line_are_refused_and_confirmed_ones_are_n
     refused = [a for s, a in answers if s == 429]
     assert sorted({s for s, _ in answers}) == [403, 429] and len(refused) >= 40 - 12 - 4
     assert "waiting for JupyterHub's answer; try again in a few seconds" in refused[0]["error"]
+
+
+def test_a_revoked_admin_token_stops_opening_the_dashboard_within_the_ttl(hub):
+    """The dashboard keeps the hub's answer for a token as long as the API does
+    (token_cache_ttl), not HubOAuth's 300 s: a leaked admin token, once revoked, can no longer
+    read the audit trail or drain a node there (a token in the header needs no XSRF token)."""
+    status, body = hub_api(hub, "POST", "users/admin/tokens", {"note": "leaked"})
+    assert status == 201, body
+    token = body["token"]
+    assert raw(hub, "GET", "dashboard/audit", {}, token=token)[0] == 200
+    assert raw(hub, "GET", "api/audit", {}, token=token)[0] == 200
+    form = {"Content-Type": "application/x-www-form-urlencoded", "Content-Length": "3"}
+    assert raw(hub, "POST", "dashboard/nodes/nowhere/drain", form, [b"x=1"], token=token)[0] \
+        == 404  # taken: an admin's token needs no XSRF token; no such node
+    assert hub_api(hub, "DELETE", f"users/admin/tokens/{body['id']}")[0] == 204
+    time.sleep(TOKEN_TTL + 1.2)  # the dashboard's age is the ttl rounded up to a second
+    status, _ = raw(hub, "GET", "dashboard/audit", {}, token=token)
+    assert status in (302, 403), status  # to the hub's login, or refused: not the page
+    status, _ = raw(hub, "POST", "dashboard/nodes/nowhere/drain", form, [b"x=1"], token=token)
+    assert status in (302, 403), status
+    assert raw(hub, "GET", "api/audit", {}, token=token)[0] == 403

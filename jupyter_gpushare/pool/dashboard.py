@@ -45,14 +45,19 @@ AUDIT_ROWS = 20  # the audit trail's newest entries on the dashboard; older ones
 
 class OAuthSettings:
     """The service's HubOAuth, made on first use: it reads the client id and the callback from
-    the environment the hub gives a service with a url."""
+    the environment the hub gives a service with a url.
 
-    def __init__(self):
+    ``cache_max_age``: seconds the hub's answer for a login (or a token in the header) is
+    kept, the API's ``token_cache_ttl``: a revoked token stops opening the dashboard when it
+    stops working on the API, not after HubOAuth's default of 300 s."""
+
+    def __init__(self, cache_max_age: int):
+        self.cache_max_age = cache_max_age
         self._auth: HubOAuth | None = None
 
     def get(self) -> HubOAuth | None:
         if self._auth is None and os.environ.get("JUPYTERHUB_CLIENT_ID"):
-            self._auth = HubOAuth()
+            self._auth = HubOAuth(cache_max_age=self.cache_max_age)
         return self._auth
 
 
