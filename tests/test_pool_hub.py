@@ -365,6 +365,24 @@ def test_build_slices_are_packed_within_allowances_by_the_spawner_only(hub):
     assert as_spawner("POST", "api/slices", {"user": "carol", "gpus": 0.25})[0] == 201
 
 
+def test_an_admins_changes_of_slices_are_in_the_audit_trail_and_the_spawners_are_not(hub):
+    status, s = hub.api("POST", "api/slices", "admin", {"user": "bob", "gpus": 0.25})
+    assert status == 201, s
+    assert hub.api("PATCH", f"api/slices/{s['id']}", "admin", {"pid": 4242})[0] == 200
+    assert hub.api("DELETE", f"api/slices/{s['id']}", "admin")[0] == 200
+    status, trail = hub.api("GET", "api/audit?limit=50", "admin")
+    assert status == 200, trail
+    mine = [(e["who"], e["action"], e["before"], e["after"]) for e in trail["entries"]
+            if e["target"] == s["id"]]
+    released = {"user": "bob", "server": "", "gpus": 0.25, "node": s["node"], "gpu": s["gpu"],
+                "pid": 4242}
+    assert mine == [("admin", "release slice", released, None),
+                    ("admin", "set slice server", None, {"pid": 4242}),
+                    ("admin", "reserve slice", None, {**released, "pid": None})], mine
+    slices = {e["target"] for e in trail["entries"] if "slice" in e["action"]}
+    assert slices == {s["id"]}, slices  # the spawner's own reserves and releases are not there
+
+
 def test_lists_are_revalidated_by_etag_and_never_shared_between_users(hub):
     from urllib.error import HTTPError
     from urllib.request import Request, urlopen

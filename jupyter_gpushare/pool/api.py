@@ -22,7 +22,7 @@ from ..policy import SliceRefused
 from ..policy.model import GPU
 from ..trainjob import ACTIVE, PENDING, STATES, BadField, default_project
 from . import api_admin, api_usage, metrics
-from .admin import cancel_job, change_project
+from .admin import cancel_job, change_project, record
 from .api_usage import pool_gpus
 from .handlers import ID, Rendered, ServiceHandler
 from .joblists import list_key
@@ -369,7 +369,17 @@ class ProjectHandler(PoolHandler):
         self.reply(self.project_json(row))
 
 
-class SlicesHandler(PoolHandler):
+class SliceRoutes(PoolHandler):
+    def audit_slice(self, action: str, slice_id: str, before, after) -> None:
+        """An admin's change of a slice is in the audit trail (releasing a running server's
+        slice lets another be packed onto its GPU); the spawner's own are its daily work."""
+        if self.who.kind == "service" and self.who.name == self.settings["spawner_service"]:
+            return
+        record(self.store, self.who.name, action, slice_id, before, after, self.via(),
+               self.client_address())
+
+
+class SlicesHandler(SliceRoutes):
     """Build slices, reserved by the spawner (a JupyterHub service) for notebook servers."""
 
     def get(self):
@@ -406,10 +416,11 @@ class SlicesHandler(PoolHandler):
         if isinstance(placed, SliceRefused):  # retry_s: a GPU lent to train jobs is back by then
             self.fail(409, str(placed), None if placed.retry_s is None else
                       math.ceil(placed.retry_s))
+        self.audit_slice("reserve slice", placed.id, None, _slice_fields(placed))
         self.reply(self.slice_json(placed), 201)
 
 
-class SliceHandler(PoolHandler):
+class SliceHandler(SliceRoutes):
     def patch(self, slice_id):
         """The spawner says which process is the slice's notebook server (usage attribution)."""
         self.spawner_only()
@@ -418,9 +429,10 @@ class SliceHandler(PoolHandler):
         if not isinstance(body, dict) or set(body) != {"pid"} or isinstance(pid, bool) or \
                 not isinstance(pid, int) or not 0 < pid < 2**31:
             self.fail(400, "the body must be {\"pid\": N}, the notebook server's process id")
-        row = self.store.set_slice_pid(slice_id, pid)
+        row = self.store.set_slice_pid(slice_id, pid) if ID.match(slice_id) else None
         if row is None:
             self.fail(404, f"there is no slice {slice_id}")
+        self.audit_slice("set slice server", row.id, None, {"pid": row.pid})
         self.reply(self.slice_json(row))
 
     def delete(self, slice_id):
@@ -428,7 +440,13 @@ class SliceHandler(PoolHandler):
         row = self.store.remove_slice(slice_id) if ID.match(slice_id) else None
         if row is None:
             self.fail(404, f"there is no slice {slice_id}")
+        self.audit_slice("release slice", row.id, _slice_fields(row), None)
         self.reply(self.slice_json(row))
+
+
+def _slice_fields(row) -> dict:
+    return {"user": row.user, "server": row.server, "gpus": row.milli / GPU,
+            "node": row.node, "gpu": row.gpu, "pid": row.pid}
 
 
 class MetricsHandler(PoolHandler):
