@@ -53,6 +53,7 @@ import logfile  # noqa: E402
 import netns  # noqa: E402
 
 sys.path.pop(0)
+KILL_WAIT_S = 5.0  # how long the shim waits for the group's killed processes to be gone
 STRAGGLERS_S = 2.0  # how long output is still read from processes that left the job's group
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -98,6 +99,18 @@ def signal_members(pgid, sig, spare=None):
             except OSError:
                 pass
     return found is not None
+
+
+def kill_members(pgid, spare, wait_s=KILL_WAIT_S):
+    """SIGKILL every other member of the group, and wait (at most ``wait_s``) until none is
+    alive: the exit is recorded only then, so an attempt that has ended has no process left
+    that could still hold its GPUs or write its files when the next one starts (a killed
+    process takes a moment to die, longer on a loaded machine)."""
+    deadline = time.monotonic() + wait_s
+    while signal_members(pgid, signal.SIGKILL, spare=spare):
+        if not [p for p in members(pgid) or () if p != spare] or time.monotonic() > deadline:
+            return
+        time.sleep(0.01)
 
 
 def _run_child(argv, spec, said):
@@ -211,7 +224,7 @@ def main(args):
     _relay(logs, gang)
     gang.wait()  # the ranks whose output ended before they did
     status, rank = gang.result
-    signal_members(os.getpgid(0), signal.SIGKILL, spare=os.getpid())
+    kill_members(os.getpgid(0), spare=os.getpid())
     failed = next((pid for pid, r in children.items() if r == rank), None) if status else None
     _write_exit(exit_path, os.waitstatus_to_exitcode(status), reasons.get(failed, ""),
                 rank if status else None)
