@@ -437,6 +437,10 @@ class PoolClient:
     def whatif(self, run_id: str) -> dict:
         return self._json("GET", f"api/whatif/{_segment(run_id)}")
 
+    def cancel_whatif(self, run_id: str) -> dict:
+        """Cancel a running replay (admins): its worker is killed and the next may start."""
+        return self._json("DELETE", f"api/whatif/{_segment(run_id)}")
+
     def post_samples(self, reading: dict, node_token: str = "") -> dict:
         """A node agent's reading of its GPUs (only an agent's service token may), with the
         agent pod's service-account token that proves its node where it has one."""

@@ -13,8 +13,11 @@ import json
 import math
 import random
 import re
+import signal
+import sys
 import time
 from datetime import date, timedelta
+from pathlib import Path
 from types import SimpleNamespace as Row
 
 import pytest
@@ -24,6 +27,7 @@ from jupyter_gpushare.pool.api_history import history_query, whatif_request
 from jupyter_gpushare.pool.validate import Invalid
 from jupyter_gpushare.pool.whatif import Busy, WhatIfRunner
 from jupyter_gpushare.policy.model import GPU, Node, Project
+from jupyter_gpushare.sim import history
 from jupyter_gpushare.sim.history import (BadChange, Settings, changed_settings, check_capacity,
                                           history_entry, quota_changes, with_capacity)
 from jupyter_gpushare.sim.trace import read_trace
@@ -99,8 +103,47 @@ def test_changed_settings_are_checked_as_the_pool_checks_them():
         quota_changes({"b": "four"})
 
 
+def test_a_capacity_change_is_bounded_to_ten_times_todays_gpus():
+    today = Settings((Node("n0", 8), Node("n1", 8)), ())
+    assert changed_settings(today, "+144", {}).capacity == 160
+    assert changed_settings(today, "160", {}).capacity == 160
+    for change in ("+145", "161", "+999999"):
+        with pytest.raises(BadChange, match=re.escape(
+                "more than 10 times its 16; ask for at most +144 (or 160 in all)")):
+            changed_settings(today, change, {})
+
+
+def test_the_capacity_changes_set_up_is_linear_in_the_change():
+    """Counted, not timed: the lines of ``sim/history.py`` that a change ten times larger runs
+    (a set-up that summed the nodes again for each node it added ran a hundred times more)."""
+    def lines(today, change):
+        count = 0
+
+        def trace(frame, event, arg):
+            nonlocal count
+            if frame.f_code.co_filename != history.__file__:
+                return None
+            count += event == "line"
+            return trace
+        before = sys.gettrace()
+        sys.settrace(trace)
+        try:
+            with_capacity(today, change)
+        finally:
+            sys.settrace(before)
+        return count
+
+    today = Settings((Node("n0", 8),), ())
+    assert lines(today, "+8000") < 12 * lines(today, "+800")
+    big = Settings(tuple(Node(f"n{i}", 8) for i in range(1000)), ())
+    assert lines(big, "-7992") < 12 * lines(Settings(big.nodes[:100], ()), "-792")
+    assert with_capacity(big, "-7996").nodes == (Node("n0", 4),)
+
+
 @pytest.mark.parametrize("query, words", [
     ({"limit": "0"}, "limit must be a whole number from 1 to 10000"),
+    ({"limit": "\u00b2"}, "limit must be a whole number from 1 to 10000"),  # isdigit() takes it
+    ({"limit": "9" * 5000}, "limit must be a whole number from 1 to 10000"),
     ({"after": "../x"}, "after must be a job id"),
     ({"format": "xml"}, "format must be json or csv"),
     ({"since": "1d", "until": "2d"}, "since must be before until"),
@@ -112,6 +155,7 @@ def test_bad_history_queries_are_one_sentence(query, words):
 
 @pytest.mark.parametrize("body, words", [
     ([], "the body must be a JSON object"), ({"capacity": "x"}, "capacity must be +K"),
+    ({"capacity": "+\u00b2"}, "capacity must be +K"),
     ({"since": 5}, "since must be a string"), ({"quotas": {"a": -1}}, "the quota of a"),
     ({"speed": 1}, "unknown field(s) speed")])
 def test_bad_whatif_requests_are_one_sentence(body, words):
@@ -132,6 +176,91 @@ def test_one_whatif_at_a_time():
             runner.start({}, gather)
         assert runner.get(first.id).json()["state"] == "replaying"
     asyncio.run(go())
+
+
+class StuckWorker(WhatIfRunner):
+    """A what-if whose worker says 5 % and then never ends (as one of +999999 GPUs did)."""
+
+    def command(self):
+        return [sys.executable, "-c", "import time; print('{\"progress\": 0.05}', flush=True); "
+                "time.sleep(600)"]
+
+
+async def _at_five_percent(run):
+    deadline = time.monotonic() + 30
+    while run.progress < 0.05 and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    assert run.progress == 0.05 and run.worker.returncode is None
+
+
+async def _nothing():
+    return {}
+
+
+async def _ended(run):
+    """Its task is over (one cancelled before it began ends cancelled, without a worker)."""
+    done, _ = await asyncio.wait({run.task}, timeout=30)
+    assert done
+
+
+def test_a_whatif_past_its_timeout_is_stopped_and_its_worker_killed():
+    async def go():
+        runner = StuckWorker(timeout=1.0)
+        run = runner.start({}, _nothing)
+        await _at_five_percent(run)
+        await _ended(run)
+        assert run.state == "error" and run.finished is not None
+        assert run.error.startswith("the replay timed out: it ran longer than the pool's "
+                                    "what-if timeout (1 s, PoolService.whatif_timeout)")
+        assert run.worker.returncode == -signal.SIGKILL
+        after = runner.start({}, _nothing)  # not Busy
+        runner.cancel(after.id, "admin")
+        await _ended(after)
+    asyncio.run(go())
+
+
+def test_a_cancelled_whatif_kills_its_worker_and_the_next_may_start():
+    async def go():
+        runner = StuckWorker()
+        assert runner.timeout == 600
+        run = runner.start({}, _nothing)
+        await _at_five_percent(run)
+        assert runner.cancel(run.id, "admin") is run
+        assert run.json()["state"] == "cancelled" and run.json()["progress"] == 0.05
+        assert run.error == "admin cancelled it before it finished"
+        await _ended(run)
+        assert run.worker.returncode == -signal.SIGKILL
+        assert runner.cancel("w-0-0", "admin") is None
+        after = runner.start({}, _nothing)  # not Busy
+        assert runner.cancel(after.id, "admin").state == "cancelled"
+        await _ended(after)
+        assert runner.cancel(after.id, "admin").error == "admin cancelled it before it finished"
+    asyncio.run(go())
+
+
+def test_the_worker_imports_the_installed_package_whatever_the_folder_and_pythonpath(
+        tmp_path, monkeypatch):
+    """Python's isolated mode (-I): a jupyter_gpushare planted in the service's current folder
+    or on its PYTHONPATH is not what the worker runs."""
+    planted = tmp_path / "jupyter_gpushare"
+    planted.mkdir()
+    (planted / "__init__.py").write_text("raise SystemExit('the planted package ran')\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+
+    async def gather():
+        return {"history": [], "pool": {"nodes": [{"name": "n0", "gpus": 4}]},
+                "projects": [], "knobs": {}, "capacity": "+4", "quotas": {}}
+
+    async def go():
+        run = WhatIfRunner().start({}, gather)
+        deadline = time.monotonic() + 120
+        while run.finished is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return run
+    run = asyncio.run(go())
+    assert run.state == "done", run.error
+    assert run.result["settings"]["changed"]["capacity_gpus"] == 8
 
 
 @pytest.mark.parametrize("args, words", [
@@ -300,6 +429,63 @@ def test_the_whatif_api_runs_in_a_worker(hub, hour):
     assert run["result"]["settings"]["changed"]["quotas"]["nlp"] == 2
     status, body = hub.api("GET", "api/whatif/w-0-0", "admin")
     assert status == 404 and "there is no what-if" in body["error"]
+
+
+def test_a_capacity_change_beyond_ten_times_the_pool_is_refused_in_one_sentence(hub, hour):
+    """As it was found: this what-if sat at 5 % until its worker was killed, and no other could
+    start until the service restarted."""
+    status, body = hub.api("POST", "api/whatif", "admin", {"since": "1d", "capacity": "+999999"})
+    assert status == 400, body
+    assert body["error"] == ("capacity +999999 would give the pool 1000007 GPUs, more than 10 "
+                             "times its 8; ask for at most +72 (or 80 in all)")
+    status, body = hub.api("POST", "dashboard/whatif", "admin", {"capacity": "81"})
+    assert status == 400 and body["error"].endswith("ask for at most +72 (or 80 in all)"), body
+
+
+def _workers(hub) -> list[int]:
+    """The pool service's what-if workers still running."""
+    service, = hub.service_pids()
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == service and b"whatif_worker" in cmdline:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_an_admin_cancels_a_whatif_and_the_next_may_start(hub, hour):
+    status, body = hub.api("DELETE", "api/whatif/w-0-0", "alice")
+    assert status == 403 and body["error"] == "only admins can cancel what-if replays"
+    status, body = hub.api("DELETE", "api/whatif/w-0-0", "admin")
+    assert status == 404 and body["error"].startswith("there is no what-if w-0-0")
+    window = {"since": str(hour["since"]), "until": str(hour["until"])}
+    status, run = hub.api("POST", "api/whatif", "admin", {**window, "capacity": "+8"})
+    assert status == 202, run
+    assert hub.api("DELETE", f"api/whatif/{run['id']}", "alice")[0] == 403
+    status, run = hub.api("DELETE", f"api/whatif/{run['id']}", "admin")
+    assert status == 200 and run["state"] == "cancelled", run
+    assert run["error"] == "admin cancelled it before it finished"
+    deadline = time.monotonic() + 10
+    while _workers(hub) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _workers(hub) == []
+    status, audit = hub.api("GET", "api/audit", "admin")
+    entry = next(e for e in audit["entries"] if e["action"] == "cancel what-if")
+    assert entry["target"] == run["id"] and entry["who"] == "admin"
+    assert entry["after"] == {"state": "cancelled"}
+    status, again = hub.api("DELETE", f"api/whatif/{run['id']}", "admin")  # as it is
+    assert status == 200 and again["state"] == "cancelled"
+    status, run = hub.api("POST", "api/whatif", "admin", window)
+    assert status == 202, run
+    deadline = time.monotonic() + 60
+    while run["state"] == "replaying" and time.monotonic() < deadline:
+        time.sleep(0.3)
+        status, run = hub.api("GET", f"api/whatif/{run['id']}", "admin")
+    assert run["state"] == "done", run
 
 
 def test_showback_equals_api_usage_to_the_second(hub, hour, capsys):

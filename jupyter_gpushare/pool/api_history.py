@@ -9,20 +9,21 @@ them.
 
 from __future__ import annotations
 
-import csv
-import io
 import time
 
 
+from .. import spreadsheet
 from ..policy.model import GPU
-from ..sim.history import COLUMNS, BadChange, check_capacity, quota_changes
+from ..sim.history import (COLUMNS, BadChange, capacity_target, check_capacity,
+                           quota_changes, settings_from)
 from ..usage.rollup import HOUR
 from .api import PoolHandler, pool_json
+from .admin import record
 from .api_usage import parse_window
 from .handlers import ID, ServiceHandler
-from .whatif import KEEP, Busy
+from .whatif import KEEP, REPLAYING, Busy
 from .history_store import MAX_LIMIT, all_entries, read_entries
-from .validate import Invalid
+from .validate import Invalid, digits
 
 DEFAULT_LIMIT = 1000
 PARAMETERS = ("since", "until", "limit", "after", "format")
@@ -36,7 +37,7 @@ def history_query(args: dict[str, str], now: float) -> dict:
                       f"since, until, limit, after and format")
     since, until = parse_window(args, now, "30d")
     limit = args.get("limit", str(DEFAULT_LIMIT))
-    if not limit.isdigit() or not 1 <= int(limit) <= MAX_LIMIT:
+    if not digits(limit, 6) or not 1 <= int(limit) <= MAX_LIMIT:
         raise Invalid(f"limit must be a whole number from 1 to {MAX_LIMIT}, not {limit[:40]!r}")
     after = args.get("after") or None
     if after is not None and not ID.match(after):
@@ -48,12 +49,7 @@ def history_query(args: dict[str, str], now: float) -> dict:
 
 
 def to_csv(entries: list[dict]) -> str:
-    out = io.StringIO()
-    writer = csv.DictWriter(out, COLUMNS, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    for e in entries:
-        writer.writerow({k: "" if e.get(k) is None else e.get(k) for k in COLUMNS})
-    return out.getvalue()
+    return spreadsheet.to_csv(list(COLUMNS), entries)
 
 
 class HistoryHandler(ServiceHandler):
@@ -135,11 +131,35 @@ class WhatIfHandler(PoolHandler):
             self.fail(404, f"there is no what-if {run_id[:40]} (the last {KEEP} are kept)")
         self.reply(run.json())
 
+    def delete(self, run_id):
+        """Cancel a running what-if: its worker killed, noted in the audit trail; a finished
+        one is answered as it is."""
+        if not self.who.admin:
+            self.fail(403, "only admins can cancel what-if replays")
+        runner = self.settings["whatif"]
+        run = runner.get(run_id)
+        if run is None:
+            self.fail(404, f"there is no what-if {run_id[:40]} (the last {KEEP} are kept)")
+        if run.state == REPLAYING:
+            progress = round(run.progress, 3)
+            runner.cancel(run_id, self.who.name)
+            record(self.store, self.who.name, "cancel what-if", run_id,
+                   {"state": REPLAYING, "progress": progress}, {"state": run.state},
+                   self.via(), self.client_address())
+        self.reply(run.json())
+
 
 def start_whatif(handler, request: dict):
     """Start the replay of ``request`` (checked by ``whatif_request``) in the worker
-    process; ``Invalid`` (409) while one runs. Shared by the API and the dashboard."""
+    process; ``Invalid`` (409) while one runs, (400) for a capacity beyond the bound
+    (``capacity_target``). Shared by the API and the dashboard."""
     now = time.time()
+    if request["capacity"] is not None:
+        try:  # here, not only in the worker: the bound is what keeps the worker's cost sane
+            capacity_target(settings_from(pool_json(handler), [], {}).capacity,
+                            request["capacity"])
+        except BadChange as e:
+            raise Invalid(str(e)) from None
 
     async def gather():
         """What the worker needs: where to read the history (the store's URL; the jobs

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import signal
 from pathlib import Path
@@ -160,6 +161,21 @@ class PoolService(Application):
     build_reserve = Integer(1, min=0, help="""Whole build GPUs without slices that are never
         lent (with lend_build_gpus), so that most notebook servers find room at once. Jobs
         already on lent GPUs are not preempted to keep it.""").tag(config=True)
+    lend_again_after = Float(300.0, min=0, help="""Seconds a build GPU that a notebook server
+        took back from a train job stays unlent after the take-back (with lend_build_gpus),
+        even where the server gave up waiting for it or stopped again meanwhile: a user who
+        starts servers only to stop them preempts the jobs on a lent GPU once, and their next
+        start finds that GPU free. Meanwhile such a GPU counts toward build_reserve once no
+        job holds it. 0: lent again as soon as no server holds or wants it.""").tag(config=True)
+    take_backs_per_user = Integer(2, min=1, help="""Build GPUs lent to train jobs that one
+        user's notebook servers may take back within take_back_window seconds (with
+        lend_build_gpus). Beyond it their servers get only build GPUs no job holds: a start
+        that needs a lent one waits the spawner's slice_wait_timeout for a free one, then
+        fails saying when the user may take one back again. Every take-back is in the audit
+        trail, with the user and the job preempted.""").tag(config=True)
+    take_back_window = Float(600.0, min=0, help="""Seconds within which a user's notebook
+        servers take back at most take_backs_per_user lent build GPUs. 0: no limit.
+        """).tag(config=True)
     spawner_service = Unicode("gpushare-spawner", help="""Name of the JupyterHub service
         whose token the hub's spawner reserves, changes and releases build slices with (the
         same name as the spawner's own spawner_service). No other service may, nor list every
@@ -173,6 +189,10 @@ class PoolService(Application):
     max_job_size = Integer(256 * 1024, min=1024, help="Bytes a job's command, source, env and "
                            "workdir may take together; large code and data belong in "
                            "files.").tag(config=True)
+    whatif_timeout = Float(600.0, min=1.0, help="""Seconds of wall-clock time a what-if
+        (``POST api/whatif``, the dashboard's What-if page) may run: one still replaying then
+        is stopped, its worker process killed, and its state says it timed out; the next may
+        start. Admins can cancel one sooner with ``DELETE api/whatif/{id}``.""").tag(config=True)
     max_followers_per_user = Integer(10, min=1, help="Logs one user may follow at once "
                                      "(?follow=1, each an open connection).").tag(config=True)
     job_book_size = Integer(20_000, min=100, help="Jobs kept in memory for lists (every "
@@ -187,7 +207,9 @@ class PoolService(Application):
                             "works for at most this long; while the hub does not answer "
                             "within a second, the old answer is used for as long again. A "
                             "token the hub did not know is refused for this long without "
-                            "asking again.").tag(config=True)
+                            "asking again. The dashboard keeps a login's answer (or a "
+                            "token's in its requests) as long, rounded up to a whole second."
+                            ).tag(config=True)
     token_cache_size = Integer(10_000, min=1, help="Tokens whose owner is kept at most (the "
                                "least recently used are forgotten first; one user or service "
                                "keeps 64 at most, so one who makes many tokens pushes out only "
@@ -350,7 +372,10 @@ class PoolService(Application):
         self.build = BuildPool(self.build_nodes, self.build_allowance, self.store,
                                any(n.labels.get(SIMULATED_LABEL) for n in nodes), self.log,
                                lend=self.lend_build_gpus, reserve_gpus=self.build_reserve,
-                               take_back_s=self.grace_period + self.cycle_interval)
+                               take_back_s=self.grace_period + self.cycle_interval,
+                               lend_again_after_s=self.lend_again_after,
+                               take_backs_per_user=self.take_backs_per_user,
+                               take_back_window_s=self.take_back_window)
         if self.backend.lends_build_gpus:  # also without lending: jobs still on build GPUs
             self.backend.lend(self.build)
             # No slice until the scheduler has adopted the jobs that run on build GPUs
@@ -446,7 +471,7 @@ class PoolService(Application):
         self.build.wake, self.build.deciding = self.scheduler.wake, self.scheduler.deciding
         self.intake = JobIntake(self.store, self.scheduler, self.python,
                                 self.max_pending_per_user, self.max_job_size)
-        self.whatif = WhatIfRunner(log=self.log)
+        self.whatif = WhatIfRunner(log=self.log, timeout=self.whatif_timeout)
 
     # -- run ------------------------------------------------------------------------------
     def make_app(self) -> web.Application:
@@ -465,7 +490,8 @@ class PoolService(Application):
                           "grace_period_s": self.grace_period,
                           "min_runtime_s": self.min_runtime,
                           "reserve_after_s": self.reserve_after},
-            hub_auth=HubAuth(), dashboard_oauth=dashboard.OAuthSettings(),
+            hub_auth=HubAuth(),
+            dashboard_oauth=dashboard.OAuthSettings(math.ceil(self.token_cache_ttl)),
             # The dashboard's login cookie is signed with a secret of this process: after a
             # restart the browser logs in again through the hub, without a question.
             cookie_secret=os.urandom(32), xsrf_cookies=False)

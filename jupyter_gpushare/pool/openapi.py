@@ -5,7 +5,9 @@ Served at ``api/openapi.json``; a test checks it against the service's handlers.
 from __future__ import annotations
 
 from .. import __version__
+from ..sim.history import MAX_GROWTH
 from ..trainjob import MAX_NAME, PRIORITY, REQUEST_ID_PATTERN, STATES
+from .whatif import STATES as WHATIF_STATES
 
 _ERROR = {"description": "JSON {\"error\": sentence}",
           "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
@@ -287,13 +289,15 @@ SPEC = {
                            "properties": {
                 "id": {"type": "integer"}, "at": {"type": "number"},
                 "who": {"type": "string", "description": "the admin; configuration; "
-                        "gpushare (culling)"},
+                        "gpushare (culling); the user whose notebook server took back a "
+                        "lent build GPU"},
                 "action": {"type": "string", "description": "create project, change project, "
-                           "cancel job, drain node, undrain node, cull server"},
+                           "cancel job, drain node, undrain node, cull server, "
+                           "take back GPU, cancel what-if"},
                 "target": {"type": "string"},
                 "before": _AUDIT_VALUES, "after": _AUDIT_VALUES,
                 "via": {"type": "string", "enum": ["api", "dashboard", "cli", "config",
-                                                   "culling"]},
+                                                   "culling", "lending"]},
                 "address": {"type": "string", "nullable": True,
                             "description": "the client's address, where there was one"}}},
             "AuditList": {"type": "object", "required": ["entries", "next"], "properties": {
@@ -357,14 +361,15 @@ SPEC = {
                              "replay uses", "additionalProperties": {"type": "number"}}}},
             "WhatIf": {"type": "object", "properties": {
                 "id": {"type": "string"},
-                "state": {"type": "string", "enum": ["replaying", "done", "error"]},
+                "state": {"type": "string", "enum": list(WHATIF_STATES)},
                 "progress": {"type": "number", "minimum": 0, "maximum": 1},
                 "request": {"type": "object"}, "started": {"type": "number"},
                 "finished": {"type": "number", "nullable": True},
                 "result": {"type": "object", "nullable": True, "description": "recorded, "
                            "today and changed side by side: allocation, utilization, queueing "
                            "p50/p95 per project, guarantee wait"},
-                "error": {"type": "string", "nullable": True}}},
+                "error": {"type": "string", "nullable": True, "description": "why it "
+                          "failed, timed out or was cancelled, in a sentence"}}},
             "Usage": {"type": "object", "properties": {
                 "since": {"type": "integer"}, "until": {"type": "integer",
                                                          "description": "the window, widened to "
@@ -621,12 +626,15 @@ SPEC = {
         "/api/whatif": {
             "post": {"summary": "Replay the recorded history under today's settings and under "
                                 "a changed capacity or quotas, in a worker process (admins); "
-                                "one at a time: 409 while one runs",
+                                "one at a time: 409 while one runs; stopped after "
+                                "PoolService.whatif_timeout seconds",
                      "requestBody": {"required": True, "content": {"application/json": {
                          "schema": {"type": "object", "properties": {
                              "since": {"type": "string", "default": "30d"},
                              "until": {"type": "string"},
-                             "capacity": {"type": "string", "description": "+K, -K or N GPUs",
+                             "capacity": {"type": "string", "description": "+K, -K or N "
+                                          f"GPUs; the pool may have at most {MAX_GROWTH} "
+                                          "times today's train GPUs (400 beyond)",
                                           "pattern": "^[+-]?[0-9]{1,6}$"},
                              "quotas": {"type": "object", "additionalProperties": {
                                  "type": "number", "minimum": 0}}}}}}},
@@ -639,6 +647,12 @@ SPEC = {
                     "parameters": [{"name": "whatif_id", "in": "path", "required": True,
                                     "schema": {"type": "string"}}],
                     "responses": {"200": _ok("WhatIf"), **_errors(403, 404)}},
+            "delete": {"summary": "Cancel a running what-if: its worker is killed, its state "
+                                  "becomes cancelled and the next may start; noted in the "
+                                  "audit trail (admins). A finished one is answered as it is",
+                       "parameters": [{"name": "whatif_id", "in": "path", "required": True,
+                                       "schema": {"type": "string"}}],
+                       "responses": {"200": _ok("WhatIf"), **_errors(403, 404)}},
         },
         "/api/activity": {
             "post": {"summary": "A notebook server says how many of its kernels are busy (its "

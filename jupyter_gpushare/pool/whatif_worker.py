@@ -1,5 +1,7 @@
-"""The what-if's worker process: ``python -m jupyter_gpushare.pool.whatif_worker``, started by
-``whatif.py`` at a lower CPU priority.
+"""The what-if's worker process: ``python -I -m jupyter_gpushare.pool.whatif_worker``, started
+by ``whatif.py`` at a lower CPU priority, in isolated mode (it imports the installed package,
+whatever the service's PYTHON* variables and current folder), and killed by it when the
+what-if is cancelled or runs past its timeout.
 
 It reads one JSON object on stdin: ``history`` (the trace lines, or ``{"db_url", "window"}``
 to read them from the store itself), ``pool``, ``projects``, ``knobs``, ``capacity`` and

@@ -120,20 +120,24 @@ def settings_from(pool: dict, projects: list[dict], knobs: dict) -> Settings:
 
 
 def with_capacity(settings: Settings, change: str) -> Settings:
-    """``+K`` (K more GPUs), ``-K`` or ``N`` (N GPUs in all), in nodes of the pool's usual size."""
+    """``+K`` (K more GPUs), ``-K`` or ``N`` (N GPUs in all), in nodes of the pool's usual size:
+    a change removes GPUs from the last nodes and adds new nodes after them. One pass, with a
+    running total: its work grows with the nodes it gives, not with their square."""
     size = max((n.gpus for n in settings.nodes), default=8)
-    now = settings.capacity
-    target = now + int(change) if change[:1] in "+-" else int(change)
-    nodes = list(settings.nodes)
-    while sum(n.gpus for n in nodes) > target and nodes:  # remove from the end
-        last = nodes.pop()
-        keep = last.gpus - (sum(n.gpus for n in nodes) + last.gpus - target)
-        if keep > 0:
-            nodes.append(Node(last.name, keep))
-    i = 0
-    while sum(n.gpus for n in nodes) < target:
-        i += 1
-        nodes.append(Node(f"whatif-{i}", min(size, target - sum(n.gpus for n in nodes))))
+    target = settings.capacity + int(change) if change[:1] in "+-" else int(change)
+    nodes, total = [], 0
+    for n in settings.nodes:  # keep from the front what fits
+        if total >= target:
+            break
+        keep = min(n.gpus, target - total)
+        nodes.append(n if keep == n.gpus else Node(n.name, keep))
+        total += keep
+    added = 0
+    while total < target:
+        added += 1
+        gpus = min(size, target - total)
+        nodes.append(Node(f"whatif-{added}", gpus))
+        total += gpus
     return replace(settings, nodes=tuple(nodes))
 
 
@@ -248,6 +252,9 @@ def _describe(s: Settings) -> dict:
 
 # -- the changes a what-if asks for ---------------------------------------------------------
 
+MAX_GROWTH = 10  # a what-if's pool has at most this many times today's train GPUs
+
+
 class BadChange(ValueError):
     """A capacity or quota change that cannot be replayed, in one sentence."""
 
@@ -258,20 +265,36 @@ def check_capacity(text) -> str | None:
         return None
     text = str(text).strip()
     digits = text[1:] if text[:1] in "+-" else text
-    if not digits.isdigit() or len(digits) > 6:
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > 6:
         raise BadChange(f"capacity must be +K (K more GPUs), -K or N (N GPUs in all), like +8 "
                         f"or 64, not {text[:40]!r}")
     return text
 
 
+def capacity_target(today: int, change: str) -> int:
+    """The GPUs a pool of ``today`` train GPUs has after ``change`` (as ``check_capacity``
+    gives it), checked: at least 1 and at most ``MAX_GROWTH`` times today's. The bound keeps
+    a replay's nodes, and its cost, within a sane multiple of the pool it is about."""
+    if today < 1:
+        raise BadChange("the pool has no train GPUs to replay on")
+    target = today + int(change) if change[:1] in "+-" else int(change)
+    if target < 1:
+        raise BadChange(f"capacity {change} leaves {target} GPUs; the pool needs at least 1")
+    most = MAX_GROWTH * today
+    if target > most:
+        raise BadChange(f"capacity {change} would give the pool {target} GPUs, more than "
+                        f"{MAX_GROWTH} times its {today}; ask for at most +{most - today} "
+                        f"(or {most} in all)")
+    return target
+
+
 def changed_settings(today: Settings, capacity: str | None, quotas: dict[str, int]) -> Settings:
     """Today's settings with the capacity and quotas changed, checked as the pool checks them:
-    a pool of at least one GPU, quotas that fit within it."""
+    a pool of at least one GPU and at most ``MAX_GROWTH`` times today's, quotas that fit
+    within it."""
     out = today
     if capacity is not None:
-        target = today.capacity + int(capacity) if capacity[:1] in "+-" else int(capacity)
-        if target < 1:
-            raise BadChange(f"capacity {capacity} leaves {target} GPUs; the pool needs at least 1")
+        capacity_target(today.capacity, capacity)
         out = with_capacity(out, capacity)
     if quotas:
         out = with_quotas(out, quotas)
