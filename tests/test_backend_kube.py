@@ -7,7 +7,9 @@ transient and permanent API errors)."""
 
 import asyncio
 import json
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -25,6 +27,15 @@ from kube_account import Account
 from kube_faults import FaultProxy
 
 PY = sys.executable
+# The jobs' checkpoint folders: in a folder of this module's own, not at names in /tmp that
+# another run (or another account) could hold; removed when the module is done.
+CHECKPOINTS = Path(tempfile.mkdtemp(prefix="gpushare-kube-ckpt-"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _checkpoints():
+    yield
+    shutil.rmtree(CHECKPOINTS, ignore_errors=True)
 TRAIN = {"gpushare.jupyter.org/pool": "train"}
 SCHEMA_VERSION = "1.25.0"  # the oldest kubernetes-validate knows; the cluster itself is 1.20
 kube = pytest.mark.kube
@@ -545,8 +556,8 @@ async def stop_all(*backends):
 
 def launch(job_id, script, placement, *, attempt=1, **kw):
     return Launch(job_id, attempt, kw.pop("user", "alice"), "vision", (PY, "-c", script),
-                  kw.pop("env", {}), placement, kw.pop("checkpoint_dir", f"/tmp/ckpt-{job_id}"),
-                  **kw)
+                  kw.pop("env", {}), placement,
+                  kw.pop("checkpoint_dir", str(CHECKPOINTS / job_id)), **kw)
 
 
 async def ended(backend, count=1, timeout=20.0):
@@ -808,7 +819,7 @@ def rendezvous_objects(account, job_id, attempt=1):
 
 def allreduce_launch(job_id, placement, *args, **kw):
     return Launch(job_id, kw.pop("attempt", 1), "alice", "vision", (PY, ALLREDUCE, *args), {},
-                  placement, f"/tmp/ckpt-{job_id}", **kw)
+                  placement, str(CHECKPOINTS / job_id), **kw)
 
 
 @kube
