@@ -20,8 +20,11 @@ def say(text: str, file=None, flush: bool = False) -> None:
 
 
 def write_csv(text: str) -> None:
-    """CSV as it is into a file or a pipe; escaped as ``say`` does onto a terminal."""
-    sys.stdout.write(visible(text, lines=True) if sys.stdout.isatty() else text)
+    """CSV as it is into a file or a pipe; escaped as ``say`` does onto a terminal, its rows
+    one a line."""
+    if sys.stdout.isatty():
+        text = visible(text.replace("\r\n", "\n"), lines=True)
+    sys.stdout.write(text)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -36,7 +36,10 @@ def cell(value) -> object:
 def to_csv(columns: list[str], rows: list[dict]) -> str:
     """A header of ``columns`` and one line a row (a row's other keys are left out)."""
     out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
+    # CRLF ends a row (RFC 4180), and a cell with either break in it is quoted: with "\n"
+    # alone, a name with a bare "\r" went out unquoted, and spreadsheets began a new row at
+    # it, whose first cell could be a formula.
+    writer = csv.writer(out, lineterminator="\r\n")
     writer.writerow([cell(c) for c in columns])
     for row in rows:
         writer.writerow([cell(row.get(c)) for c in columns])

@@ -39,3 +39,13 @@ def test_the_showback_and_history_exports_neutralise_formulas():
     assert list(rows[0]) == list(COLUMNS)
     assert rows[0]["user"] == "'" + evil and rows[0]["job_id"] == "j-1"
     assert showback.to_csv([]) == ""
+
+
+@pytest.mark.parametrize("name", ["mallory\r=1+1*cmd|' \\C calc'!A0", "a\r\n=1+1", "a\n@x"])
+def test_a_line_break_inside_a_name_does_not_start_a_row(name):
+    """A bare carriage return in a user name (JupyterHub accepts it) must not end the row:
+    the next "row" would begin with the formula."""
+    text = showback.to_csv([{"user": name, "allocated_gpu_hours": 1.0}])
+    assert list(csv.reader(io.StringIO(text, newline=""))) == [
+        ["user", "allocated_gpu_hours"], [name, "1.0"]]
+    assert text.endswith("\r\n")
