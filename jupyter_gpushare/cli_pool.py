@@ -23,7 +23,7 @@ from .pool.validate import digits
 from .client import (DEFAULT_RETRY_S, InvalidInput, NoCredentials, PoolClient, PoolError,
                      PoolUnreachable, add_job_options, argument_type, job_spec)
 from .text import (describe, format_audit, format_jobs, format_pool, format_quota, format_usage,
-                   no_jobs)
+                   no_jobs, visible)
 from .trainjob import ACTIVE, CANCELLED, RUNNING, STATES, SUCCEEDED
 from .usage import showback
 from .usage.showback import STEPS
@@ -272,17 +272,41 @@ def cmd_jobs(args, client) -> int:
 
 @pool_command
 def cmd_logs(args, client) -> int:
+    out = _log_output(client, args.job)
     if args.follow and args.attempt is None:
         # Across attempts: a preempted job's output goes on with its next attempt.
-        follow_job(client, client.job(args.job), sys.stdout, poll_s=POLL_S,
+        follow_job(client, client.job(args.job), out, poll_s=POLL_S,
                    note=lambda line: say(line, sys.stderr, flush=True), rank=args.rank)
         return 0
-    # The job's own output, as its program wrote it (colours, progress bars): only its owner,
-    # or an admin, may read it.
     for text in client.logs(args.job, follow=args.follow, attempt=args.attempt, rank=args.rank):
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        out.write(text)
+        out.flush()
     return 0
+
+
+class _Visible:
+    """A terminal that shows what a log would make it do (``text.visible``)."""
+
+    def __init__(self, out):
+        self.out = out
+
+    def write(self, text: str) -> None:
+        self.out.write(visible(text, lines=True))
+
+    def flush(self) -> None:
+        self.out.flush()
+
+
+def _log_output(client, job_id: str):
+    """Where a job's output goes: as its program wrote it (colours, progress bars) into a
+    file or a pipe, and onto the terminal of its owner; onto anyone else's terminal (an
+    admin's: only they may read others' logs) with what a terminal would obey (a title, the
+    clipboard, hidden text) shown as escapes."""
+    if not sys.stdout.isatty():
+        return sys.stdout
+    if client.job(job_id).get("user") == client.quota().get("user"):
+        return sys.stdout
+    return _Visible(sys.stdout)
 
 
 @pool_command

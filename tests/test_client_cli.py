@@ -695,3 +695,26 @@ def test_a_whatif_names_the_pools_projects_escaped(capsys, env):
     code, out, err = run(capsys, "simulate", "--from-pool", "--capacity", "+8")
     assert code == 0, err
     assert "project \\u202eevil (quota 8 → 8 GPUs)" in shown_safely(out)
+
+
+@pytest.mark.parametrize("reader, tty, shown", [
+    ("admin", True, "\\x1b]52;c;cHduZWQ=\\x07\\x1b[8mhidden\n"),  # another user's log: escaped
+    ("alice", True, "\x1b]52;c;cHduZWQ=\x07\x1b[8mhidden\n"),  # her own: as it was written
+    ("admin", False, "\x1b]52;c;cHduZWQ=\x07\x1b[8mhidden\n"),  # into a file: as written
+])
+def test_another_users_log_reaches_a_terminal_escaped(capsys, env, monkeypatch, reader, tty,
+                                                      shown):
+    """An admin reading a hostile user's log on a terminal: the log cannot write the admin's
+    clipboard (OSC 52), retitle the terminal or hide what follows."""
+    log = b"\x1b]52;c;cHduZWQ=\x07\x1b[8mhidden\n"
+    env.routes.update({
+        ("GET", "api/jobs/j1"): (200, {"id": "j1", "user": "alice", "state": "succeeded",
+                                       "attempt": 1}),
+        ("GET", "api/quota"): (200, {"user": reader, "admin": reader == "admin",
+                                     "projects": [], "jobs": {}}),
+        ("GET", "api/jobs/j1/logs"): (200, log, {"Content-Type": "text/plain"}),
+    })
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: tty, raising=False)
+    code, out, err = run(capsys, "logs", "j1")
+    assert code == 0, err
+    assert out == shown
