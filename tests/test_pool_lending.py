@@ -479,3 +479,23 @@ async def test_a_user_takes_back_at_most_take_backs_per_user_lent_gpus_in_the_wi
         assert not any("mallory" in d or "alice" in d for d in details)
     finally:
         kill_all(backend)
+
+
+@pytest.mark.asyncio
+async def test_each_gpu_of_a_job_taken_back_is_a_take_back_of_its_own(pool):
+    """Two servers want the two lent GPUs of one job: the job is stopped once, and each GPU is
+    counted against its own server's user, in the audit trail and in the limit, and rests."""
+    store, backend, build, scheduler = pool
+    first, lent = submit(store, "x"), submit(store, "x")
+    await until(scheduler, lambda: store.job(lent.id).state == "running")
+    assert store.job(lent.id).placement == {"sim-build-0/lent": 2 * GPU}
+    for user in ("mallory", "alice"):
+        assert "taking back GPU" in str(build.reserve(user, GPU, ""))
+    assert sorted(w.gpu for w in build.wanted.values()) == [("sim-build-0", 0),
+                                                             ("sim-build-0", 1)]
+    await until(scheduler, lambda: store.job(lent.id).preempting, timeout=2)
+    taken = [e for e in reversed(store.audit()) if e.action == "take back GPU"]
+    assert sorted((e.who, e.target, e.before["job"]) for e in taken) == [
+        ("alice", "GPU 1 of sim-build-0", lent.id), ("mallory", "GPU 0 of sim-build-0", lent.id)]
+    assert set(build.took) == {"mallory", "alice"}
+    assert set(build.resting) == {("sim-build-0", 0), ("sim-build-0", 1)}

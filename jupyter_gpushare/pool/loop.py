@@ -239,12 +239,18 @@ class Scheduler:
         """Preempt the jobs on lent build GPUs that notebook servers want back: requeued
         after the grace period, as any victim. The build pool counts each against the user
         whose server wants the GPU and notes it in the audit trail; the job's detail says
-        what took it back, not whose server."""
+        what took it back, not whose server. Each wanted GPU of a job stopped here is a
+        take-back of its own (a job on two lent GPUs that two servers want: two)."""
+        stopping: dict[str, str] = {}  # the jobs this pass takes back → their project
         for (node, gpu), job_id in sorted(self.build.taken_back().items()):
+            if job_id in stopping:
+                self.build.took_back((node, gpu), job_id, stopping[job_id], now)
+                continue
             row = self.store.job(job_id)
             if row is None or row.state != RUNNING or row.preempting or row.cancel_requested:
                 continue
             self.build.took_back((node, gpu), job_id, row.project, now)
+            stopping[job_id] = row.project
             row = self.store.mark(job_id, now, preempting=True,
                                   detail=f"GPU {gpu} of {node}, lent to train jobs, is taken "
                                          f"back for a notebook server; requeued to resume "
