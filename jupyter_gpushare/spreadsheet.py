@@ -15,9 +15,10 @@ from __future__ import annotations
 import csv
 import io
 
-# What a spreadsheet may read as the start of a formula: the four signs (and their full-width
-# forms, which some spreadsheets fold to them), and the blanks and breaks they skip before one.
-FORMULA_START = frozenset("=+-@\t\r\n\uff1d\uff0b\uff0d\uff20")
+# What a spreadsheet may read as the start of a formula: the four signs (their full-width
+# forms and the minus sign, which some spreadsheets fold to them), and the blanks and breaks
+# they may skip before one (any white space, no-break and ideographic spaces too).
+FORMULA_START = frozenset("=+-@\t\r\n\uff1d\uff0b\uff0d\uff20\u2212")
 
 
 def cell(value) -> object:
@@ -28,7 +29,7 @@ def cell(value) -> object:
     if isinstance(value, (bool, int, float)):
         return value
     text = str(value)
-    if text[:1] in FORMULA_START or text.lstrip(" ")[:1] in FORMULA_START:
+    if text[:1] in FORMULA_START or text.lstrip()[:1] in FORMULA_START:
         return "'" + text
     return text
 

@@ -133,6 +133,17 @@ def test_the_whole_preemption_story(hub):
     settle(hub)
 
 
+def test_query_numbers_are_ascii_digits(hub):
+    """Other scripts' digits ('\u0663', %D9%A3, is 3 to int()) and 5,000-digit numbers are a 400 in one
+    short sentence, never a 500 or an echo of the whole number."""
+    job = submit(hub, "alice", gpus=1, command=["true"])
+    for query in ("attempt=%D9%A3", "attempt=" + "9" * 5000, "rank=" + "9" * 5000):
+        status, body = hub.api("GET", f"api/jobs/{job['id']}/logs?{query}", "alice")
+        assert status == 400 and len(body["error"]) < 200, (query[:20], status, body)
+    status, body = hub.api("GET", "api/usage?since=%D9%A3h", "alice")
+    assert status == 400, body
+
+
 def test_who_may_see_and_do_what(hub):
     job = submit(hub, "alice", gpus=1, source="import time; time.sleep(30)",
                  env={"SECRET_SETTING": "alice-only"})

