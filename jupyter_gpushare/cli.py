@@ -11,6 +11,7 @@ from .cli_base import CommandError, UsageError, _Parser, say
 from .cli_pool import add_pool_commands, connection_options
 from .policy.model import DEFAULT_MIN_RUNTIME_S, GPU, PolicyConfig
 from .policy.quotas import overbooking
+from .policy.settings import DEFAULT_GRACE_S
 from .sim.activity import PROFILES
 
 
@@ -116,8 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "finish as one JSON object per line, in time order")
     sim.add_argument("--plot", metavar="FILE.png", help="draw allocated GPUs per project and "
                      "the queue over time (needs matplotlib)")
-    sim.add_argument("--grace-period", type=_seconds, default=30.0, metavar="S",
-                     help="seconds a preempted job keeps its GPUs before it is killed (default 30)")
+    sim.add_argument("--grace-period", type=_seconds, default=DEFAULT_GRACE_S, metavar="S",
+                     help=f"seconds a preempted job keeps its GPUs before it is killed "
+                          f"(default {DEFAULT_GRACE_S:g})")
     sim.add_argument("--checkpoint-interval", type=_seconds, default=1800.0, metavar="S",
                      help="seconds of run time between a job's checkpoints; a preempted job loses "
                      "the work since its last one (default 1800; 0: no checkpoints)")

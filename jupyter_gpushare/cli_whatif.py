@@ -12,6 +12,7 @@ import time
 
 from .cli_base import UsageError, say
 from .cli_pool import pool_command
+from .client import PoolError
 from .sim.history import BadChange, check_capacity, what_if
 from .sim.trace import TraceError, read_quotas
 
@@ -48,14 +49,14 @@ def cmd_from_pool(args, client) -> int:
     capacity, quotas = check_args(args)
     tick = time.perf_counter()
     history = client.whole_history(since=args.since or "30d", until=args.until)
-    pool, projects = client.pool(), client.projects()
+    pool, projects, departments = client.pool(), client.projects(), _departments(client)
     fetched = time.perf_counter() - tick
     if not history["jobs"]:
         raise UsageError("the pool recorded no train job that ran in this window; choose an "
                          "earlier --since")
     try:
         result = what_if(pool, projects, history.get("settings") or {}, history["jobs"],
-                         capacity, quotas)
+                         capacity, quotas, departments=departments)
     except BadChange as e:
         raise UsageError(str(e)) from None
     result["fetch_s"] = round(fetched, 2)
@@ -66,6 +67,16 @@ def cmd_from_pool(args, client) -> int:
     else:
         say(format_comparison(result))  # the pool's project names
     return 0
+
+
+def _departments(client) -> list[dict]:
+    """The pool's departments; none from a pool older than departments (404)."""
+    try:
+        return client.departments()
+    except PoolError as e:
+        if e.status != 404:
+            raise
+        return []
 
 
 def _pct(x) -> str:

@@ -362,6 +362,9 @@ class PoolClient:
     def projects(self) -> list[dict]:
         return self._json("GET", "api/projects")["projects"]
 
+    def departments(self) -> list[dict]:
+        return self._json("GET", "api/departments")["departments"]
+
     # build slices: only the hub's spawner (a service) or an admin reserves and releases
 
     def update_project(self, name: str, **fields) -> dict:

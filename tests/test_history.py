@@ -26,7 +26,8 @@ from jupyter_gpushare.cli import main
 from jupyter_gpushare.pool.api_history import history_query, whatif_request
 from jupyter_gpushare.pool.validate import Invalid
 from jupyter_gpushare.pool.whatif import Busy, WhatIfRunner
-from jupyter_gpushare.policy.model import GPU, Node, Project
+from jupyter_gpushare.policy.model import DEFAULT_MIN_RUNTIME_S, GPU, Node, PolicyConfig, Project
+from jupyter_gpushare.policy.settings import PoolSettings
 from jupyter_gpushare.sim import history
 from jupyter_gpushare.sim.history import (BadChange, Settings, changed_settings, check_capacity,
                                           history_entry, quota_changes, with_capacity)
@@ -427,6 +428,13 @@ def test_the_whatif_api_runs_in_a_worker(hub, hour):
     assert run["state"] == "done", run
     assert run["progress"] == 1.0 and run["result"]["jobs"] == JOBS
     assert run["result"]["settings"]["changed"]["quotas"]["nlp"] == 2
+    # it decided by all of the pool's settings, as api/history sends them, and says so
+    status, page = hub.api("GET", f"api/history?since={hour['since']}&limit=1", "admin")
+    assert page["settings"] == PoolSettings(
+        grace_period_s=2.0, policy=PolicyConfig(min_runtime_s=DEFAULT_MIN_RUNTIME_S)).to_json()
+    for name in ("today", "changed"):
+        assert run["result"]["settings"][name]["replayed"] == page["settings"]
+        assert run["result"]["settings"][name]["not_replayed"] == []
     status, body = hub.api("GET", "api/whatif/w-0-0", "admin")
     assert status == 404 and "there is no what-if" in body["error"]
 

@@ -14,6 +14,7 @@ import time
 
 from .. import spreadsheet
 from ..policy.model import GPU
+from ..policy.settings import DEFAULT_GRACE_S
 from ..sim.history import (COLUMNS, BadChange, capacity_target, check_capacity,
                            quota_changes, settings_from)
 from ..usage.rollup import HOUR
@@ -24,6 +25,7 @@ from .handlers import ID, ServiceHandler
 from .whatif import KEEP, REPLAYING, Busy
 from .history_store import MAX_LIMIT, all_entries, read_entries
 from .validate import Invalid, digits
+from .views import department_json
 
 DEFAULT_LIMIT = 1000
 PARAMETERS = ("since", "until", "limit", "after", "format")
@@ -79,7 +81,7 @@ class HistoryHandler(ServiceHandler):
 
 
 def _grace(handler) -> float:
-    return handler.settings.get("replay_knobs", {}).get("grace_period_s", 30.0)
+    return handler.settings.get("replay_knobs", {}).get("grace_period_s", DEFAULT_GRACE_S)
 
 
 def _horizon(handler, now: float) -> int:
@@ -175,8 +177,12 @@ def start_whatif(handler, request: dict):
             history = await handler.store.in_thread(all_entries, handler.store, *window)
         else:
             history = {"db_url": url.render_as_string(hide_password=False), "window": window}
+        departments = [department_json(d, handler.store.members(d.name),
+                                       handler.scheduler.explained)
+                       for d in handler.store.departments()]
         return {"history": history, "pool": pool_json(handler), "projects": projects,
-                "knobs": knobs, "capacity": request["capacity"], "quotas": quotas}
+                "departments": departments, "knobs": knobs, "capacity": request["capacity"],
+                "quotas": quotas}
 
     try:
         return handler.settings["whatif"].start(request, gather)

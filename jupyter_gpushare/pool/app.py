@@ -36,6 +36,8 @@ from ..policy.lending import build_node_of
 from ..policy.model import DEFAULT_MIN_RUNTIME_S, GPU, TRAIN, PolicyConfig, Project
 from ..policy.past_use import LONGEST_S, FairShareTime
 from ..policy.quotas import overbooking
+from ..policy.settings import (DEFAULT_CYCLE_S, DEFAULT_FAIR_SHARE_WINDOW_S, DEFAULT_GRACE_S,
+                               PoolSettings)
 from ..trainjob import RUNNING
 from . import dashboard, dashboard_forms, rest
 from .admin import configured_departments, configured_projects
@@ -108,9 +110,9 @@ class PoolService(Application):
                                 "\"kubernetes\" (pods on a Kubernetes train pool), or a "
                                 "Backend subclass or its import name.").tag(config=True)
 
-    cycle_interval = Float(1.0, help="Seconds between scheduling cycles; a submit or cancel "
+    cycle_interval = Float(DEFAULT_CYCLE_S, help="Seconds between scheduling cycles; a submit or cancel "
                            "also runs one at once.").tag(config=True)
-    grace_period = Float(30.0, help="Seconds a preempted or cancelled job gets between "
+    grace_period = Float(DEFAULT_GRACE_S, help="Seconds a preempted or cancelled job gets between "
                          "SIGTERM and SIGKILL, to write a checkpoint.").tag(config=True)
     min_runtime = Float(DEFAULT_MIN_RUNTIME_S, help="Seconds a job runs before it may be "
                         "preempted, so that a job that borrowed an idle GPU is not stopped "
@@ -118,7 +120,7 @@ class PoolService(Application):
                         "waits at most this long more for its GPUs: the guarantee is one "
                         "cycle plus the grace period plus min_runtime. 0 turns it off."
                         ).tag(config=True)
-    reserve_after = Float(1800.0, help="Seconds a job waits before nodes are reserved for it, "
+    reserve_after = Float(PolicyConfig().reserve_after_s, help="Seconds a job waits before nodes are reserved for it, "
                           "so a stream of small jobs cannot starve a large gang.").tag(config=True)
     preempt_within_project = Bool(False, help="Let a higher-priority job preempt lower-priority "
                                   "jobs of its own project.").tag(config=True)
@@ -141,7 +143,7 @@ class PoolService(Application):
         only orders who gets idle GPUs, which a gang may not fit; with reclaim_fair_share
         too, borrowers above their share give GPUs back (on the Philly trace the two halved
         the weekly gap between borrowing and weights, at 3x the preemptions).""").tag(config=True)
-    fair_share_window = Float(7 * 86400.0, help="""Seconds of borrowed GPU-time that fair share
+    fair_share_window = Float(DEFAULT_FAIR_SHARE_WINDOW_S, help="""Seconds of borrowed GPU-time that fair share
         over time looks back on; older borrowing does not count at all. Used only when
         fair_share_half_life is set.""").tag(config=True)
     build_nodes = Dict(help="""The build pool, whose GPUs are cut into slices for notebook
@@ -456,17 +458,25 @@ class PoolService(Application):
         self.usage = GPUUsage(self.store, self.backend, self.build, self.state_dir,
                               self.follows, self.hub, parent=self)
 
-    def init_scheduler(self):
-        self.scheduler = Scheduler(
-            self.store, self.backend, PolicyConfig(
+    def pool_settings(self) -> PoolSettings:
+        """What decides, from the options: built once; the loop decides by it, and
+        api/history sends it whole so that a replay decides as this pool does."""
+        return PoolSettings(
+            cycle_interval_s=self.cycle_interval, grace_period_s=self.grace_period,
+            policy=PolicyConfig(
                 min_runtime_s=self.min_runtime, reserve_after_s=self.reserve_after,
                 preempt_within_project=self.preempt_within_project,
                 reclaim_fair_share=self.reclaim_fair_share, consolidate=self.consolidate),
-            self.grace_period,
-            Launcher(self.backend, self.checkpoint_dir_template, self.state_dir),
-            self.log, idle_jobs=self.usage.idle_jobs,
             fair_share=FairShareTime(self.fair_share_half_life, self.fair_share_window)
             if self.fair_share_half_life else None,
+            lend_build_gpus=self.lend_build_gpus)
+
+    def init_scheduler(self):
+        self.decides = decides = self.pool_settings()
+        self.scheduler = Scheduler(
+            self.store, self.backend, decides.policy, decides.grace_period_s,
+            Launcher(self.backend, self.checkpoint_dir_template, self.state_dir),
+            self.log, idle_jobs=self.usage.idle_jobs, fair_share=decides.fair_share,
             build=self.build if self.backend.lends_build_gpus else None)
         self.build.wake, self.build.deciding = self.scheduler.wake, self.scheduler.deciding
         self.intake = JobIntake(self.store, self.scheduler, self.python,
@@ -486,10 +496,7 @@ class PoolService(Application):
             max_body_size=self.max_body_size, spawner_service=self.spawner_service,
             # what a replay of the history needs to decide as this pool does (api/history)
             whatif=self.whatif,
-            replay_knobs={"cycle_interval_s": self.cycle_interval,
-                          "grace_period_s": self.grace_period,
-                          "min_runtime_s": self.min_runtime,
-                          "reserve_after_s": self.reserve_after},
+            replay_knobs=self.decides.to_json(),
             hub_auth=HubAuth(),
             dashboard_oauth=dashboard.OAuthSettings(math.ceil(self.token_cache_ttl)),
             # The dashboard's login cookie is signed with a secret of this process: after a
@@ -529,7 +536,7 @@ class PoolService(Application):
                                    self.log.error("Releasing stale build slices failed: %s",
                                                   f.exception()))
         # The loop adopts what still runs first (reconcile), while the API already answers.
-        running = asyncio.ensure_future(self.scheduler.run(self.cycle_interval))
+        running = asyncio.ensure_future(self.scheduler.run(self.decides.cycle_interval_s))
         beside = [asyncio.ensure_future(c) for c in (
             *self.usage.coroutines(),
             prune_audit(self.store, self.audit_retention_days, self.log,

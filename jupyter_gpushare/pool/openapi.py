@@ -5,6 +5,7 @@ Served at ``api/openapi.json``; a test checks it against the service's handlers.
 from __future__ import annotations
 
 from .. import __version__
+from ..policy.settings import PoolSettings
 from ..sim.history import MAX_GROWTH
 from ..trainjob import MAX_NAME, PRIORITY, REQUEST_ID_PATTERN, STATES
 from .whatif import STATES as WHATIF_STATES
@@ -357,8 +358,11 @@ SPEC = {
                 "jobs": {"type": "array", "items": {"$ref": "#/components/schemas/HistoryJob"}},
                 "next": {"type": "string", "nullable": True, "description": "give it as after "
                          "for the next page; null on the last"},
-                "settings": {"type": "object", "description": "the pool's scheduling knobs a "
-                             "replay uses", "additionalProperties": {"type": "number"}}}},
+                "settings": {"type": "object", "description": "what decides in this pool "
+                             "(PoolSettings), whole: a replay decides by it",
+                             "properties": {
+                                 k: {"type": "boolean" if isinstance(v, bool) else "number"}
+                                 for k, v in PoolSettings().to_json().items()}}}},
             "WhatIf": {"type": "object", "properties": {
                 "id": {"type": "string"},
                 "state": {"type": "string", "enum": list(WHATIF_STATES)},

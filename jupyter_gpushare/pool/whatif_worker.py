@@ -4,8 +4,8 @@ whatever the service's PYTHON* variables and current folder), and killed by it w
 what-if is cancelled or runs past its timeout.
 
 It reads one JSON object on stdin: ``history`` (the trace lines, or ``{"db_url", "window"}``
-to read them from the store itself), ``pool``, ``projects``, ``knobs``, ``capacity`` and
-``quotas`` (milli-GPUs); and writes JSON lines on stdout: ``{"progress": share}`` now and then,
+to read them from the store itself), ``pool``, ``projects``, ``departments``, ``knobs``
+(the pool's settings), ``capacity`` and ``quotas`` (milli-GPUs); and writes JSON lines on stdout: ``{"progress": share}`` now and then,
 then ``{"result": ...}`` or ``{"error": sentence}``.
 """
 
@@ -54,7 +54,8 @@ def run(request: dict) -> dict:
     _say(progress=0.05)
     return what_if(request["pool"], request["projects"], request["knobs"], history,
                    request["capacity"], request["quotas"],
-                   lambda share: _say(progress=round(0.05 + 0.95 * share, 4)))
+                   lambda share: _say(progress=round(0.05 + 0.95 * share, 4)),
+                   request.get("departments"))
 
 
 def main() -> int:

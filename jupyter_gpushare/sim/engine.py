@@ -34,6 +34,7 @@ from ..policy.lending import build_node_of
 from ..policy.model import GPU, Department, JobState, Project
 from ..policy.past_use import FairShareTime, PastUse
 from ..policy.queues import Queues
+from ..policy.settings import DEFAULT_GRACE_S
 from . import activity
 from .baselines import config_for, projects_for, queue_of
 from .trace import TraceJob
@@ -49,7 +50,7 @@ class SimConfig:
     capacity_gpus: int
     gpus_per_node: int = 8
     policy: str = "guaranteed"
-    grace_s: float = 30.0
+    grace_s: float = DEFAULT_GRACE_S
     checkpoint_interval_s: float = 1800.0
     cycle_interval_s: float = 0.0
     """Least time between two cycles; 0 runs one after every instant at which something changed."""

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from ..policy.model import GPU, Node, PolicyConfig, Project
+from ..policy.model import GPU, Department, Node, PolicyConfig, Project, two_levels
+from ..policy.past_use import FairShareTime
+from ..policy.settings import DEFAULT_GRACE_S, PoolSettings
 from .engine import SimConfig, Simulator
 from .metrics import percentile
 from .trace import TraceJob
@@ -35,7 +37,8 @@ COLUMNS = ("job_id", "submit_time", "duration", "gpus", "project", "user", "prio
 
 
 def history_entry(job, attempts, utilization: float | None, since: float, now: float,
-                  grace_s: float = 30.0, checkpoint_interval_s: float = 1800.0) -> dict | None:
+                  grace_s: float = DEFAULT_GRACE_S,
+                  checkpoint_interval_s: float = 1800.0) -> dict | None:
     """A recorded job (``job``: a JobRow; ``attempts``: its AttemptRows) as one trace line, or
     None when it never ran. ``submit_time`` is seconds from ``since``.
 
@@ -87,36 +90,54 @@ def trace_jobs(entries: list[dict]) -> list[TraceJob]:
 
 @dataclass(frozen=True)
 class Settings:
-    """What a replay runs under: the train pool's nodes, its projects, its knobs."""
+    """What a replay runs under: the train pool's nodes, its projects and departments, and
+    what decides (the pool's ``PoolSettings``, as ``api/history`` sends them)."""
 
     nodes: tuple[Node, ...]
     projects: tuple[Project, ...]
     cycle_interval_s: float = 0.0
-    grace_s: float = 30.0
+    grace_s: float = DEFAULT_GRACE_S
     cycle_delay_s: float = 0.0  # the pool's decision latency (``decision_latency``)
     policy_config: PolicyConfig = field(default_factory=PolicyConfig)
+    fair_share: FairShareTime | None = None
+    departments: tuple[tuple[Department, tuple[str, ...]], ...] = ()
+    """Each department with its projects' names."""
+    decides: PoolSettings = field(default_factory=PoolSettings)
+    """What the pool said decides (``api/history``'s settings), reported with the replay."""
 
     @property
     def capacity(self) -> int:
         return sum(n.gpus for n in self.nodes)
 
 
-def settings_from(pool: dict, projects: list[dict], knobs: dict) -> Settings:
-    """Settings from the API's answers: ``api/pool`` (its train nodes), ``api/projects`` and
-    the knobs ``api/history`` gives."""
+def settings_from(pool: dict, projects: list[dict], knobs: dict,
+                  departments: list[dict] | None = None) -> Settings:
+    """Settings from the API's answers: ``api/pool`` (its train nodes), ``api/projects``,
+    ``api/departments`` and the settings ``api/history`` gives (``PoolSettings``: the
+    policy's knobs, the grace period, fair share over time)."""
+    try:
+        decides = PoolSettings.from_json(knobs)
+    except ValueError as e:
+        raise BadChange(str(e)) from None
     nodes = tuple(Node(n["name"], int(n["gpus"])) for n in pool.get("nodes", [])
                   if n.get("pool", "train") == "train" and n.get("gpus"))
     projs = tuple(Project(p["name"], quota=round(p["quota"] * GPU),
                           over_quota_weight=int(p.get("over_quota_weight", 1)),
                           limit=None if p.get("limit") is None else round(p["limit"] * GPU),
-                          priority=int(p.get("priority", 0)))
+                          priority=int(p.get("priority", 0)),
+                          department=p.get("department") or "")
                   for p in projects)
-    config = PolicyConfig(min_runtime_s=float(knobs.get("min_runtime_s", 0.0)),
-                          reserve_after_s=float(knobs.get("reserve_after_s", 1800.0)))
+    levels = tuple((Department(d["name"], quota=round(d["quota"] * GPU),
+                               over_quota_weight=int(d.get("over_quota_weight", 1)),
+                               limit=None if d.get("limit") is None
+                               else round(d["limit"] * GPU)),
+                    tuple(d.get("projects") or ()))
+                   for d in departments or ())
     # The pool runs a cycle at once on every submit and every exit it sees (within 0.1 s),
     # as the simulator does with no cycle interval: its knob only spaces idle cycles.
-    return Settings(nodes, projs, grace_s=float(knobs.get("grace_period_s", 30.0)),
-                    policy_config=config)
+    return Settings(nodes, projs, grace_s=decides.grace_period_s,
+                    policy_config=decides.policy, fair_share=decides.fair_share,
+                    departments=levels, decides=decides)
 
 
 def with_capacity(settings: Settings, change: str) -> Settings:
@@ -151,7 +172,7 @@ def with_quotas(settings: Settings, quotas: dict[str, int]) -> Settings:
         q = quotas.get(name, p.quota)
         limit = p.limit if p.limit is None or p.limit >= q else q
         out.append(Project(name, quota=q, over_quota_weight=p.over_quota_weight, limit=limit,
-                           priority=p.priority))
+                           priority=p.priority, department=p.department))
     return replace(settings, projects=tuple(out))
 
 
@@ -160,10 +181,10 @@ def replay(jobs: list[TraceJob], settings: Settings, on_progress=None):
     config = SimConfig(capacity_gpus=settings.capacity, grace_s=settings.grace_s,
                        cycle_interval_s=settings.cycle_interval_s,
                        cycle_delay_s=settings.cycle_delay_s,
-                       policy_config=settings.policy_config)
+                       policy_config=settings.policy_config, fair_share=settings.fair_share)
     fit = [j for j in jobs if j.gpus <= settings.capacity * GPU]
     return Simulator(fit, {}, config, nodes=settings.nodes, projects=settings.projects,
-                     on_progress=on_progress).run()
+                     on_progress=on_progress, departments=dict(settings.departments)).run()
 
 
 def _figures(per_job: list[tuple[str, float, float, float, float | None]], capacity: int,
@@ -245,9 +266,17 @@ def compare(entries: list[dict], today: Settings, changed: Settings | None,
 
 
 def _describe(s: Settings) -> dict:
+    """What a replay ran under, and what of the pool's settings it could not replay."""
     return {"capacity_gpus": s.capacity, "nodes": len(s.nodes),
             "decision_latency_s": round(s.cycle_delay_s, 4),
-            "quotas": {p.name: p.quota / GPU for p in s.projects}}
+            "quotas": {p.name: p.quota / GPU for p in s.projects},
+            "departments": {d.name: d.quota / GPU for d, _ in s.departments},
+            "replayed": s.decides.to_json(),
+            "not_replayed": NOT_REPLAYED if s.decides.lend_build_gpus else []}
+
+
+NOT_REPLAYED = ["lend_build_gpus: the history holds no build slices, so the replay lends no "
+                "build GPUs; jobs that ran on lent ones are replayed on the train pool"]
 
 
 # -- the changes a what-if asks for ---------------------------------------------------------
@@ -302,6 +331,10 @@ def changed_settings(today: Settings, capacity: str | None, quotas: dict[str, in
     if total > out.capacity * GPU:
         raise BadChange(f"the quotas add up to {total / GPU:g} GPUs but the pool would have "
                         f"{out.capacity}; lower them or add capacity")
+    problem = two_levels(out.projects, [d for d, _ in out.departments]) \
+        if out.departments else None
+    if problem:
+        raise BadChange(problem)
     return out
 
 
@@ -332,10 +365,11 @@ def decision_latency(entries: list[dict]) -> float:
 
 
 def what_if(pool: dict, projects: list[dict], knobs: dict, entries: list[dict],
-            capacity: str | None, quotas: dict[str, int], on_progress=None) -> dict:
+            capacity: str | None, quotas: dict[str, int], on_progress=None,
+            departments: list[dict] | None = None) -> dict:
     """The whole what-if from the API's answers: today's settings, the changed ones, both
     replays side by side (``compare``)."""
-    today = replace(settings_from(pool, projects, knobs),
+    today = replace(settings_from(pool, projects, knobs, departments),
                     cycle_delay_s=decision_latency(entries))
     if today.capacity < 1:
         raise BadChange("the pool has no train GPUs to replay on")

@@ -20,6 +20,7 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..policy.settings import DEFAULT_GRACE_S
 from . import activity
 
 JOBS_TABLE = Path(__file__).parent / "examples" / "philly_jobs.csv"
@@ -51,7 +52,7 @@ class TeamParameters:
     think_h: float = 4.0  # mean working hours of thinking per experiment at demand 1
     queue_short: int = 1  # a researcher queues another only while fewer of theirs wait
     max_gpus: int = 8
-    grace_s: float = 30.0
+    grace_s: float = DEFAULT_GRACE_S
     cycle_interval_s: float = 10.0
     checkpoint_interval_s: float = 1800.0
     cull_after_s: float = 3600.0
