@@ -20,6 +20,8 @@ from traitlets.config import LoggingConfigurable
 from ..policy.model import Node
 from . import logfile
 
+SIMULATED_LABEL = "gpushare.io/simulated"
+"""The label of a node a backend plays where the machine has no GPU (a labelled stand-in)."""
 LOST = "lost"  # an Exit's state when the attempt vanished without an exit status
 
 

@@ -36,10 +36,9 @@ from ..policy.lending import build_node_of
 from ..policy.model import GPU, Node, gpus_text
 from ..trainjob import CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES, FAILED, SUCCEEDED
 from . import ranks, shim
-from .base import (LOST, Backend, BackendError, Exit, Handle, Launch, LentGPUsGone,
-                   LocalAttempt, private_dir)
+from .base import (LOST, SIMULATED_LABEL, Backend, BackendError, Exit, Handle, Launch,
+                   LentGPUsGone, LocalAttempt, private_dir)
 
-SIMULATED_LABEL = "gpushare.io/simulated"
 ORPHAN_GRACE_S = 10.0
 """Grace period of a job found running that no handle names (after a restart)."""
 

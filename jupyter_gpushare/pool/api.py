@@ -16,7 +16,7 @@ from tornado import web
 from tornado.iostream import StreamClosedError
 
 from ..backends import logfile
-from ..backends.local import SIMULATED_LABEL
+from ..backends.base import SIMULATED_LABEL
 from ..backends.ranks import world_size
 from ..policy import SliceRefused
 from ..policy.model import GPU

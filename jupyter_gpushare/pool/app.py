@@ -29,8 +29,8 @@ from traitlets import Bool, Dict, Float, Integer, TraitError, Type, Unicode, def
 from traitlets.config import Application
 
 from .. import __version__
-from ..backends.base import Backend, private_dir
-from ..backends.local import SIMULATED_LABEL, LocalBackend
+from ..backends.base import SIMULATED_LABEL, Backend, private_dir
+from ..backends.local import LocalBackend
 from ..policy.departments import guaranteed, two_levels
 from ..policy.lending import build_node_of
 from ..policy.model import DEFAULT_MIN_RUNTIME_S, GPU, TRAIN, PolicyConfig, Project

@@ -16,7 +16,6 @@ from pathlib import Path
 from traitlets import Bool, CaselessStrEnum, Dict, Float, TraitError, Unicode, default, validate
 from traitlets.config import LoggingConfigurable
 
-from ..backends.local import SIMULATED_LABEL
 from ..gpus import SIMULATED_NAME
 from ..policy.model import GPU
 from ..trainjob import RUNNING
@@ -25,7 +24,7 @@ from ..usage.cull import CullSettings
 from ..usage.meter import LocalContext, UsageMeter, UsageSettings
 from ..usage.rollup import DAY
 from ..usage.sampler import NVMLSampler
-from ..backends.base import Backend
+from ..backends.base import SIMULATED_LABEL, Backend
 from .agents import AgentNodes, PodTokens
 from .build import BuildPool
 from .culler import SliceCuller
