@@ -240,3 +240,39 @@ def test_departments_refused_where_they_mean_nothing(capsys, example, tmp_path):
                        "--departments", str(departments))
     assert code == 2 and "d.csv, line 1: the header lacks column(s) limit; it needs " \
         "department,quota,limit,projects" in err
+
+
+KINDS = {"guarantee", "fair", "priority", "move", "take back"}
+
+
+def test_every_preemption_in_the_events_log_names_its_kind(capsys, example, tmp_path):
+    """An outsider's check of --events: each preempt names the rule that stopped the job, and
+    a job whose project held no more than its quota when it stopped was stopped only as a
+    move (which the documentation allows), never by a reclaim."""
+    trace, quotas = example
+    quota = {row.split(",")[0]: float(row.split(",")[1]) for row in
+             quotas.read_text().splitlines()[1:] if row.strip()}
+    events = tmp_path / "events.jsonl"
+    code, out, err = run(capsys, "simulate", "--trace", str(trace), "--quotas", str(quotas),
+                         "--reclaim-fair-share", "--events", str(events), "--json")
+    assert code == 0, err
+    held, kinds, running, within = {}, [], {}, 0
+    for line in events.read_text().splitlines():
+        e = json.loads(line)
+        if e["event"] == "start":  # held from its start until it is stopped or ends
+            lent = any(node.endswith("/lent") for node in e["placement"])
+            running[e["job"]] = (e["project"], 0 if lent else e["gpus"])
+            held[e["project"]] = held.get(e["project"], 0) + running[e["job"]][1]
+        elif e["event"] == "preempt":
+            assert e.get("kind") in KINDS, e
+            kinds.append(e["kind"])
+            project, gpus = running.pop(e["job"])
+            if gpus and held[project] <= quota.get(project, 0):
+                assert e["kind"] == "move", e  # within quota: only a move stops it
+                within += 1
+            held[project] -= gpus
+        elif e["event"] == "finish" and e["job"] in running:
+            project, gpus = running.pop(e["job"])
+            held[project] -= gpus
+    assert "move" in kinds and {"guarantee", "fair"} & set(kinds), sorted(set(kinds))
+    assert kinds.count("move") == json.loads(out)["moves"] == within  # moves are within quota

@@ -30,9 +30,10 @@ from typing import IO, Callable, Iterable, Mapping
 
 from ..policy import CycleResult, Node, PolicyConfig, Snapshot, TrainJob, cycle
 from ..policy.cycle import never_fits
-from ..policy.lending import build_node_of
+from ..policy.lending import TAKE_BACK, build_node_of
 from ..policy.model import GPU, Department, JobState, Project
 from ..policy.past_use import FairShareTime, PastUse
+from ..policy.preemption import Reclaim
 from ..policy.queues import Queues
 from ..policy.settings import DEFAULT_GRACE_S
 from . import activity
@@ -257,7 +258,7 @@ class Simulator:
         job on a lent build GPU that a notebook server takes back (``pool/loop.py``)."""
         job = self.active.get(job_id)
         if job is not None and job.running and not job.preempting:
-            self._preempt(t, job_id)
+            self._preempt(t, job_id, TAKE_BACK)
             self._changed(t)
 
     def _emit(self, t: float, event: str, rec: JobRecord, **extra) -> None:
@@ -456,11 +457,11 @@ class Simulator:
         result = self.decide(snap)
         self.decision_s.append(time.perf_counter() - tick)
         for p in result.preemptions:
-            self._preempt(t, p.job, p.kind == "move")
+            self._preempt(t, p.job, p.kind)
             if not p.for_job:  # lent GPUs taken back for the build pool: no claimant
                 continue
             claimant = self.records[p.for_job]
-            if p.kind in ("guarantee", "move") and claimant.claim_since is None:
+            if p.kind in (Reclaim.GUARANTEE, Reclaim.MOVE) and claimant.claim_since is None:
                 claimant.claim_since = t
                 self.claimants.setdefault(self.active.get(p.for_job).project, set()).add(p.for_job)
         for s in result.starts:
@@ -527,13 +528,15 @@ class Simulator:
                     setattr(rec, since, None)
                     jobs[project].discard(job_id)
 
-    def _preempt(self, t: float, job_id: str, move: bool = False) -> None:
+    def _preempt(self, t: float, job_id: str, kind: str) -> None:
+        """``kind``: the rule that stopped it (``Preempt.kind``: a ``Reclaim`` rule, or a
+        take-back of lent build GPUs), written with its event."""
         rec = self.records[job_id]
         job = self.active.get(job_id)
         # Checked here, apart from the policy: the guarantee says this never happens.
         self._account(job.project, t)
         if not on_lent(job.placement):  # a job on lent GPUs is within no quota
-            if move:
+            if kind == Reclaim.MOVE:
                 self.moves += 1
             elif self.usage[job.project] <= self.quota_of[job.project]:
                 self.within_quota += 1
@@ -545,7 +548,7 @@ class Simulator:
         # first); only one still running when the grace ends is released and requeued.
         if rec.attempt_start + rec.remaining > t + self.cfg.grace_s:
             self._push(t + self.cfg.grace_s, RELEASE, job_id, rec.attempt)
-        self._emit(t, "preempt", rec, attempt=rec.attempt)
+        self._emit(t, "preempt", rec, attempt=rec.attempt, kind=getattr(kind, "value", kind))
 
     def _apply_waits(self, t: float, result) -> None:
         for w in result.unschedulable:  # can never run as asked
