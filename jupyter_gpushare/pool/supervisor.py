@@ -12,7 +12,10 @@ spare child waits with its imports done (``__main__.py``, about 0.7 s of a 1 s s
 restart only reads the configuration, opens the store and listens. SIGTERM or SIGINT (the hub stopping the service) is passed on as SIGTERM and
 the supervisor exits with the child's status. On Linux the child gets SIGTERM if the
 supervisor itself is killed, so no orphan keeps the port; the hub then restarts the
-supervisor at its next poll.
+supervisor at its next poll. When the hub itself dies (``kill -9``, the OOM killer), the
+supervisor notices within a second (its parent is no longer the hub) and stops the service
+as the hub would have: train jobs keep running and the next start adopts them, and the port
+is free for the hub started again.
 
 Standard library only, and no import of the service: it starts in a few milliseconds.
 """
@@ -27,6 +30,8 @@ import sys
 import time
 
 QUICK_S = 10.0  # a child that dies sooner than this after its start is restarted after a pause
+LOOK_S = 1.0  # how often the supervisor looks whether the hub that started it is still there
+STOP_WAIT_S = 30.0  # how long a service told to stop may take before it is killed
 MAX_PAUSE_S = 10.0
 _PR_SET_PDEATHSIG = 1
 
@@ -77,6 +82,29 @@ def main(argv: list[str] | None = None) -> int:
             child.wait()
             return go(spare())
 
+    hub = os.getppid()
+
+    def orphaned() -> None:
+        """The hub that started this is gone: stop as it would have stopped us."""
+        if not stopping and os.getppid() != hub:
+            _say("the hub that started the pool service is gone; stopping the service "
+                 "(train jobs keep running; the next start adopts them)")
+            stop(signal.SIGTERM, None)
+
+    def watch(child: subprocess.Popen) -> int:
+        """The child's exit status, looking at the hub every LOOK_S meanwhile; a child told
+        to stop that does not within STOP_WAIT_S is killed."""
+        told = None
+        while True:
+            try:
+                return child.wait(timeout=LOOK_S)
+            except subprocess.TimeoutExpired:
+                orphaned()
+                if stopping and told is None:
+                    told = time.monotonic()
+                elif told is not None and time.monotonic() - told > STOP_WAIT_S:
+                    child.kill()
+
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     waiting, pause = spare(), 0.0
@@ -86,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             active, waiting = go(waiting), spare()
             if stopping:  # the signal came while it was being started
                 active.send_signal(signal.SIGTERM)
-            code = active.wait()
+            code = watch(active)
             if stopping:
                 return code if code >= 0 else 0
             pause = 0.0 if time.monotonic() - started > QUICK_S else min(max(pause * 2, 0.5),
@@ -96,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             deadline = time.monotonic() + pause
             while not stopping and time.monotonic() < deadline:
                 time.sleep(min(0.1, deadline - time.monotonic()))
+                orphaned()
         return 0
     finally:
         try:  # the spare reads the end of its input and leaves
