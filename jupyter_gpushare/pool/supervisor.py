@@ -82,11 +82,13 @@ def main(argv: list[str] | None = None) -> int:
             child.wait()
             return go(spare())
 
-    hub = os.getppid()
+    # The hub that manages this service (JupyterHub names the service in its environment);
+    # None where something else started it, which may well leave it running on purpose.
+    hub = os.getppid() if os.environ.get("JUPYTERHUB_SERVICE_NAME") else None
 
     def orphaned() -> None:
         """The hub that started this is gone: stop as it would have stopped us."""
-        if not stopping and os.getppid() != hub:
+        if not stopping and hub is not None and os.getppid() != hub:
             _say("the hub that started the pool service is gone; stopping the service "
                  "(train jobs keep running; the next start adopts them)")
             stop(signal.SIGTERM, None)
