@@ -144,7 +144,26 @@ def test_an_admins_cancel_of_someone_elses_job_is_noted(hub):
     assert [e["target"] for e in cancels] == [theirs["id"]]
     assert cancels[0]["who"] == "admin" and cancels[0]["before"]["user"] == "alice"
     assert cancels[0]["before"]["state"] in ("pending", "running")
-    hub.wait_job("alice", theirs["id"], ("cancelled",))
+    assert cancels[0]["after"]["state"] == {"pending": "cancelled",  # never running → running
+                                            "running": "stopping (cancelled)"}[
+        cancels[0]["before"]["state"]]
+    done = hub.wait_job("alice", theirs["id"], ("cancelled",))
+    assert done["reason"] == "cancelled by an admin (admin)", done  # not "by its user"
+    mine = hub.wait_job("alice", own["id"], ("cancelled",))
+    assert mine["reason"] == "cancelled by its user"
+
+
+def test_an_admins_cancel_of_a_running_job_says_so_while_it_stops_and_after(hub):
+    job = hub.api("POST", "api/jobs", "alice", {"gpus": 1, "source": "import time; "
+                                                "time.sleep(30)"})[1]
+    hub.wait_job("alice", job["id"], ("running",))
+    assert hub.api("DELETE", f"api/jobs/{job['id']}", "admin")[0] == 200
+    [cancel] = [e for e in entries(hub) if e["action"] == "cancel job"
+                and e["target"] == job["id"]]
+    assert (cancel["before"]["state"], cancel["after"]["state"]) == \
+        ("running", "stopping (cancelled)")
+    done = hub.wait_job("alice", job["id"], ("cancelled",))
+    assert done["reason"] == "cancelled by an admin (admin)"
 
 
 def test_a_drained_node_starts_nothing_and_requeue_moves_its_jobs(hub):

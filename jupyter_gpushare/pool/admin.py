@@ -11,7 +11,7 @@ from dataclasses import replace
 from ..policy.departments import guaranteed, two_levels
 from ..policy.model import GPU, TRAIN, Project
 from ..policy.quotas import overbooking
-from ..trainjob import ACTIVE
+from ..trainjob import ACTIVE, RUNNING
 from . import departments as D
 from .models import DrainRow, JobRow, ProjectRow
 from .projects import ProjectSpec, changes, project_name
@@ -218,10 +218,11 @@ async def cancel_job(store, scheduler, row: JobRow, who: str, owner: bool, via: 
     """Cancel a job (``DELETE api/jobs/{id}``); an admin's cancel of someone else's job
     (``owner`` False) is noted in the audit trail."""
     cancellable(row)
-    before = {"state": row.state, "user": row.user, "project": row.project}
-    done = await scheduler.cancel(row)
-    if not owner:
-        record(store, who, "cancel job", row.id, before, {"state": done.state}, via, address)
+    was, done = await scheduler.cancel(row, "its user" if owner else f"an admin ({who})")
+    if not owner:  # a running job stops within its grace period: "stopping" until then
+        before = {"state": was, "user": row.user, "project": row.project}
+        after = done.state if done.state != RUNNING else "stopping (cancelled)"
+        record(store, who, "cancel job", row.id, before, {"state": after}, via, address)
     return done
 
 

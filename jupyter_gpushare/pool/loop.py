@@ -323,15 +323,20 @@ class Scheduler:
             return None
         return dict(handle.data)
 
-    async def cancel(self, row: JobRow) -> JobRow:
+    async def cancel(self, row: JobRow, by: str = "its user") -> tuple[str, JobRow]:
+        """Cancel the job: the state it was in when cancelled, and its row now. ``by``: who,
+        as its reason will say ("cancelled by its user", "by an admin (bob)"), kept with the
+        cancel's event until a running job has stopped."""
         async with self._lock:
             now = time.time()
             row = self.store.job(row.id)
+            was = row.state
             if row.state == PENDING:
-                return self.store.finish(row.id, now, CANCELLED, message="cancelled by its user")
-            row = self.store.mark(row.id, now, cancel=True)
+                return was, self.store.finish(row.id, now, CANCELLED,
+                                              message=f"cancelled by {by}")
+            row = self.store.mark(row.id, now, cancel=True, detail=f"cancelled by {by}")
             await self.backend.stop(row.id, row.attempt, self.grace_s)
-            return row
+            return was, row
 
     def _apply_exits(self, exits: list[Exit], now: float) -> None:
         with self.store.batch():  # one commit for all of them
@@ -343,7 +348,9 @@ class Scheduler:
         if row is None or row.state != RUNNING or row.attempt != ex.attempt:
             return  # an attempt already accounted for
         if row.cancel_requested:
-            self.store.finish(row.id, now, CANCELLED, ex.exit_code, "cancelled by its user")
+            said = [e.detail for e in self.store.events(row.id) if e.kind == "cancel"]
+            self.store.finish(row.id, now, CANCELLED, ex.exit_code,
+                              said[-1] if said and said[-1] else "cancelled")
         elif row.preempting:
             # Ended during its grace period: by our stop (requeued), or by itself
             # (finished by its exit code, never run again): policy/outcome.py.

@@ -73,7 +73,7 @@ def why_text(row: JobRow, explained: Explanation) -> str:
         return explained.reasons.get(row.id, "waiting for the next scheduling cycle")
     if row.state == RUNNING:
         if row.cancel_requested:
-            return "stopping: cancelled by its user"
+            return "stopping: cancelled"
         if row.preempting:
             return "stopping: preempted, it will be requeued"
         return explained.starting.get(row.id, "")  # e.g. Kubernetes has not placed its pod yet
