@@ -353,10 +353,10 @@ def test_a_whatif_is_started_followed_and_cancelled_at_its_paths(service):
     run = {"id": "w-1/2", "state": "replaying"}
     service.routes.update({
         ("POST", "api/whatif"): (202, run), ("GET", "api/whatif/w-1%2F2"): (200, run),
-        ("DELETE", "api/whatif/w-1%2F2"): (200, {**run, "state": "cancelled"})})
+        ("DELETE", "api/whatif/w-1%2F2"): (200, {**run, "state": "stopped"})})
     client = PoolClient(service.url, TOKEN)
     assert client.start_whatif("30d", capacity="+8") == run and client.whatif("w-1/2") == run
-    assert client.cancel_whatif("w-1/2")["state"] == "cancelled"
+    assert client.cancel_whatif("w-1/2")["state"] == "stopped"
     assert [(r["method"], r["path"]) for r in service.requests] == [
         ("POST", "api/whatif"), ("GET", "api/whatif/w-1%2F2"), ("DELETE", "api/whatif/w-1%2F2")]
     assert service.requests[0]["body"] == {"since": "30d", "capacity": "+8"}

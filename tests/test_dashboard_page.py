@@ -518,9 +518,9 @@ def test_the_whatif_page_shows_the_form_the_progress_and_the_result():
     assert "Replayed, changed settings" in page and "vision (quota 8 → 12)" in page
     failed = {**running, "state": "error", "error": "the quotas add up to <20> GPUs"}
     assert "the quotas add up to &lt;20&gt; GPUs" in render_whatif({**data, "run": failed})
-    cancelled = {**running, "state": "cancelled", "error": "admin cancelled it before it finished"}
+    cancelled = {**running, "state": "stopped", "error": "admin cancelled it before it finished"}
     page = render_whatif({**data, "run": cancelled})
-    assert 'data-state="cancelled"' in page and "admin cancelled it before it finished" in page
+    assert 'data-state="stopped"' in page and "admin cancelled it before it finished" in page
 
 
 def test_departments_are_shown_with_their_projects_and_each_projects_department():

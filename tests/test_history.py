@@ -227,13 +227,13 @@ def test_a_cancelled_whatif_kills_its_worker_and_the_next_may_start():
         run = runner.start({}, _nothing)
         await _at_five_percent(run)
         assert runner.cancel(run.id, "admin") is run
-        assert run.json()["state"] == "cancelled" and run.json()["progress"] == 0.05
+        assert run.json()["state"] == "stopped" and run.json()["progress"] == 0.05
         assert run.error == "admin cancelled it before it finished"
         await _ended(run)
         assert run.worker.returncode == -signal.SIGKILL
         assert runner.cancel("w-0-0", "admin") is None
         after = runner.start({}, _nothing)  # not Busy
-        assert runner.cancel(after.id, "admin").state == "cancelled"
+        assert runner.cancel(after.id, "admin").state == "stopped"
         await _ended(after)
         assert runner.cancel(after.id, "admin").error == "admin cancelled it before it finished"
     asyncio.run(go())
@@ -475,7 +475,7 @@ def test_an_admin_cancels_a_whatif_and_the_next_may_start(hub, hour):
     assert status == 202, run
     assert hub.api("DELETE", f"api/whatif/{run['id']}", "alice")[0] == 403
     status, run = hub.api("DELETE", f"api/whatif/{run['id']}", "admin")
-    assert status == 200 and run["state"] == "cancelled", run
+    assert status == 200 and run["state"] == "stopped", run
     assert run["error"] == "admin cancelled it before it finished"
     deadline = time.monotonic() + 10
     while _workers(hub) and time.monotonic() < deadline:
@@ -484,9 +484,9 @@ def test_an_admin_cancels_a_whatif_and_the_next_may_start(hub, hour):
     status, audit = hub.api("GET", "api/audit", "admin")
     entry = next(e for e in audit["entries"] if e["action"] == "cancel what-if")
     assert entry["target"] == run["id"] and entry["who"] == "admin"
-    assert entry["after"] == {"state": "cancelled"}
+    assert entry["after"] == {"state": "stopped"}
     status, again = hub.api("DELETE", f"api/whatif/{run['id']}", "admin")  # as it is
-    assert status == 200 and again["state"] == "cancelled"
+    assert status == 200 and again["state"] == "stopped"
     status, run = hub.api("POST", "api/whatif", "admin", window)
     assert status == 202, run
     deadline = time.monotonic() + 60

@@ -141,7 +141,7 @@ def run_section(run: dict | None) -> str:
                  f'role="progressbar" aria-valuenow="{run["progress"] * 100:.0f}" '
                  f'aria-valuemin="0" aria-valuemax="100"><span style="width:'
                  f'{run["progress"] * 100:.0f}%"></span></div>')
-    elif state in ("error", "cancelled"):
+    elif state in ("error", "stopped"):
         inner = f'<p class="bad">{escape(run.get("error") or "The replay failed.")}</p>'
     else:
         inner = result_table(run["result"])

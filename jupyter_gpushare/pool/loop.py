@@ -350,7 +350,7 @@ class Scheduler:
         if row.cancel_requested:
             said = [e.detail for e in self.store.events(row.id) if e.kind == "cancel"]
             self.store.finish(row.id, now, CANCELLED, ex.exit_code,
-                              said[-1] if said and said[-1] else "cancelled")
+                              said[-1] if said and said[-1] else CANCELLED)
         elif row.preempting:
             # Ended during its grace period: by our stop (requeued), or by itself
             # (finished by its exit code, never run again): policy/outcome.py.

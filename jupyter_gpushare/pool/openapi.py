@@ -652,7 +652,7 @@ SPEC = {
                                     "schema": {"type": "string"}}],
                     "responses": {"200": _ok("WhatIf"), **_errors(403, 404)}},
             "delete": {"summary": "Cancel a running what-if: its worker is killed, its state "
-                                  "becomes cancelled and the next may start; noted in the "
+                                  "becomes stopped and the next may start; noted in the "
                                   "audit trail (admins). A finished one is answered as it is",
                        "parameters": [{"name": "whatif_id", "in": "path", "required": True,
                                        "schema": {"type": "string"}}],

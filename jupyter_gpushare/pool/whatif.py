@@ -22,8 +22,8 @@ import time
 from dataclasses import dataclass, field
 
 # A what-if's own states (not a job's: trainjob.STATES)
-REPLAYING, DONE, ERROR, CANCELLED = "replaying", "done", "error", "cancelled"
-STATES = (REPLAYING, DONE, ERROR, CANCELLED)
+REPLAYING, DONE, ERROR, STOPPED = "replaying", "done", "error", "stopped"
+STATES = (REPLAYING, DONE, ERROR, STOPPED)
 
 KEEP = 10
 WORKER = "jupyter_gpushare.pool.whatif_worker"
@@ -39,7 +39,7 @@ class WhatIf:
     id: str
     request: dict
     started: float
-    state: str = REPLAYING  # replaying | done | error | cancelled
+    state: str = REPLAYING  # replaying | done | error | stopped (cancelled by an admin)
     progress: float = 0.0
     result: dict | None = None
     error: str = ""
@@ -90,10 +90,10 @@ class WhatIfRunner:
 
     def cancel(self, run_id: str, who: str) -> WhatIf | None:
         """Stop the replay ``run_id`` if it runs: its worker killed at once, its state
-        ``cancelled``. None for an unknown id; a finished one is returned as it is."""
+        ``stopped``. None for an unknown id; a finished one is returned as it is."""
         run = self.runs.get(run_id)
         if run is not None and run.state == REPLAYING:
-            self._end(run, CANCELLED, f"{who} cancelled it before it finished")
+            self._end(run, STOPPED, f"{who} cancelled it before it finished")
             if run.task is not None:
                 run.task.cancel()
         return run
@@ -112,7 +112,7 @@ class WhatIfRunner:
                                   f"whatif_timeout) and was stopped; replay a shorter window")
         except asyncio.CancelledError:
             if run.state == REPLAYING:  # not by cancel(): the service stops
-                self._end(run, CANCELLED, "the pool service stopped before it finished")
+                self._end(run, STOPPED, "the pool service stopped before it finished")
         except Exception as e:  # noqa: BLE001 - said on the run, logged for the admin
             self.log.exception("a what-if replay failed")
             if run.state == REPLAYING:
