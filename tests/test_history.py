@@ -414,6 +414,16 @@ def test_replaying_the_history_gives_back_what_happened(hub, hour, capsys):
     assert r["changed"]["queue_avg_s"] < today["queue_avg_s"]
 
 
+def _replayed(hub, run: dict, timeout: float = 60) -> dict:
+    """The what-if once it has replayed (its state ``done``)."""
+    deadline = time.monotonic() + timeout
+    while run["state"] == "replaying" and time.monotonic() < deadline:
+        time.sleep(0.3)
+        status, run = hub.api("GET", f"api/whatif/{run['id']}", "admin")
+    assert run["state"] == "done", run
+    return run
+
+
 def test_the_whatif_api_runs_in_a_worker(hub, hour):
     status, run = hub.api("POST", "api/whatif", "alice", {"since": "1h"})
     assert status == 403
@@ -421,11 +431,7 @@ def test_the_whatif_api_runs_in_a_worker(hub, hour):
         "since": str(hour["since"]), "until": str(hour["until"]), "capacity": "+8",
         "quotas": {"nlp": 2}})
     assert status == 202, run
-    deadline = time.monotonic() + 60
-    while run["state"] == "replaying" and time.monotonic() < deadline:
-        time.sleep(0.3)
-        status, run = hub.api("GET", f"api/whatif/{run['id']}", "admin")
-    assert run["state"] == "done", run
+    run = _replayed(hub, run)
     assert run["progress"] == 1.0 and run["result"]["jobs"] == JOBS
     assert run["result"]["settings"]["changed"]["quotas"]["nlp"] == 2
     # it decided by all of the pool's settings, as api/history sends them, and says so
@@ -489,11 +495,7 @@ def test_an_admin_cancels_a_whatif_and_the_next_may_start(hub, hour):
     assert status == 200 and again["state"] == "stopped"
     status, run = hub.api("POST", "api/whatif", "admin", window)
     assert status == 202, run
-    deadline = time.monotonic() + 60
-    while run["state"] == "replaying" and time.monotonic() < deadline:
-        time.sleep(0.3)
-        status, run = hub.api("GET", f"api/whatif/{run['id']}", "admin")
-    assert run["state"] == "done", run
+    run = _replayed(hub, run)
 
 
 def test_showback_equals_api_usage_to_the_second(hub, hour, capsys):
