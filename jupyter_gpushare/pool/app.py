@@ -505,8 +505,11 @@ class PoolService(Application):
 
     def server_limits(self) -> dict:
         """What the HTTP server reads of a request at most: handlers refuse a body beyond
-        max_body_size with a sentence (413); beyond four times that, the server stops
-        reading and drops the connection."""
+        max_body_size with a sentence (413). The API's handlers read a larger body to its
+        end without keeping it (64 MiB at most, handlers.DRAIN_BYTES), so that the 413
+        reaches the client through the proxy; the dashboard's forms are read whole, up to
+        four times max_body_size. Beyond those, the server stops reading and drops the
+        connection."""
         return {"max_body_size": 4 * self.max_body_size,
                 "max_buffer_size": 4 * self.max_body_size + 64 * 1024}
 

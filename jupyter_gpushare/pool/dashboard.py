@@ -66,6 +66,9 @@ class DashboardHandler(HubOAuthenticated, PoolHandler):
     (``/services/gpushare/``), where the pages link to one another."""
 
     form_action = "'none'"  # where the page's forms may post (the CSP's form-action)
+    # Forms: tornado reads the body whole and parses its fields (its own limit, 4x
+    # max_body_size, drops a larger one); the API's handlers stream theirs (handlers.py).
+    _stream_request_body = False
 
     def initialize(self, base: str = "/"):
         self.base = base

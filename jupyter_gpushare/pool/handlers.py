@@ -6,6 +6,7 @@ once for many requests, and the service's parts, each by name from the applicati
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import json
@@ -19,6 +20,8 @@ from .hub import HubUnavailable
 from .models import JobRow, ProjectRow
 
 MAX_DEPTH = 32  # nesting of a JSON body: specs are two levels deep
+DRAIN_BYTES = 64 * 1024 * 1024  # a body up to this is read to its end, beyond the limit unkept
+VERBS = ("get", "post", "put", "patch", "delete", "head", "options")
 ID = re.compile(r"^[A-Za-z0-9._-]{1,64}\Z")  # job and slice ids (j-…, s-…)
 
 
@@ -33,11 +36,41 @@ class _Part:
         return self if handler is None else handler.settings[self.name]
 
 
+def _after_the_body(method):
+    """A handler's method, run once the body has been read: what ``prepare`` refused is
+    answered first."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        if self._refusal is not None:
+            raise self._refusal
+        return method(self, *args, **kwargs)
+    run.after_the_body = True
+    return run
+
+
+@web.stream_request_body
 class ServiceHandler(HubAuthenticated, web.RequestHandler):
     """Every handler: JSON errors, the hub's identity for the token, the pool's view of the
-    user, bodies of at most ``max_body_size`` bytes."""
+    user, bodies of at most ``max_body_size`` bytes.
+
+    The body is streamed: kept up to ``max_body_size``, and beyond it read to its end
+    (``DRAIN_BYTES`` at most) but not kept, so that the answer, a 413 or a refusal, reaches
+    the client whole through the hub's proxy. A server that answers before it has read the
+    body must close the connection with the body unread, and the proxy then answers 503 (a
+    retryable error) for the client's mistake. So ``prepare`` only keeps what it refuses, and
+    the handler's method, which tornado calls once the body is in, answers it first."""
 
     who: Who
+    _refusal: web.HTTPError | None = None
+    _received = 0  # bytes of the body so far
+    _kept = b""  # the body, while it is within max_body_size
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for verb in VERBS:
+            method = vars(cls).get(verb)
+            if method is not None and not getattr(method, "after_the_body", False):
+                setattr(cls, verb, _after_the_body(method))
 
     # -- the service's parts, each by name from the settings (app.make_app) --------------
     store = _Part()  # store.py
@@ -56,12 +89,16 @@ class ServiceHandler(HubAuthenticated, web.RequestHandler):
         self.set_header("Cache-Control", "no-store")
 
     async def prepare(self):
-        # The HTTP server reads at most four times the limit (app.server_limits) and drops
-        # the connection beyond that; a body over the limit, chunked or not, is refused here.
-        limit = self.settings["max_body_size"]
-        if len(self.request.body) > limit:
-            raise web.HTTPError(413, reason=f"the body is larger than {limit // 1024} KiB; "
-                                            f"send less (large code belongs in a file)")
+        self._kept = bytearray()
+        connection = self.request.connection
+        if hasattr(connection, "set_max_body_size"):  # read it to its end (see the class)
+            connection.set_max_body_size(max(DRAIN_BYTES, 4 * self.settings["max_body_size"]))
+        try:
+            await self._identify_caller()
+        except web.HTTPError as e:
+            self._refusal = e  # answered once the body is in
+
+    async def _identify_caller(self) -> None:
         try:
             model = await self.identify()
         except TooManyFailures as e:
@@ -75,6 +112,14 @@ class ServiceHandler(HubAuthenticated, web.RequestHandler):
             self.who = await self.directory.who(model)
         except HubUnavailable as e:
             raise web.HTTPError(503, reason=str(e)) from None
+
+    def _unknown_verb(self, *args, **kwargs):
+        raise web.HTTPError(405)  # as tornado answers, after a refusal of the caller
+
+    def data_received(self, chunk: bytes) -> None:
+        self._received += len(chunk)
+        if self._received <= self.settings["max_body_size"]:
+            self._kept += chunk
 
     async def identify(self) -> dict | None:
         """The hub's model of the token's owner, asked without blocking (HubAuth's own
@@ -125,9 +170,15 @@ class ServiceHandler(HubAuthenticated, web.RequestHandler):
         raise error
 
     def body(self):
-        """The request's JSON body, or a 400 with a sentence: bytes that are not UTF-8, text
-        that is not JSON, nesting deeper than MAX_DEPTH, text no store can hold."""
-        raw = self.request.body or b"null"
+        """The request's JSON body, or a 413 or 400 with a sentence: larger than
+        ``max_body_size``, bytes that are not UTF-8, text that is not JSON, nesting deeper
+        than MAX_DEPTH, text no store can hold."""
+        limit = self.settings["max_body_size"]
+        streamed = getattr(type(self), "_stream_request_body", False)
+        if (self._received if streamed else len(self.request.body)) > limit:
+            self.fail(413, f"the body is larger than {limit // 1024} KiB; send less (large "
+                           f"code belongs in a file)")
+        raw = (bytes(self._kept) if streamed else self.request.body) or b"null"
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -176,6 +227,10 @@ class ServiceHandler(HubAuthenticated, web.RequestHandler):
         if not (self.who.is_user(row.user) or self.who.admin):
             self.fail(403, f"job {job_id} is not yours")
         return row
+
+
+for _verb in VERBS:  # a verb a handler does not have: the caller's refusal first, then 405
+    setattr(ServiceHandler, _verb, _after_the_body(ServiceHandler._unknown_verb))
 
 
 class Rendered:
