@@ -179,6 +179,12 @@ def test_one_whatif_at_a_time():
     asyncio.run(go())
 
 
+def killed(worker) -> bool:
+    """The worker ended by SIGKILL: -9, or 255, asyncio's return code for a child whose
+    status another waitpid in the test process took first (seen once in a loaded run)."""
+    return worker.returncode in (-signal.SIGKILL, 255)
+
+
 class StuckWorker(WhatIfRunner):
     """A what-if whose worker says 5 % and then never ends (as one of +999999 GPUs did)."""
 
@@ -213,7 +219,7 @@ def test_a_whatif_past_its_timeout_is_stopped_and_its_worker_killed():
         assert run.state == "error" and run.finished is not None
         assert run.error.startswith("the replay timed out: it ran longer than the pool's "
                                     "what-if timeout (1 s, PoolService.whatif_timeout)")
-        assert run.worker.returncode == -signal.SIGKILL
+        assert killed(run.worker)
         after = runner.start({}, _nothing)  # not Busy
         runner.cancel(after.id, "admin")
         await _ended(after)
@@ -230,7 +236,7 @@ def test_a_cancelled_whatif_kills_its_worker_and_the_next_may_start():
         assert run.json()["state"] == "stopped" and run.json()["progress"] == 0.05
         assert run.error == "admin cancelled it before it finished"
         await _ended(run)
-        assert run.worker.returncode == -signal.SIGKILL
+        assert killed(run.worker)
         assert runner.cancel("w-0-0", "admin") is None
         after = runner.start({}, _nothing)  # not Busy
         assert runner.cancel(after.id, "admin").state == "stopped"
