@@ -24,8 +24,8 @@ import statistics
 import tempfile
 import time
 
-from jupyter_gpushare.pool.store import Store
-from jupyter_gpushare.pool.usage_store import DAY, HOUR, MINUTE, Scope, UsageStore
+from jupyter_gpushare.pool.store.database import Store
+from jupyter_gpushare.pool.store.usage_rollups import DAY, HOUR, MINUTE, Scope, UsageStore
 from jupyter_gpushare.usage.meter import UsageMeter, UsageSettings
 from jupyter_gpushare.usage.report import BY
 

@@ -23,8 +23,8 @@ import tempfile
 import time
 
 from jupyter_gpushare.policy.model import GPU
-from jupyter_gpushare.pool.store import Store
-from jupyter_gpushare.pool.usage_store import UsageStore
+from jupyter_gpushare.pool.store.database import Store
+from jupyter_gpushare.pool.store.usage_rollups import UsageStore
 from jupyter_gpushare.usage.attribution import Holding, Owner
 from jupyter_gpushare.usage.meter import LocalContext, UsageMeter, UsageSettings
 from jupyter_gpushare.usage.nvml_standin import NVMLStandIn

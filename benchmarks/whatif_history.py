@@ -82,8 +82,8 @@ def recorded_history(end: float):
 def fill_store(path: Path, rows, att) -> None:
     from sqlalchemy import insert
 
-    from jupyter_gpushare.pool.models import AttemptRow, JobRow
-    from jupyter_gpushare.pool.store import Store
+    from jupyter_gpushare.pool.store.models import AttemptRow, JobRow
+    from jupyter_gpushare.pool.store.database import Store
 
     store = Store(f"sqlite:///{path}")
     with store.engine.begin() as conn:

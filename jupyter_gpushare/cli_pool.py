@@ -19,7 +19,7 @@ import time
 from datetime import date, timedelta
 
 from .cli_base import CommandError, UsageError, say, write_csv
-from .pool.validate import digits
+from .validate import digits
 from .client import (DEFAULT_RETRY_S, InvalidInput, NoCredentials, PoolClient, PoolError,
                      PoolUnreachable, add_job_options, argument_type, job_spec)
 from .text import (describe, format_audit, format_jobs, format_pool, format_quota, format_usage,

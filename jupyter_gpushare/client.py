@@ -1,4 +1,4 @@
-"""The one HTTP client of the pool service's REST API (see ``pool/openapi.py``).
+"""The one HTTP client of the pool service's REST API (see ``pool/web/openapi.py``).
 
 Magics, the widget panel, the ``gpushare`` CLI and the jupyter_server extension all talk to the
 pool through :class:`PoolClient`; this is the only module that knows a REST path. Standard
@@ -82,7 +82,7 @@ class PoolError(ClientError):
 
 
 # -- job specs ----------------------------------------------------------------------------------
-# The rules of trainjob.py, which pool/validate.py checks too, with the server's sentences: a
+# The rules of trainjob.py, which validate.py checks too, with the server's sentences: a
 # wrong value is refused before a request, and the server stays the authority. Front ends give
 # text, so numbers may come as "3" or 3.0 here.
 

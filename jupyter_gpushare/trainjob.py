@@ -2,7 +2,7 @@
 its fields follow and the environment names the pool keeps for itself.
 
 The client checks a spec with these rules before sending it and the service checks it again
-when it arrives (``pool/validate.py``), with the same sentences; the backends set the names
+when it arrives (``validate.py``), with the same sentences; the backends set the names
 reserved here and the front ends read the states. Every state and reserved name is written
 here alone (``tests/test_trainjob.py`` looks for strays). Standard library only, and
 nothing from the package: the CLI, a notebook kernel and a job's own process import it.

@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Iterable
 
-from jupyter_gpushare.policy import (BUILD, GPU, TRAIN, CycleResult, Department, JobState,
-                                     Node, PolicyConfig, Project, Snapshot, TrainJob, cycle)
+from jupyter_gpushare.policy import (BUILD, GPU, TRAIN, CycleResult, Department, JobState, Node,
+                                     PolicyConfig, Project, Snapshot, TrainJob, cycle)
 
 __all__ = [
     "GPU", "JobBuilder", "ProjectBuilder", "ClusterBuilder", "job", "pending", "running",

@@ -12,7 +12,7 @@ from jupyter_gpushare.agent import cgroup, pods, report
 from jupyter_gpushare.agent.app import NodeAgent, Problems
 from jupyter_gpushare.agent.podresources import PodDevices, PodResourcesError, decode_list
 from jupyter_gpushare.client import PoolClient, PoolError, PoolUnreachable
-from jupyter_gpushare.pool.api_usage import parse_samples
+from jupyter_gpushare.pool.web.api_usage import parse_samples
 from jupyter_gpushare.usage.sampler import GPUReading, MachineReading, ProcessReading
 from kube.podresources import encode_list
 

@@ -1210,8 +1210,8 @@ def test_the_hub_account_may_do_what_the_backend_needs_and_no_more(account):
 async def test_jobs_on_lent_build_gpus_run_on_the_build_node_and_are_known_after_a_restart(
         kube, account, make_backend, tmp_path):
     from jupyter_gpushare.backends.base import LentGPUsGone
-    from jupyter_gpushare.pool.build import BuildPool, Wanted
-    from jupyter_gpushare.pool.store import Store
+    from jupyter_gpushare.pool.build.build_pool import BuildPool, Wanted
+    from jupyter_gpushare.pool.store.database import Store
 
     kube.add_node("bk-build", shared_gpus=8)  # two GPUs of 4 time-sliced replicas
     build = BuildPool({"bk-build": 2}, 1.0, Store(f"sqlite:///{tmp_path / 'pool.sqlite'}"),

@@ -479,7 +479,7 @@ async def test_non_root_service_refuses_jobs_unless_allowed(make_backend, launch
 def test_jobs_run_as_the_service_user_keep_checkpoints_in_its_home(make_backend, tmp_path):
     # alice may have an account here whose home the service's user cannot write (the demo
     # was once run as root): her job, run as the service's user, checkpoints in its home.
-    from jupyter_gpushare.pool.launch import Launcher
+    from jupyter_gpushare.pool.train.launch import Launcher
 
     own = pwd.getpwuid(os.getuid()).pw_dir
     backend = make_backend(NonRootBackend, run_as_service_user=True)

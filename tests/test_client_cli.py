@@ -111,7 +111,7 @@ def env(monkeypatch, service):
 # -- bad arguments: one sentence, exit 2, before any request ------------------------------------
 
 @pytest.mark.parametrize("argv, words", [
-    # The same sentences as the server's (pool/validate.py), before any request.
+    # The same sentences as the server's (validate.py), before any request.
     (["--gpus", "0", "--", "x"], "argument --gpus: must be 1 or more, not 0; a train job needs "
                                  "at least one GPU"),
     (["--gpus", "0.5", "--", "x"], "argument --gpus: must be a whole number of GPUs (1 or more), "
@@ -317,7 +317,8 @@ def test_a_non_admins_all_is_refused_in_the_clis_words(capsys, env):
     assert err == "gpushare jobs: only admins can list every job; leave out --all to list yours\n"
 
 
-# -- paths, headers and bodies: the contract of pool/openapi.py ----------------------------------
+# -- paths, headers and bodies: the contract of pool/web/openapi.py
+# ----------------------------------
 
 def test_each_method_calls_its_path(service):
     job = {"id": "a/1", "state": "pending"}
@@ -584,7 +585,7 @@ def test_slice_asks_the_server_extensions_path(service):
 
 def test_the_client_refuses_the_rank_variables_the_server_refuses():
     from jupyter_gpushare.client import parse_env
-    from jupyter_gpushare.pool.validate import Invalid, job_spec as server_spec
+    from jupyter_gpushare.validate import Invalid, job_spec as server_spec
     from jupyter_gpushare.trainjob import RANK_VARIABLES
     for name in RANK_VARIABLES:
         with pytest.raises(InvalidInput) as client:

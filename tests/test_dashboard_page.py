@@ -41,7 +41,7 @@ CULL_REASON = "no GPU use and no activity for 11m; it will be stopped in 5m unle
 
 
 def sample() -> dict:
-    """What pool/dashboard.py gathers, for a pool of 4 train GPUs and 1 build GPU."""
+    """What pool/web/dashboard_pages.py gathers, for a pool of 4 train GPUs and 1 build GPU."""
     pool = {
         "capacity": 4, "in_use": 3.0, "simulated": True, "usage_source": "standin",
         "nodes": [{"name": "sim-0", "gpus": 4, "pool": "train", "labels": {},

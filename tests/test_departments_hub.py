@@ -236,7 +236,7 @@ def _service(tmp_path, departments=None):
 
 def test_departments_made_through_the_api_survive_a_restart_and_bind_the_configuration(
         tmp_path, capsys):
-    from jupyter_gpushare.pool.admin import change_department
+    from jupyter_gpushare.pool.admin.changes import change_department
 
     service = _service(tmp_path)
     change_department(service.store, service.scheduler, "lab", {"quota": 2, "projects": ["vision"]},
@@ -264,8 +264,8 @@ def test_a_department_row_that_is_not_valid_leaves_the_pool_on_one_level(tmp_pat
     scheduler then schedules on one level and says so once; changes refuse with what to do."""
     import asyncio
 
-    from jupyter_gpushare.pool.admin import change_project
-    from jupyter_gpushare.pool.validate import Invalid
+    from jupyter_gpushare.pool.admin.changes import change_project
+    from jupyter_gpushare.validate import Invalid
 
     service = _service(tmp_path, {"research": {"quota": 2, "projects": ["vision", "nlp"]}})
     service.store.put_department("research", {"limit": 500}, None, 0.0)  # by hand: 0.5 < 2

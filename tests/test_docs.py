@@ -27,7 +27,7 @@ import jupyter_gpushare
 from jupyter_gpushare.cli import build_parser
 from jupyter_gpushare.notebook.magics import build_parser as magic_parser
 from jupyter_gpushare.pool.metrics import METRICS
-from jupyter_gpushare.pool.openapi import SPEC
+from jupyter_gpushare.pool.web.openapi import SPEC
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"

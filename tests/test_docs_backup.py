@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 
 import debian
-from jupyter_gpushare.pool.models import JobRow, ProjectRow
-from jupyter_gpushare.pool.store import Store
+from jupyter_gpushare.pool.store.models import JobRow, ProjectRow
+from jupyter_gpushare.pool.store.database import Store
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "howto" / "backup.md"
 
@@ -103,7 +103,7 @@ def sqlite_tool() -> None:
 # write-ahead log stays behind, as after a crash, with that job in it.
 LATE_WRITER = """
 import sys, time
-from jupyter_gpushare.pool.store import Store
+from jupyter_gpushare.pool.store.database import Store
 store = Store(sys.argv[1])
 job = store.add_job(time.time(), user="bob", project="vision", name="late", gpus=1000,
                     priority=0, command=["true"], env={}, checkpoint_dir="")

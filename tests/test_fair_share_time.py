@@ -230,9 +230,9 @@ async def test_the_borrowed_gpu_time_is_kept_in_the_store_and_survives_a_restart
     from test_pool_loop import TwoGPUs, submit
 
     from jupyter_gpushare.backends import Launch
-    from jupyter_gpushare.pool.loop import Scheduler
-    from jupyter_gpushare.pool.models import ProjectRow
-    from jupyter_gpushare.pool.store import Store
+    from jupyter_gpushare.pool.train.scheduler import Scheduler
+    from jupyter_gpushare.pool.store.models import ProjectRow
+    from jupyter_gpushare.pool.store.database import Store
 
     store = Store(f"sqlite:///{tmp_path / 'pool.sqlite'}")
     store.add_missing_projects([ProjectRow(name="x", quota=0, groups=["x"])])

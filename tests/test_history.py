@@ -23,9 +23,9 @@ from types import SimpleNamespace as Row
 import pytest
 
 from jupyter_gpushare.cli import main
-from jupyter_gpushare.pool.api_history import history_query, whatif_request
-from jupyter_gpushare.pool.validate import Invalid
-from jupyter_gpushare.pool.whatif import Busy, WhatIfRunner
+from jupyter_gpushare.pool.web.api_history import history_query, whatif_request
+from jupyter_gpushare.validate import Invalid
+from jupyter_gpushare.pool.whatif.runner import Busy, WhatIfRunner
 from jupyter_gpushare.policy.model import DEFAULT_MIN_RUNTIME_S, GPU, Node, PolicyConfig, Project
 from jupyter_gpushare.policy.settings import PoolSettings
 from jupyter_gpushare.sim import history

@@ -14,7 +14,7 @@ from traitlets.config import Config
 from jupyter_gpushare.agent.app import NodeAgent
 from jupyter_gpushare.backends.kube import KubernetesBackend
 from jupyter_gpushare.pool.app import PoolService
-from jupyter_gpushare.pool.usage_service import GPUUsage
+from jupyter_gpushare.pool.utilization.service import GPUUsage
 from jupyter_gpushare.spawner import GPUShareKubeSpawner
 from kube_account import HUB_CONFIG, AgentAccount
 
@@ -143,7 +143,7 @@ def test_the_node_agent_runs_on_every_gpu_node_with_the_agent_services_token():
     assert agent.pod_resources_socket.startswith(
         mounts["/var/lib/kubelet/pod-resources"]["mountPath"] + "/")
     # its pod's own token, for the audience the pool reviews it for: where the agent reads it
-    from jupyter_gpushare.pool.agents import AUDIENCE
+    from jupyter_gpushare.pool.utilization.node_agents import AUDIENCE
     volumes = {v["name"]: v for v in pod["volumes"]}
     mount = next(m for m in container["volumeMounts"]
                  if agent.node_token_file.startswith(m["mountPath"] + "/"))

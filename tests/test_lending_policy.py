@@ -10,7 +10,8 @@ from hypothesis import given, note
 from hypothesis import strategies as st
 
 from builders import GPU
-from jupyter_gpushare.policy import JobState, Node, PolicyConfig, Project, Snapshot, TrainJob, cycle
+from jupyter_gpushare.policy import (JobState, Node, PolicyConfig, Project, Snapshot, TrainJob,
+                                     cycle)
 from jupyter_gpushare.policy.lending import TAKE_BACK
 from test_policy_properties import SETTINGS, configs, snapshots
 

@@ -1,13 +1,14 @@
-"""Which node a reading may speak for (pool/agents.py), without a cluster: what a TokenReview
-and the agent's pod must say, and each agent's refusal in one sentence. The same checks
+"""Which node a reading may speak for (pool/utilization/node_agents.py), without a cluster: what a
+TokenReview and the agent's pod must say, and each agent's refusal in one sentence. The same checks
 against a real API server: tests/test_agent_kube.py."""
 
 import asyncio
 
 import pytest
 
-from jupyter_gpushare.pool.agents import (AUDIENCE, AgentNodes, NotProven, PodTokens,
-                                          Unverifiable, node_of_pod, pod_of_review)
+from jupyter_gpushare.pool.utilization.node_agents import (AUDIENCE, AgentNodes, NotProven,
+                                                           PodTokens, Unverifiable, node_of_pod,
+                                                           pod_of_review)
 
 NS, ACCOUNT = "jhub", "gpushare-agent"
 

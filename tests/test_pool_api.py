@@ -1,9 +1,9 @@
 """The OpenAPI document and the handlers describe the same API."""
 
-from jupyter_gpushare.pool.rest import routes
-from jupyter_gpushare.pool.directory import Who
-from jupyter_gpushare.pool.joblists import list_key
-from jupyter_gpushare.pool.openapi import SPEC
+from jupyter_gpushare.pool.web.routes import routes
+from jupyter_gpushare.pool.web.identity import Who
+from jupyter_gpushare.pool.web.job_lists import list_key
+from jupyter_gpushare.pool.web.openapi import SPEC
 
 
 def documented(pattern: str) -> str:

@@ -1,5 +1,5 @@
-"""The job book (pool/book.py): lists from memory are the lists the database gives, through
-every kind of write, a rollback, a restart, and a book too small to hold every job."""
+"""The job book (pool/store/job_book.py): lists from memory are the lists the database gives,
+through every kind of write, a rollback, a restart, and a book too small to hold every job."""
 
 import random
 import time
@@ -7,8 +7,8 @@ import time
 import pytest
 from sqlalchemy import select
 
-from jupyter_gpushare.pool.models import JobRow
-from jupyter_gpushare.pool.store import Store
+from jupyter_gpushare.pool.store.models import JobRow
+from jupyter_gpushare.pool.store.database import Store
 
 FIELDS = dict(name="", gpus=1000, priority=0, command=["true"], env={"A": "1"},
               checkpoint_dir="")

@@ -17,7 +17,7 @@ from schemathesis.specs.openapi.checks import (content_type_conformance,
                                                status_code_conformance)
 
 from hubtest import running_hub
-from jupyter_gpushare.pool.openapi import SPEC
+from jupyter_gpushare.pool.web.openapi import SPEC
 
 POOL_CONFIG = """
 c = get_config()

@@ -21,11 +21,11 @@ from jupyter_gpushare.dashboard.poolmap import pool_map
 from jupyter_gpushare.gpus import SimulatedInventory
 from jupyter_gpushare.policy import SliceRefused
 from jupyter_gpushare.policy.model import GPU, PolicyConfig
-from jupyter_gpushare.pool import build as build_module
-from jupyter_gpushare.pool.build import BuildPool
-from jupyter_gpushare.pool.loop import Scheduler
-from jupyter_gpushare.pool.models import ProjectRow
-from jupyter_gpushare.pool.store import Store
+from jupyter_gpushare.pool.build import build_pool as build_module
+from jupyter_gpushare.pool.build.build_pool import BuildPool
+from jupyter_gpushare.pool.train.scheduler import Scheduler
+from jupyter_gpushare.pool.store.models import ProjectRow
+from jupyter_gpushare.pool.store.database import Store
 from jupyter_gpushare.text import format_pool
 from hubtest import refused_at_start
 from test_pool_loop import until

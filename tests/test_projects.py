@@ -11,8 +11,8 @@ from urllib.parse import quote
 import pytest
 
 from hubtest import Hub, need_proxy, refused_at_start
-from jupyter_gpushare.pool.projects import ProjectSpec, configured
-from jupyter_gpushare.pool.validate import Invalid
+from jupyter_gpushare.pool.admin.project_specs import ProjectSpec, configured
+from jupyter_gpushare.validate import Invalid
 
 # (project name, its settings, the sentence the API answers for the same)
 BAD = [

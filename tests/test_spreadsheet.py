@@ -8,7 +8,7 @@ import io
 import pytest
 
 from jupyter_gpushare import spreadsheet
-from jupyter_gpushare.pool.api_history import to_csv as history_csv
+from jupyter_gpushare.pool.web.api_history import to_csv as history_csv
 from jupyter_gpushare.sim.history import COLUMNS
 from jupyter_gpushare.usage import showback
 

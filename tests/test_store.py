@@ -8,8 +8,8 @@ from sqlalchemy.exc import IntegrityError
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from jupyter_gpushare.pool.models import Base, ProjectRow
-from jupyter_gpushare.pool.store import Store, StoreError
+from jupyter_gpushare.pool.store.models import Base, ProjectRow
+from jupyter_gpushare.pool.store.database import Store, StoreError
 
 
 def schema_diff(store: Store):
@@ -115,7 +115,7 @@ def check_request_ids(store: Store):
 
 
 def check_departments(store: Store, url: str):
-    from jupyter_gpushare.pool.projects import ProjectSpec
+    from jupyter_gpushare.pool.admin.project_specs import ProjectSpec
 
     store.add_missing_projects([ProjectSpec(n, 2000).row() for n in ("alice", "bob", "carol")])
     store.put_department("research", {"quota": 4000, "limit": 6000}, ["alice", "bob"], 1.0)
@@ -162,7 +162,7 @@ def test_an_0006_database_is_upgraded_with_its_data_kept(tmp_path):
     from alembic import command
     from alembic.config import Config
 
-    from jupyter_gpushare.pool.store import MIGRATIONS, make_engine
+    from jupyter_gpushare.pool.store.database import MIGRATIONS, make_engine
 
     url = f"sqlite:///{tmp_path / 'pool.sqlite'}"
     engine = make_engine(url)

@@ -1,7 +1,7 @@
-"""Which build slices the pool releases when it starts (pool/sweep.py): the pure choice."""
+"""Which build slices the pool releases when it starts (pool/housekeeping.py): the pure choice."""
 
-from jupyter_gpushare.pool.models import SliceRow
-from jupyter_gpushare.pool.sweep import UNKNOWN, stale
+from jupyter_gpushare.pool.store.models import SliceRow
+from jupyter_gpushare.pool.housekeeping import UNKNOWN, stale
 
 
 def _slice(id, user, server):
@@ -24,8 +24,8 @@ def test_the_sweep_forgets_audit_entries_older_than_their_retention(tmp_path, ca
     import logging
     import time
 
-    from jupyter_gpushare.pool.store import Store
-    from jupyter_gpushare.pool.sweep import prune_audit
+    from jupyter_gpushare.pool.store.database import Store
+    from jupyter_gpushare.pool.housekeeping import prune_audit
 
     store = Store(f"sqlite:///{tmp_path / 'pool.sqlite'}")
     now = time.time()

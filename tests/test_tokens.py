@@ -1,11 +1,11 @@
-"""``HubTokens`` (pool/directory.py) against a stand-in hub: the bounds an attacker would push
+"""``HubTokens`` (pool/web/identity.py) against a stand-in hub: the bounds an attacker would push
 on. The whole path, through the real hub and proxy, is in test_pool_hostile.py."""
 
 import asyncio
 
 import pytest
 
-from jupyter_gpushare.pool.directory import HubTokens, TooManyFailures
+from jupyter_gpushare.pool.web.identity import HubTokens, TooManyFailures
 from jupyter_gpushare.pool.hub import HubAPI, HubNotFound, HubUnavailable
 
 

@@ -15,8 +15,8 @@ from jupyter_gpushare import trainjob
 from jupyter_gpushare.backends import launcher, ranks
 from jupyter_gpushare.client import InvalidInput, job_spec as client_spec
 from jupyter_gpushare.policy.model import JobState
-from jupyter_gpushare.pool.openapi import SPEC
-from jupyter_gpushare.pool.validate import Invalid, job_spec as server_spec
+from jupyter_gpushare.pool.web.openapi import SPEC
+from jupyter_gpushare.validate import Invalid, job_spec as server_spec
 
 PACKAGE = Path(trainjob.__file__).parent
 

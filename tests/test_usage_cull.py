@@ -17,9 +17,9 @@ from tornado.ioloop import IOLoop
 from tornado.websocket import websocket_connect
 
 from hubtest import running_hub
-from jupyter_gpushare.pool.culler import SliceCuller
+from jupyter_gpushare.pool.build.culler import SliceCuller
 from jupyter_gpushare.pool.hub import HubAPI
-from jupyter_gpushare.pool.store import Store
+from jupyter_gpushare.pool.store.database import Store
 from jupyter_gpushare.usage.cull import CullSettings, Evidence, decide
 from jupyter_gpushare.usage.meter import UsageMeter
 

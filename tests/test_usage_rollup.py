@@ -5,8 +5,8 @@ import asyncio
 
 import pytest
 
-from jupyter_gpushare.pool.store import Store
-from jupyter_gpushare.pool.usage_store import Scope, UsageStore
+from jupyter_gpushare.pool.store.database import Store
+from jupyter_gpushare.pool.store.usage_rollups import Scope, UsageStore
 from jupyter_gpushare.usage.rollup import DAY, HOUR, MINUTE, spans
 from jupyter_gpushare.usage.attribution import GPUUse, HolderUse, Owner, Stray
 from jupyter_gpushare.usage.meter import UsageMeter, UsageSettings

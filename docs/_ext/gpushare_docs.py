@@ -23,7 +23,7 @@ from docutils.parsers.rst import Directive
 from sphinx.ext.autodoc import ObjectMember
 from jupyter_gpushare.notebook.magics import build_parser
 from jupyter_gpushare.pool.metrics import METRICS
-from jupyter_gpushare.pool.openapi import SPEC
+from jupyter_gpushare.pool.web.openapi import SPEC
 
 OPENAPI_FILE = "gpushare-openapi.json"
 

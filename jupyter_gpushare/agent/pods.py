@@ -7,7 +7,7 @@ build slices, or nobody's in gpushare. Pure: pod objects (the API's JSON) in, ow
   ``gpushare.jupyter.org/slices`` ("s-1a2b3c4d", or several, comma-separated, for a server
   with more than one GPU).
 The agent only *claims*; the pool believes a claim only where that job attempt runs, or that
-slice is, on the agent's node (``pool/api_usage.py``).
+slice is, on the agent's node (``pool/web/api_usage.py``).
 """
 
 from __future__ import annotations

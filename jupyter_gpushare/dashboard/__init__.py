@@ -5,7 +5,7 @@ What flows in: a plain dict of the pool as the REST API shows it to an admin (``
 with its GPU map and culling, the projects, ``api/usage`` by project with a time series and
 by job and slice sorted by idle time, the running and waiting jobs, the slices, the audit
 trail's newest entries), gathered by
-``pool/dashboard.py``, the only part that does I/O.
+``pool/web/dashboard_pages.py``, the only part that does I/O.
 The steps, each a pure function of that dict returning HTML:
   1. the window asked for (``window.py``): how far back, in which buckets;
   2. the pool map (``poolmap.py``): every GPU, who holds it, its utilization now, and which

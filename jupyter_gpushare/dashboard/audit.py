@@ -1,6 +1,7 @@
 """The audit trail (step 5): who changed what in the pool, when, through which door; the
 latest entries on the dashboard, older ones a page each (``audit_page``). From
-``GET api/audit``'s entries, as ``pool/dashboard.py`` lists them with the API's own code."""
+``GET api/audit``'s entries, as ``pool/web/dashboard_pages.py`` lists them with the API's own
+code."""
 
 from __future__ import annotations
 

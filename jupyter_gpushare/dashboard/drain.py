@@ -1,7 +1,7 @@
 """Draining a train node from the pool map: the node's line ("drained by admin since …"), its
 drain… / undrain link, the page that asks first and the page that says what happened. Pure:
 a node as ``api/pool`` shows it (``drained``, ``drained_by``, ``drained_since``) in, HTML out;
-``pool/dashboard_forms.py`` posts the answer to ``admin.set_drained`` (as ``PUT
+``pool/web/dashboard_forms.py`` posts the answer to ``admin.set_drained`` (as ``PUT
 api/nodes/{node}``)."""
 
 from __future__ import annotations

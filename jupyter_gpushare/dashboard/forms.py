@@ -2,8 +2,8 @@
 (confirm, done), and the dashboard's table of project settings that links to them. Pure:
 plain dicts in (projects and jobs as the API shows them, GPU amounts in GPUs), HTML out.
 
-The checks are not here: ``pool/dashboard_forms.py`` turns a posted form into the API's body
-(``body_of``) and has ``pool/admin.py`` check it, so that a form says the API's sentences.
+The checks are not here: ``pool/web/dashboard_forms.py`` turns a posted form into the API's body
+(``body_of``) and has ``pool/admin/changes.py`` check it, so that a form says the API's sentences.
 Every form posts the page's XSRF token (``_xsrf``); none needs a script.
 """
 

@@ -1,6 +1,7 @@
 """The page around the sections (step 6), and the refusal page.
 
-``render(data)`` takes one dict (``pool/dashboard.py`` gathers it; the tests write it by hand):
+``render(data)`` takes one dict (``pool/web/dashboard_pages.py`` gathers it; the tests write it by
+hand):
   ``now`` (epoch seconds), ``offset`` (the service's UTC offset, seconds) and ``zone`` (its
   name), ``user`` (the admin reading), ``window`` (a ``Window``: the usage's period),
   ``refresh_s``;

@@ -1,9 +1,9 @@
 """The what-if page: choose a window, a capacity change and quota changes; watch the replay's
 progress; read recorded, today's settings and the changed ones side by side.
 
-``render_whatif(data)`` takes one dict (``pool/dashboard.py`` gathers it): ``now``, ``offset``,
-``zone``, ``user``, ``pool`` (``api/pool``), ``projects`` (``api/projects``' list) and ``run``
-(``api/whatif/{id}``'s answer, or None). Pure: HTML out.
+``render_whatif(data)`` takes one dict (``pool/web/dashboard_pages.py`` gathers it): ``now``,
+``offset``, ``zone``, ``user``, ``pool`` (``api/pool``), ``projects`` (``api/projects``' list) and
+``run`` (``api/whatif/{id}``'s answer, or None). Pure: HTML out.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Kernel activity of this notebook server, for GPU-aware culling (``pool/culler.py``).
+"""Kernel activity of this notebook server, for GPU-aware culling (``pool/build/culler.py``).
 
 Every ``interval`` seconds: count this server's kernels and the busy ones (jupyter_server's
 own ``execution_state``), tell the pool (``api/activity``, with the server's token), and while

@@ -6,7 +6,7 @@ token. Every handler needs the server's own authentication, and POST and DELETE 
 need jupyter_server's ``_xsrf`` token as every other Jupyter API does. Whoever may use this
 server acts on the pool as the server's owner, as they already can from a terminal.
 
-Routes (answers as the pool's, see ``pool/openapi.py``): ``GET api/pool``, ``GET api/quota``,
+Routes (answers as the pool's, see ``pool/web/openapi.py``): ``GET api/pool``, ``GET api/quota``,
 ``GET|POST api/jobs``, ``GET|DELETE api/jobs/{id}``, ``GET api/jobs/{id}/logs`` (``?follow=1``
 streams), ``GET api/projects``; and ``GET api/slice``: this server's build slice, the slice
 watchdog's latest report, and the pool's record of the slice (``pool``: its GPU use now and

@@ -6,11 +6,12 @@ or command-line options; every option has a help text (``--help-all``).
 This module is the wiring, in the way of JupyterHub's ``init_*`` steps: it reads the
 configuration, builds each part of the service with the parts it needs passed in, gives the
 HTTP handlers each part by name, and runs them. What the parts do is theirs: the store
-(``store.py``), the backend (``backends/``), the build pool (``build.py``), projects
-(``projects.py``), the scheduling loop (``loop.py``), submits (``intake.py``) and launches
-(``launch.py``), GPU use (``usage_service.py``), the hub (``hub.py``, ``directory.py``), the
-API (``api.py``, ``api_usage.py``, ``api_admin.py``, ``joblists.py``), what admins change and
-its audit trail (``admin.py``) and the dashboard (``dashboard.py``).
+(``store/database.py``), the backend (``backends/``), the build pool (``build/build_pool.py``),
+projects (``admin/project_specs.py``), the scheduling loop (``train/scheduler.py``), submits
+(``train/submits.py``) and launches (``train/launch.py``), GPU use (``utilization/service.py``),
+the hub (``hub.py``, ``web/identity.py``), the API (``web/api_jobs.py``, ``web/api_usage.py``,
+``web/api_admin.py``, ``web/job_lists.py``), what admins change and its audit trail
+(``admin/changes.py``) and the dashboard (``web/dashboard_pages.py``).
 """
 
 from __future__ import annotations
@@ -39,23 +40,23 @@ from ..policy.quotas import overbooking
 from ..policy.settings import (DEFAULT_CYCLE_S, DEFAULT_FAIR_SHARE_WINDOW_S, DEFAULT_GRACE_S,
                                PoolSettings)
 from ..trainjob import RUNNING
-from . import dashboard, dashboard_forms, rest
-from .admin import configured_departments, configured_projects
-from .build import BuildPool
-from .departments import DepartmentSpec, configured as configured_departments_spec
-from .directory import HubDirectory, HubTokens
-from .follows import Follows
+from .web import dashboard_pages as dashboard, dashboard_forms, routes as rest
+from .admin.changes import configured_departments, configured_projects
+from .build.build_pool import BuildPool
+from .admin.department_specs import DepartmentSpec, configured as configured_departments_spec
+from .web.identity import HubDirectory, HubTokens
+from .web.log_follows import Follows
 from .hub import HubAPI
-from .intake import JobIntake
-from .joblists import JobLists
-from .launch import Launcher
-from .loop import Scheduler
-from .projects import configured
-from .store import Store, StoreError
-from .sweep import prune_audit, release_stale
-from .usage_service import GPUUsage
-from .validate import Invalid
-from .whatif import WhatIfRunner
+from .train.submits import JobIntake
+from .web.job_lists import JobLists
+from .train.launch import Launcher
+from .train.scheduler import Scheduler
+from .admin.project_specs import configured
+from .store.database import Store, StoreError
+from .housekeeping import prune_audit, release_stale
+from .utilization.service import GPUUsage
+from ..validate import Invalid
+from .whatif.runner import WhatIfRunner
 
 BACKENDS = {"local": "jupyter_gpushare.backends.local.LocalBackend",
             "kubernetes": "jupyter_gpushare.backends.kube.KubernetesBackend"}
@@ -533,7 +534,7 @@ class PoolService(Application):
                       " (simulated)" if any(n.labels.get(SIMULATED_LABEL) for n in nodes)
                       else "")
         # Slices the spawners of a stopping hub could not release (the hub stops its
-        # services first) are released now, in the background (sweep.py).
+        # services first) are released now, in the background (housekeeping.py).
         sweeping = asyncio.ensure_future(release_stale(self.store, self.hub, self.log))
         sweeping.add_done_callback(lambda f: f.cancelled() or f.exception() is None or
                                    self.log.error("Releasing stale build slices failed: %s",

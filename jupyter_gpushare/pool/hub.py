@@ -1,6 +1,6 @@
-"""The one client of JupyterHub's REST API: who a token is (``directory.py``), a user's rights
-(``directory.py``), which servers run and when they were active (``sweep.py``, ``culler.py``),
-stopping a server (``culler.py``).
+"""The one client of JupyterHub's REST API: who a token is (``web/identity.py``), a user's rights
+(``web/identity.py``), which servers run and when they were active (``housekeeping.py``,
+``build/culler.py``), stopping a server (``build/culler.py``).
 
 Asked without blocking the event loop, with the service's own token unless a caller's is
 given. What went wrong is one of three exceptions, each a sentence, so that every caller

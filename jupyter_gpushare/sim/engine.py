@@ -255,7 +255,7 @@ class Simulator:
 
     def stop(self, t: float, job_id: str) -> None:
         """Preempt a running job now, apart from the policy: what the pool's loop does to a
-        job on a lent build GPU that a notebook server takes back (``pool/loop.py``)."""
+        job on a lent build GPU that a notebook server takes back (``pool/train/scheduler.py``)."""
         job = self.active.get(job_id)
         if job is not None and job.running and not job.preempting:
             self._preempt(t, job_id, TAKE_BACK)

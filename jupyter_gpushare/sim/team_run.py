@@ -192,7 +192,7 @@ class TeamRun:
             self.held.append((r.name, self.opened.pop(r.name), t))
             self._place_waiting(t)
 
-    # -- slices and lent GPUs: the rules of pool/build.py and pool/loop.py, GPU by GPU -----
+    # -- slices and lent GPUs: the rules of pool/build/build_pool.py and pool/train/scheduler.py, GPU by GPU -----
     def _place_waiting(self, t: float) -> None:
         """Give waiting servers their slices by the service's rule (``policy.lending
         .take_slice``, as ``BuildPool.reserve`` calls it): packed best fit on GPUs that no

@@ -25,7 +25,7 @@ REQUIRED = ("job_id", "submit_time", "duration", "gpus", "project")
 OPTIONAL = ("user", "priority", "kind", "util")
 DEPARTMENT_COLUMNS = ("department", "quota", "limit", "projects")
 MAX_DEPARTMENTS = 1000  # far beyond any university's faculties; a bigger file is a mistake
-MAX_NAME = 100  # characters in a department's name, as in a project's (pool/projects.py)
+MAX_NAME = 100  # characters in a department's name, as in a project's (pool/admin/project_specs.py)
 
 
 class TraceError(ValueError):

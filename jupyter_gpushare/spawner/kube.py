@@ -25,8 +25,8 @@ from ..backends.kube.objects import SLICES
 from ..policy.model import GPU
 from . import profiles as build_profiles
 from .base import GPUShareSpawnerBase
-from .modes import (EXCLUSIVE, HAMI, MIG, TIMESLICE, Fragment, cpu_only, exclusive, hami,
-                    mig, on_node, timeslice)
+from .modes import (EXCLUSIVE, HAMI, MIG, TIMESLICE, Fragment, cpu_only, exclusive, hami, mig,
+                    on_node, timeslice)
 
 STARTUP_ANNOTATION = "gpushare.io/pythonstartup"
 STARTUP_VOLUME = "gpushare-startup"

@@ -13,5 +13,5 @@ The pipeline, each step in its own module:
   6. report       ``api/usage``'s answer from the sums
 and ``cull``: which idle build sessions to warn and stop; ``showback``: calendar periods and
 the rows of ``gpushare usage --step``. Steps 3, 4 and 6, ``cull`` and
-``showback`` are pure; the pool service wires them (``pool/usage_service.py``).
+``showback`` are pure; the pool service wires them (``pool/utilization/service.py``).
 """

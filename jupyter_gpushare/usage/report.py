@@ -1,7 +1,7 @@
 """What ``api/usage`` answers, built from rollup sums: one row per project, user, job, slice or
 GPU, optionally a time series, and the pools they are measured against.
 
-What flows in: sums of rollup rows per group (``pool/usage_store.py`` and the meter's open
+What flows in: sums of rollup rows per group (``pool/store/usage_rollups.py`` and the meter's open
 minute), grouped as ``BY`` says, and the pools' sums.
 The steps: 1. each row's denominator: the capacity of the pool it draws on (train for projects
 and jobs, build for slices, both for users, the GPU itself for GPUs); 2. the figures

@@ -11,7 +11,7 @@ import { ago, clockTime, duration } from './format';
 
 export type JobState = 'pending' | 'running' | 'succeeded' | 'failed' | 'cancelled';
 
-/** A job as the pool's `api/jobs` answers it (openapi.py, `Job`). */
+/** A job as the pool's `api/jobs` answers it (pool/web/openapi.py, `Job`). */
 export interface Job {
   id: string;
   name: string;
@@ -39,7 +39,7 @@ export interface Job {
 }
 
 /**
- * A running job's or a slice's GPU use as the pool reads it (openapi.py, `usage`): SM
+ * A running job's or a slice's GPU use as the pool reads it (pool/web/openapi.py, `usage`): SM
  * utilization of what it holds (0–1), memory, how long it has stayed idle, and the last hour
  * minute by minute (`[minute start, SM or null, memory peak]`).
  */
@@ -54,14 +54,14 @@ export interface Usage {
   minutes?: [number, number | null, number][];
 }
 
-/** The pool's warning that this server will be stopped for being idle (openapi.py, `cull`). */
+/** The pool's warning that this server will be stopped for being idle (pool/web/openapi.py, `cull`). */
 export interface Cull {
   warned_at: number;
   cull_at: number;
   reason: string;
 }
 
-/** A project as `api/quota` answers it (openapi.py, `Project`). */
+/** A project as `api/quota` answers it (pool/web/openapi.py, `Project`). */
 export interface Project {
   name: string;
   quota: number;
@@ -74,7 +74,7 @@ export interface Project {
   department?: string | null;
 }
 
-/** A department over projects as `api/quota` answers it (openapi.py, `Department`). */
+/** A department over projects as `api/quota` answers it (pool/web/openapi.py, `Department`). */
 export interface Department {
   name: string;
   quota: number;

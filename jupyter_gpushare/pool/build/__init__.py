@@ -1,0 +1,2 @@
+"""The build pool: GPU slices for notebook servers, their lending to the train pool, and their
+GPU-aware culling."""

@@ -1,0 +1,2 @@
+"""The pool service's records: the database (SQLAlchemy, alembic migrations) and what is read from
+it."""

@@ -1,0 +1,1 @@
+"""What-if replays of the recorded history, run in a worker process."""
