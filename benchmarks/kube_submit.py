@@ -49,9 +49,9 @@ from jupyter_gpushare.backends.kube import KubernetesBackend  # noqa: E402
 from jupyter_gpushare.backends.local import LocalBackend  # noqa: E402
 from jupyter_gpushare.policy import PolicyConfig  # noqa: E402
 from jupyter_gpushare.policy.model import GPU  # noqa: E402
-from jupyter_gpushare.pool.train.scheduler import Scheduler  # noqa: E402
-from jupyter_gpushare.pool.store.models import ProjectRow  # noqa: E402
 from jupyter_gpushare.pool.store.database import ACTIVE, Store  # noqa: E402
+from jupyter_gpushare.pool.store.models import ProjectRow  # noqa: E402
+from jupyter_gpushare.pool.train.scheduler import Scheduler  # noqa: E402
 from jupyter_gpushare.sim.metrics import percentile  # noqa: E402
 
 MIX = [(1, 0.70), (2, 0.20), (4, 0.08), (8, 0.02)]

@@ -9,7 +9,8 @@ import sys
 
 from .cli_base import CommandError, UsageError, _Parser, say
 from .cli_pool import add_pool_commands, connection_options
-from .policy.model import DEFAULT_MIN_RUNTIME_S, GPU, PolicyConfig
+from .policy.admission import never_fits_gpus
+from .policy.model import DEFAULT_MIN_RUNTIME_S, GPU, PolicyConfig, Project
 from .policy.quotas import overbooking
 from .policy.settings import DEFAULT_GRACE_S
 from .sim.activity import PROFILES
@@ -248,11 +249,12 @@ def cmd_simulate(args) -> int:
             raise UsageError(f"{args.departments}: {problem}")
         for sentence in raised:  # on stderr: --json keeps stdout one JSON object
             print(sentence, file=sys.stderr)
-    for job in jobs:
-        if job.kind == "train" and job.gpus > capacity * GPU:
-            raise UsageError(f"{args.trace}, line {job.line}: job {job.id} asks for "
-                             f"{job.gpus // GPU} GPUs but the train pool has only {capacity}; "
-                             f"raise --capacity or remove the job")
+    for job in jobs:  # the policy's own rule, as a submit to the pool meets it
+        never = job.kind == "train" and never_fits_gpus(job.gpus, Project(job.project, 0),
+                                                        capacity * GPU)
+        if never:
+            raise UsageError(f"{args.trace}, line {job.line}: job {job.id}: {never}; or raise "
+                             f"--capacity, or remove the job")
     fair_share = None
     if args.fair_share_half_life:
         if args.policy != "guaranteed":

@@ -19,7 +19,6 @@ import time
 from datetime import date, timedelta
 
 from .cli_base import CommandError, UsageError, say, write_csv
-from .validate import digits
 from .client import (DEFAULT_RETRY_S, InvalidInput, NoCredentials, PoolClient, PoolError,
                      PoolUnreachable, add_job_options, argument_type, job_spec)
 from .text import (describe, format_audit, format_jobs, format_pool, format_quota, format_usage,
@@ -27,6 +26,7 @@ from .text import (describe, format_audit, format_jobs, format_pool, format_quot
 from .trainjob import ACTIVE, CANCELLED, RUNNING, STATES, SUCCEEDED
 from .usage import showback
 from .usage.showback import STEPS
+from .validate import digits
 
 # The option that gives each job-spec field, for sentences about a bad value.
 _OPTION = {"gpus": "--gpus", "priority": "--priority", "name": "--name", "env": "--env",

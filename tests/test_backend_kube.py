@@ -1214,11 +1214,12 @@ async def test_jobs_on_lent_build_gpus_run_on_the_build_node_and_are_known_after
     from jupyter_gpushare.pool.store.database import Store
 
     kube.add_node("bk-build", shared_gpus=8)  # two GPUs of 4 time-sliced replicas
-    build = BuildPool({"bk-build": 2}, 1.0, Store(f"sqlite:///{tmp_path / 'pool.sqlite'}"),
-                      simulated=False, lend=True, reserve_gpus=0)
     resources = {"nvidia.com/gpu.shared": 4}
     watched = {"build_node_selector": kube.node_selector}
     first = make_backend(lent_gpu_resources=resources, **watched)
+    store = Store(f"sqlite:///{tmp_path / 'pool.sqlite'}")
+    build = BuildPool({"bk-build": 2}, 1.0, store, simulated=False, lend=True, reserve_gpus=0,
+                      lent=first.lent_gpus())
     first.lend(build)
     assert build.indexed and build.lendable() == []  # nothing lent before the nodes are seen
     sleep = "import time; print('up', flush=True); time.sleep(60)"
@@ -1257,7 +1258,9 @@ async def test_jobs_on_lent_build_gpus_run_on_the_build_node_and_are_known_after
         assert await first.poll() == []
     finally:
         await first.shutdown()
-    second = make_backend(lent_gpu_resources=resources, **watched)
+    second = make_backend(lent_gpu_resources=resources, **watched)  # the service restarted
+    build = BuildPool({"bk-build": 2}, 1.0, store, simulated=False, lend=True, reserve_gpus=0,
+                      lent=second.lent_gpus())
     second.lend(build)
     try:
         # A record without them: the pod's annotation says which GPUs the job holds.

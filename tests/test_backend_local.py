@@ -21,10 +21,10 @@ import pytest
 from jupyter_gpushare.backends import BackendError, Handle, Launch
 from jupyter_gpushare.backends.base import Exit
 from jupyter_gpushare.backends.local import SIMULATED_LABEL, LocalBackend
-from jupyter_gpushare.pool.app import PoolService
 from jupyter_gpushare.backends.shim import members
 from jupyter_gpushare.gpus import SimulatedInventory, detect
 from jupyter_gpushare.policy.model import GPU
+from jupyter_gpushare.pool.app import PoolService
 
 IS_ROOT = os.geteuid() == 0
 # A gang's private network needs a root service on a machine that lets it make namespaces

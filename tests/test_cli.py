@@ -122,7 +122,8 @@ def test_bad_options_get_one_sentence(capsys, example, extra, words):
 @pytest.mark.parametrize("setup, words", [
     ("a,0,-5,1,p\n", "t.csv, line 2: duration must be more than 0 seconds, not -5"),
     ("a,0,10,x,p\n", "t.csv, line 2: gpus must be a number, not 'x'"),
-    ("a,0,10,64,p\n", "t.csv, line 2: job a asks for 64 GPUs but the train pool has only 8"),
+    ("a,0,10,64,p\n", "t.csv, line 2: job a: the job asks for 64 GPUs but the train pool has "
+                      "only 8 GPUs; ask for fewer GPUs; or raise --capacity"),
 ], ids=["negative-duration", "non-numeric-gpus", "larger-than-pool"])
 def test_bad_trace_gets_file_line_and_exit_2(capsys, tmp_path, setup, words):
     trace = tmp_path / "t.csv"

@@ -20,9 +20,9 @@ import pytest
 from jupyter_gpushare import cli_pool
 from clirun import refused, run
 from jupyter_gpushare.cli_pool import follow_job
-from jupyter_gpushare.text import format_jobs
 from jupyter_gpushare.client import (InvalidInput, NoCredentials, PoolClient, PoolError,
                                      PoolUnreachable, job_spec)
+from jupyter_gpushare.text import format_jobs
 
 TOKEN = "s3cr3t-t0ken-8f2a"
 PREFIX = "/services/gpushare/"

@@ -275,3 +275,19 @@ def test_a_department_row_that_is_not_valid_leaves_the_pool_on_one_level(tmp_pat
         change_project(service.store, service.scheduler, "nlp", {"quota": 0}, "admin", "api")
     assert refused.value.status == 409 and "fix it first with PUT api/departments/research" \
         in str(refused.value)
+
+
+def test_a_submit_beyond_its_departments_limit_is_refused_at_once(hub):
+    """A submit is checked by the policy's own never-fits rule: the train pool, the fewest
+    nodes a gang must use, the project's limit and its department's, in the sentence the job
+    would otherwise wait with."""
+    assert hub.api("PUT", "api/departments/operations", "admin", {"limit": 2})[0] == 200
+    try:
+        status, answer = hub.api("POST", "api/jobs", "carol",
+                                 {"gpus": 3, "project": "ops", "command": ["true"]})
+        assert (status, answer.get("error")) == (400, (
+            "the job asks for 3 GPUs but department operations (of project ops) may never use "
+            "more than 2 GPUs; ask for fewer GPUs")), answer
+        assert not [j for j in hub.api("GET", "api/jobs", "carol")[1]["jobs"] if j["gpus"] == 3]
+    finally:
+        assert hub.api("PUT", "api/departments/operations", "admin", {"limit": 4})[0] == 200

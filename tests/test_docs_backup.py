@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 
 import debian
-from jupyter_gpushare.pool.store.models import JobRow, ProjectRow
 from jupyter_gpushare.pool.store.database import Store
+from jupyter_gpushare.pool.store.models import JobRow, ProjectRow
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "howto" / "backup.md"
 

@@ -23,16 +23,16 @@ from types import SimpleNamespace as Row
 import pytest
 
 from jupyter_gpushare.cli import main
-from jupyter_gpushare.pool.web.api_history import history_query, whatif_request
-from jupyter_gpushare.validate import Invalid
-from jupyter_gpushare.pool.whatif.runner import Busy, WhatIfRunner
 from jupyter_gpushare.policy.model import DEFAULT_MIN_RUNTIME_S, GPU, Node, PolicyConfig, Project
 from jupyter_gpushare.policy.settings import PoolSettings
+from jupyter_gpushare.pool.web.api_history import history_query, whatif_request
+from jupyter_gpushare.pool.whatif.runner import Busy, WhatIfRunner
 from jupyter_gpushare.sim import history
 from jupyter_gpushare.sim.history import (BadChange, Settings, changed_settings, check_capacity,
                                           history_entry, quota_changes, with_capacity)
 from jupyter_gpushare.sim.trace import read_trace
 from jupyter_gpushare.usage.showback import parse_date, periods, showback_rows
+from jupyter_gpushare.validate import Invalid
 
 # -- pure parts ------------------------------------------------------------------------------
 

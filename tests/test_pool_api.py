@@ -1,9 +1,9 @@
 """The OpenAPI document and the handlers describe the same API."""
 
-from jupyter_gpushare.pool.web.routes import routes
 from jupyter_gpushare.pool.web.identity import Who
 from jupyter_gpushare.pool.web.job_lists import list_key
 from jupyter_gpushare.pool.web.openapi import SPEC
+from jupyter_gpushare.pool.web.routes import routes
 
 
 def documented(pattern: str) -> str:

@@ -7,8 +7,8 @@ import time
 import pytest
 from sqlalchemy import select
 
-from jupyter_gpushare.pool.store.models import JobRow
 from jupyter_gpushare.pool.store.database import Store
+from jupyter_gpushare.pool.store.models import JobRow
 
 FIELDS = dict(name="", gpus=1000, priority=0, command=["true"], env={"A": "1"},
               checkpoint_dir="")

@@ -14,18 +14,20 @@ import pytest
 import pytest_asyncio
 
 from jupyter_gpushare.backends import Launch
-from jupyter_gpushare.client import PoolError
-from jupyter_gpushare.spawner.reserve import Refused, reserve
+from jupyter_gpushare.backends.base import LentGPUs
 from jupyter_gpushare.backends.local import LocalBackend
+from jupyter_gpushare.client import PoolError
 from jupyter_gpushare.dashboard.poolmap import pool_map
 from jupyter_gpushare.gpus import SimulatedInventory
 from jupyter_gpushare.policy import SliceRefused
 from jupyter_gpushare.policy.model import GPU, PolicyConfig
 from jupyter_gpushare.pool.build import build_pool as build_module
 from jupyter_gpushare.pool.build.build_pool import BuildPool
-from jupyter_gpushare.pool.train.scheduler import Scheduler
-from jupyter_gpushare.pool.store.models import ProjectRow
 from jupyter_gpushare.pool.store.database import Store
+from jupyter_gpushare.pool.store.models import ProjectRow
+from jupyter_gpushare.pool.train.cycles import CycleSignal
+from jupyter_gpushare.pool.train.scheduler import Scheduler
+from jupyter_gpushare.spawner.reserve import Refused, reserve
 from jupyter_gpushare.text import format_pool
 from hubtest import refused_at_start
 from test_pool_loop import until
@@ -49,8 +51,10 @@ def make_pool(tmp_path, reserve, **lending):
     store.add_missing_projects([ProjectRow(name="x", quota=0, groups=["x"]),
                                 ProjectRow(name="y", quota=2 * GPU, groups=["y"])])
     backend = TwoGPUs(state_dir=str(tmp_path / "state"), run_as_service_user=True)
+    cycles = CycleSignal()
     build = BuildPool({"sim-build-0": 2}, 1.0, store, simulated=True, lend=True,
-                      reserve_gpus=reserve, take_back_s=GRACE + 1, **lending)
+                      reserve_gpus=reserve, take_back_s=GRACE + 1, **lending,
+                      lent=backend.lent_gpus(), cycles=cycles)
     backend.lend(build)
 
     def launch_for(row):
@@ -59,8 +63,8 @@ def make_pool(tmp_path, reserve, **lending):
                       str(tmp_path))
 
     scheduler = Scheduler(store, backend, PolicyConfig(min_runtime_s=0), grace_s=GRACE,
-                          launch_for=launch_for, log=logging.getLogger("test"), build=build)
-    build.wake, build.deciding = scheduler.wake, scheduler.deciding
+                          launch_for=launch_for, log=logging.getLogger("test"), build=build,
+                          cycles=cycles)
     return store, backend, build, scheduler
 
 
@@ -264,8 +268,7 @@ def test_build_gpus_this_machine_cannot_name_are_not_lent(tmp_path):
 
 def test_no_slice_before_the_jobs_on_build_gpus_are_adopted(tmp_path):
     store = Store(f"sqlite:///{tmp_path / 'pool.sqlite'}")
-    build = BuildPool({"sim-build-0": 1}, 1.0, store, simulated=True, lend=True)
-    build.adopted = False
+    build = BuildPool({"sim-build-0": 1}, 1.0, store, simulated=True, lend=True, adopted=False)
     refused = build.reserve("alice", GPU // 4, "")
     assert isinstance(refused, SliceRefused) and "ask again in a moment" in str(refused)
 
@@ -324,10 +327,11 @@ async def test_a_job_on_lent_gpus_that_cannot_start_fails_as_anywhere(pool):
 
 def test_what_a_users_other_server_waits_for_counts_once_against_the_allowance(tmp_path):
     store = Store(f"sqlite:///{tmp_path / 'pool.sqlite'}")
-    build = BuildPool({"sim-build-0": 2}, 0.5, store, simulated=True, lend=True, reserve_gpus=0)
-    build.holders = lambda: {("sim-build-0", 0): "j-1", ("sim-build-0", 1): "j-2"}
+    held = {("sim-build-0", 0): "j-1", ("sim-build-0", 1): "j-2"}
+    build = BuildPool({"sim-build-0": 2}, 0.5, store, simulated=True, lend=True, reserve_gpus=0,
+                      lent=LentGPUs(lambda: held))
     assert isinstance(build.reserve("alice", GPU // 4, "a"), SliceRefused)  # wants GPU 0
-    build.holders = lambda: {("sim-build-0", 1): "j-2"}  # j-1 has left GPU 0
+    del held[("sim-build-0", 0)]  # j-1 has left GPU 0
     got = build.reserve("alice", GPU // 4, "b")  # ¼ waited for + ¼ = her ½: allowed
     assert not isinstance(got, SliceRefused) and (got.node, got.gpu) == ("sim-build-0", 0)
 
@@ -364,8 +368,8 @@ def test_a_second_server_waits_behind_the_first_even_where_no_gpu_is_left_to_wan
     """Her first server wants the one build GPU back (its whole room): her second is told to
     wait for the first, not that the pool is full."""
     store = Store(f"sqlite:///{tmp_path / 'pool.sqlite'}")
-    build = BuildPool({"b0": 1}, 2.0, store, simulated=True, lend=True, reserve_gpus=0)
-    build.holders = lambda: {("b0", 0): "j-1"}
+    build = BuildPool({"b0": 1}, 2.0, store, simulated=True, lend=True, reserve_gpus=0,
+                      lent=LentGPUs(lambda: {("b0", 0): "j-1"}))
     first = build.reserve("alice", GPU, "a")
     assert isinstance(first, SliceRefused) and "taking back GPU 0 of b0" in str(first)
     assert str(build.reserve("alice", GPU // 4, "b")) == (

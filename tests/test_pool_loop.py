@@ -19,9 +19,9 @@ from jupyter_gpushare.backends.local import LocalBackend
 from jupyter_gpushare.gpus import SimulatedInventory
 from jupyter_gpushare.policy.model import GPU, PolicyConfig
 from jupyter_gpushare.policy.outcome import FAILED, PREEMPTED, SUCCEEDED, after_stop
-from jupyter_gpushare.pool.train.scheduler import Scheduler
-from jupyter_gpushare.pool.store.models import ProjectRow
 from jupyter_gpushare.pool.store.database import Store
+from jupyter_gpushare.pool.store.models import ProjectRow
+from jupyter_gpushare.pool.train.scheduler import Scheduler
 
 
 class TwoGPUs(LocalBackend):

@@ -8,8 +8,8 @@ from sqlalchemy.exc import IntegrityError
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from jupyter_gpushare.pool.store.models import Base, ProjectRow
 from jupyter_gpushare.pool.store.database import Store, StoreError
+from jupyter_gpushare.pool.store.models import Base, ProjectRow
 
 
 def schema_diff(store: Store):

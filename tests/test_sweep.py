@@ -1,7 +1,7 @@
 """Which build slices the pool releases when it starts (pool/housekeeping.py): the pure choice."""
 
-from jupyter_gpushare.pool.store.models import SliceRow
 from jupyter_gpushare.pool.housekeeping import UNKNOWN, stale
+from jupyter_gpushare.pool.store.models import SliceRow
 
 
 def _slice(id, user, server):

@@ -5,8 +5,8 @@ import asyncio
 
 import pytest
 
-from jupyter_gpushare.pool.web.identity import HubTokens, TooManyFailures
 from jupyter_gpushare.pool.hub import HubAPI, HubNotFound, HubUnavailable
+from jupyter_gpushare.pool.web.identity import HubTokens, TooManyFailures
 
 
 class StandInHub(HubAPI):

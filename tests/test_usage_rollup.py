@@ -7,10 +7,10 @@ import pytest
 
 from jupyter_gpushare.pool.store.database import Store
 from jupyter_gpushare.pool.store.usage_rollups import Scope, UsageStore
-from jupyter_gpushare.usage.rollup import DAY, HOUR, MINUTE, spans
 from jupyter_gpushare.usage.attribution import GPUUse, HolderUse, Owner, Stray
 from jupyter_gpushare.usage.meter import UsageMeter, UsageSettings
 from jupyter_gpushare.usage.report import BY
+from jupyter_gpushare.usage.rollup import DAY, HOUR, MINUTE, spans
 from jupyter_gpushare.usage.rollup import RowKey, Totals, figures, reading_totals
 
 GiB = 2**30

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Callable, Mapping
 
 from traitlets import Integer
 from traitlets.config import LoggingConfigurable
@@ -92,6 +92,20 @@ class LentGPUsGone(BackendError):
     job is requeued, not failed."""
 
 
+@dataclass(frozen=True)
+class LentGPUs:
+    """What a backend tells the build pool (``pool/build/build_pool.py``) about build GPUs lent
+    to train jobs: ``holders``, (build node, GPU index) → the job on that GPU now (also after
+    lending was turned off: those jobs are taken back); ``by_index``, whether the backend runs
+    a lent job by a GPU's index on its node rather than its UUID (Kubernetes: the node's
+    device plugin picks the device), so that every build GPU is lendable; ``usable``,
+    whether a build node may lend its GPUs now."""
+
+    holders: Callable[[], dict[tuple[str, int], str]] = dict
+    by_index: bool = False
+    usable: Callable[[str], bool] = lambda node: True
+
+
 class Backend(LoggingConfigurable):
     """Runs train jobs where the policy placed them."""
 
@@ -126,6 +140,11 @@ class Backend(LoggingConfigurable):
     def lent_holders(self) -> dict[tuple[str, int], str]:
         """(build node, GPU index) → the job that runs on that lent build GPU now."""
         return {}
+
+    def lent_gpus(self) -> "LentGPUs":
+        """What the build pool must know of the jobs this backend runs on lent build GPUs,
+        given to it when it is made."""
+        return LentGPUs(self.lent_holders)
 
     async def start(self, launch: Launch) -> Handle:
         """Start one attempt, all of its ranks at once or nothing, and return at once with a

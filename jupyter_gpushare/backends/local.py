@@ -197,7 +197,6 @@ class LocalBackend(Backend):
 
     def lend(self, build) -> None:
         self._build = build
-        build.holders = self.lent_holders
 
     def lent_holders(self) -> dict[tuple[str, int], str]:
         if self._build is None:

@@ -30,32 +30,31 @@ from traitlets import Bool, Dict, Float, Integer, TraitError, Type, Unicode, def
 from traitlets.config import Application
 
 from .. import __version__
-from ..backends.base import SIMULATED_LABEL, Backend, private_dir
+from ..backends.base import SIMULATED_LABEL, Backend, LentGPUs, private_dir
 from ..backends.local import LocalBackend
-from ..policy.departments import guaranteed, two_levels
 from ..policy.lending import build_node_of
 from ..policy.model import DEFAULT_MIN_RUNTIME_S, GPU, TRAIN, PolicyConfig, Project
 from ..policy.past_use import LONGEST_S, FairShareTime
-from ..policy.quotas import overbooking
 from ..policy.settings import (DEFAULT_CYCLE_S, DEFAULT_FAIR_SHARE_WINDOW_S, DEFAULT_GRACE_S,
                                PoolSettings)
 from ..trainjob import RUNNING
-from .web import dashboard_pages as dashboard, dashboard_forms, routes as rest
-from .admin.changes import configured_departments, configured_projects
-from .build.build_pool import BuildPool
+from ..validate import Invalid
+from .admin.changes import configured_departments, configured_projects, levels_problem
 from .admin.department_specs import DepartmentSpec, configured as configured_departments_spec
-from .web.identity import HubDirectory, HubTokens
-from .web.log_follows import Follows
+from .admin.project_specs import configured
+from .build.build_pool import BuildPool
+from .housekeeping import prune_audit, release_stale
 from .hub import HubAPI
-from .train.submits import JobIntake
-from .web.job_lists import JobLists
+from .store.database import Store, StoreError
+from .train.cycles import CycleSignal
 from .train.launch import Launcher
 from .train.scheduler import Scheduler
-from .admin.project_specs import configured
-from .store.database import Store, StoreError
-from .housekeeping import prune_audit, release_stale
+from .train.submits import JobIntake
 from .utilization.service import GPUUsage
-from ..validate import Invalid
+from .web import dashboard_pages as dashboard, dashboard_forms, routes as rest
+from .web.identity import HubDirectory, HubTokens
+from .web.job_lists import JobLists
+from .web.log_follows import Follows
 from .whatif.runner import WhatIfRunner
 
 BACKENDS = {"local": "jupyter_gpushare.backends.local.LocalBackend",
@@ -372,18 +371,23 @@ class PoolService(Application):
         if odd:
             self._refuse(f"PoolService.build_nodes names {odd[0][:100]!r}: a node's name has no "
                          f"'/'; give the node's name as Kubernetes or this machine knows it.")
+        lends = self.backend.lends_build_gpus  # also without lending: jobs on build GPUs
+        self.cycles = CycleSignal()
         self.build = BuildPool(self.build_nodes, self.build_allowance, self.store,
                                any(n.labels.get(SIMULATED_LABEL) for n in nodes), self.log,
                                lend=self.lend_build_gpus, reserve_gpus=self.build_reserve,
                                take_back_s=self.grace_period + self.cycle_interval,
                                lend_again_after_s=self.lend_again_after,
                                take_backs_per_user=self.take_backs_per_user,
-                               take_back_window_s=self.take_back_window)
-        if self.backend.lends_build_gpus:  # also without lending: jobs still on build GPUs
+                               take_back_window_s=self.take_back_window,
+                               lent=self.backend.lent_gpus() if lends else LentGPUs(),
+                               cycles=self.cycles,
+                               # no slice until the loop has adopted the jobs on build GPUs
+                               adopted=not lends or not any(
+                                   build_node_of(n) for r in self.store.active()
+                                   if r.state == RUNNING for n in r.placement or {}))
+        if lends:
             self.backend.lend(self.build)
-            # No slice until the scheduler has adopted the jobs that run on build GPUs
-            self.build.adopted = not any(build_node_of(n) for r in self.store.active()
-                                         if r.state == RUNNING for n in r.placement or {})
         if self.lend_build_gpus and not self.build.indexed:  # this machine's own GPUs
             lendable = self.build.lendable_gpus()
             unnamed = sorted(n.name for n in self.build.nodes
@@ -409,11 +413,12 @@ class PoolService(Application):
         home = {p: d.name for d in departments for p in d.projects}
         projects = [Project(p.name, p.quota, department=home.get(p.name, ""))
                     for p in self.projects.values()]
-        levels = [d.policy() for d in departments]
-        problem = overbooking(guaranteed(projects, levels), capacity)
-        if problem:
+        found = levels_problem(projects, [d.policy() for d in departments], capacity)
+        if found:
+            problem, overbooked = found
             self._refuse(f"{problem[:1].upper()}{problem[1:]}: lower PoolService.projects' "
-                         f"or PoolService.departments' quotas.")
+                         f"or PoolService.departments' quotas." if overbooked else
+                         f"PoolService.departments: {problem}.")
         created = configured_projects(self.store, self.projects.values())
         if created:
             self.log.info("created project(s) %s from the configuration", ", ".join(created))
@@ -443,13 +448,12 @@ class PoolService(Application):
                          f"PUT api/departments/{{name}}.")
         projects = [Project(p.name, p.quota, department=joins.get(
             p.name, p.department if p.department in stored else "")) for p in known.values()]
-        problem = two_levels(projects, levels)
-        if problem:
-            self._refuse(f"PoolService.departments: {problem}.")
-        problem = overbooking(guaranteed(projects, levels), capacity)
-        if problem:
+        found = levels_problem(projects, levels, capacity)
+        if found:
+            problem, overbooked = found
             self._refuse(f"{problem[:1].upper()}{problem[1:]}: lower PoolService.projects' "
-                         f"or PoolService.departments' quotas, or those set through the API.")
+                         f"or PoolService.departments' quotas, or those set through the API."
+                         if overbooked else f"PoolService.departments: {problem}.")
         created = configured_departments(self.store, new)
         if created:
             self.log.info("created department(s) %s from the configuration", ", ".join(created))
@@ -478,8 +482,7 @@ class PoolService(Application):
             self.store, self.backend, decides.policy, decides.grace_period_s,
             Launcher(self.backend, self.checkpoint_dir_template, self.state_dir),
             self.log, idle_jobs=self.usage.idle_jobs, fair_share=decides.fair_share,
-            build=self.build if self.backend.lends_build_gpus else None)
-        self.build.wake, self.build.deciding = self.scheduler.wake, self.scheduler.deciding
+            build=self.build if self.backend.lends_build_gpus else None, cycles=self.cycles)
         self.intake = JobIntake(self.store, self.scheduler, self.python,
                                 self.max_pending_per_user, self.max_job_size)
         self.whatif = WhatIfRunner(log=self.log, timeout=self.whatif_timeout)

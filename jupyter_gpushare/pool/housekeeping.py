@@ -21,8 +21,8 @@ import logging
 import time
 
 from .hub import HubAPI, HubError, HubNotFound
-from .store.models import SliceRow
 from .store.database import Store
+from .store.models import SliceRow
 
 UNKNOWN = None  # the hub could not say which servers the user runs
 

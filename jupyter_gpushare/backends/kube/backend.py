@@ -41,7 +41,7 @@ from ...policy.lending import build_node_of
 from ...policy.model import GPU, Node, gpus_text
 from ...trainjob import FAILED, PENDING
 from .. import logfile
-from ..base import BackendError, Exit, Handle, Launch, LentGPUsGone, private_dir
+from ..base import BackendError, Exit, Handle, Launch, LentGPUs, LentGPUsGone, private_dir
 from . import adoption
 from . import objects as k8s
 from .api import STREAM_CONNECTIONS, KubeAPI, KubeError, make_client
@@ -104,9 +104,10 @@ class KubernetesBackend(KubernetesOptions):
 
     def lend(self, build) -> None:
         self._build = build
-        build.indexed = True  # the build node's device plugin picks the device
-        build.holders = self.lent_holders
-        build.usable = self._build_node_usable
+
+    def lent_gpus(self) -> LentGPUs:
+        # The build node's device plugin picks the device: lent by index
+        return LentGPUs(self.lent_holders, by_index=True, usable=self._build_node_usable)
 
     def _build_node_usable(self, name: str) -> bool:
         """Whether build node ``name`` may lend its GPUs: watched, schedulable and Ready."""

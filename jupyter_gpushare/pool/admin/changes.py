@@ -13,10 +13,10 @@ from ...policy.departments import guaranteed, two_levels
 from ...policy.model import GPU, TRAIN, Project
 from ...policy.quotas import overbooking
 from ...trainjob import ACTIVE, RUNNING
-from . import department_specs as D
-from ..store.models import DrainRow, JobRow, ProjectRow
-from .project_specs import ProjectSpec, changes, project_name
 from ...validate import Invalid
+from ..store.models import DrainRow, JobRow, ProjectRow
+from . import department_specs as D
+from .project_specs import ProjectSpec, changes, project_name
 
 # The doors a change comes through ("lending": a notebook server took back a lent build GPU)
 VIA = ("api", "dashboard", "cli", "config", "culling", "lending")
@@ -75,14 +75,50 @@ def stored_levels(store, but: str | None = None) -> list:
     return out
 
 
-def check_levels(projects, departments, capacity: int, then: str) -> None:
-    """Refuse (409) quotas that do not make two levels, or that overbook the train pool."""
+def levels_problem(projects, departments, capacity: int | None = None
+                   ) -> tuple[str, bool] | None:
+    """The one check of projects and departments together, wherever they come from (the
+    configuration at start, an admin's change, the store each cycle): the problem, and
+    whether it is the train pool's ``capacity`` they overbook (None: they make two levels
+    within it; capacity None: not checked)."""
     problem = two_levels(projects, departments)
     if problem:
-        raise Invalid(problem, 409)
-    problem = overbooking(guaranteed(projects, departments), capacity)
+        return problem, False
+    if capacity is not None:
+        problem = overbooking(guaranteed(projects, departments), capacity)
+        if problem:
+            return problem, True
+    return None
+
+
+def check_levels(projects, departments, capacity: int, then: str) -> None:
+    """Refuse (409) quotas that do not make two levels, or that overbook the train pool."""
+    found = levels_problem(projects, departments, capacity)
+    if found:
+        problem, overbooked = found
+        raise Invalid(f"{problem}: {then}" if overbooked else problem, 409)
+
+
+def policy_levels(project_rows, department_rows) -> tuple[tuple, tuple, str | None]:
+    """The store's projects and departments as the policy takes them, each cycle. The API
+    refuses departments that do not make two levels, but a store edited by hand may hold
+    them: then the departments are left out, with the problem to log."""
+    departments, problem = [], None
+    for row in department_rows:
+        try:
+            departments.append(D.DepartmentSpec.of(row, ()).policy())
+        except ValueError as e:
+            problem = str(e)
+    named = {d.name for d in departments}
+    projects = tuple(Project(p.name, p.quota, p.over_quota_weight, p.limit, p.priority,
+                             p.department if p.department in named else "")
+                     for p in project_rows)
+    if problem is None and departments:
+        found = levels_problem(projects, departments)
+        problem = found and found[0]
     if problem:
-        raise Invalid(f"{problem}: {then}", 409)
+        return tuple(replace(p, department="") for p in projects), (), problem
+    return projects, tuple(departments), None
 
 
 def change_project(store, scheduler, name: str, body, who: str, via: str,

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ...policy.model import GPU, Department
+from ...validate import Invalid
 from ..store.models import DepartmentRow
 from .project_specs import project_name, quota_changes
-from ...validate import Invalid
 
 FIELDS = {"quota", "over_quota_weight", "limit", "projects"}
 MAX_MEMBERS = 1000  # projects of one department

@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, field, replace
 
 from ... import trainjob
 from ...policy.model import GPU
-from ..store.models import ProjectRow
 from ...validate import Invalid, _gpus_amount, _int, _unknown
+from ..store.models import ProjectRow
 
 FIELDS = {"quota", "over_quota_weight", "limit", "priority", "groups", "job_priority_min",
           "job_priority_max"}

@@ -24,12 +24,14 @@ import time
 from typing import Callable, NamedTuple
 
 from ... import gpus as gpu_inventory
+from ...backends.base import LentGPUs
 from ...policy import SliceRefused
 from ...policy.lending import Want, lendable, lent_node, take_back_wait, take_slice
 from ...policy.model import BUILD, GPU, Node, Slice
 from ..admin.changes import record
-from ..store.models import SliceRow
 from ..store.database import Store
+from ..store.models import SliceRow
+from ..train.cycles import CycleSignal
 
 
 GPUKey = tuple[str, int]  # (build node, GPU index)
@@ -55,7 +57,8 @@ class BuildPool:
                  simulated: bool, log: logging.Logger | None = None, lend: bool = False,
                  reserve_gpus: int = 1, take_back_s: float = 31.0,
                  lend_again_after_s: float = 300.0, take_backs_per_user: int = 2,
-                 take_back_window_s: float = 600.0):
+                 take_back_window_s: float = 600.0, lent: LentGPUs = LentGPUs(),
+                 cycles: CycleSignal | None = None, adopted: bool = True):
         """``nodes``: {node name: GPUs}; ``allowance``: GPUs of slices one user may hold;
         ``simulated``: this machine has no GPU (the train pool is simulated), so the build
         GPUs are simulated too; ``lend``: lend whole GPUs without slices to train jobs, but
@@ -63,7 +66,10 @@ class BuildPool:
         back (the grace period and a cycle), said to the spawner; ``lend_again_after_s``: a
         GPU taken back is not lent again for this long; ``take_backs_per_user``: the most
         GPUs one user's servers take back within ``take_back_window_s`` (a window of 0: no
-        limit)."""
+        limit); ``lent``: what the backend says of the jobs on lent GPUs; ``cycles``: the
+        scheduling loop's (wake it, whether it decides now); ``adopted``: whether the jobs
+        that run on build GPUs are known (False after a restart with such jobs: no slice
+        until the loop has adopted them, ``jobs_adopted``)."""
         self.nodes = [Node(name, int(gpus), pool=BUILD) for name, gpus in sorted(nodes.items())]
         self.names = frozenset(n.name for n in self.nodes)
         self.allowance = allowance
@@ -78,19 +84,15 @@ class BuildPool:
             take_back_window_s
         self.resting: dict[GPUKey, float] = {}  # a GPU taken back → when it may be lent again
         self.took: dict[str, list[float]] = {}  # user → when their servers took GPUs back
-        # Set by the service: (node, index) → the job on a lent GPU (the backend's, also
-        # after lending was turned off: those jobs are taken back); whether a cycle runs;
-        # run one soon; whether running jobs were adopted after a start.
-        self.holders: Callable[[], dict[GPUKey, str]] = dict
-        self.deciding: Callable[[], bool] = lambda: False
-        self.wake: Callable[[], None] = lambda: None
-        self.adopted = True
+        self.holders, self.indexed, self.usable = lent.holders, lent.by_index, lent.usable
+        cycles = cycles or CycleSignal()
+        self.wake, self.deciding = cycles.wake, cycles.deciding
+        self.adopted = adopted
         self._lent_now: dict[str, list[int]] = {}  # the lent GPUs the last cycle saw, by node
-        # Set by a backend that runs lent jobs by a GPU's index on its node, not its UUID
-        # (Kubernetes: the node's device plugin picks the device): every build GPU is lendable.
-        self.indexed = False
-        # Set by a backend that knows the build nodes: whether one may lend its GPUs now.
-        self.usable: Callable[[str], bool] = lambda node: True
+
+    def jobs_adopted(self) -> None:
+        """The loop knows the jobs that run on build GPUs now: slices may be given."""
+        self.adopted = True
 
     def reserve(self, user: str, milli: int, server: str) -> SliceRow | SliceRefused:
         """Pack a slice on the build pool or say why not. Never on a GPU a train job holds:

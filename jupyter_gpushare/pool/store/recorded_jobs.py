@@ -15,9 +15,9 @@ from sqlalchemy.orm import sessionmaker
 
 from ...sim.history import history_entry
 from ...usage.rollup import MINUTE, spans
+from ...validate import Invalid
 from .models import AttemptRow, JobRow
 from .usage_rollups import UsageStore
-from ...validate import Invalid
 
 MAX_LIMIT = 10_000  # jobs a page
 

@@ -12,15 +12,18 @@ import time
 from dataclasses import dataclass, field, replace
 
 from ...backends.base import LOST, Backend, BackendError, Exit, Handle, LentGPUsGone
-from ...policy import (TRAIN, Department, JobState, Node, PolicyConfig, Project, Snapshot,
+from ...policy import (TRAIN, JobState, Node, PolicyConfig, Project, Snapshot,
                        TrainJob, cycle)
-from ...policy.departments import two_levels
+from ...policy.admission import never_fits_gpus
 from ...policy.outcome import FAILED, PREEMPTED, SUCCEEDED, after_stop
 from ...policy.past_use import FairShareTime, PastUse
-from ...policy.reasons import drained_note
+from ...policy.reasons import Reason, drained_note
 from ...trainjob import CANCELLED, PENDING, RUNNING
-from ..store.models import DrainRow, JobRow
+from ..admin.changes import policy_levels
+from ..admin.department_specs import DepartmentSpec
 from ..store.database import Store
+from ..store.models import DrainRow, JobRow, ProjectRow
+from .cycles import CycleSignal
 
 
 @dataclass
@@ -44,12 +47,13 @@ class Explanation:
 class Scheduler:
     def __init__(self, store: Store, backend: Backend, config: PolicyConfig, grace_s: float,
                  launch_for, log: logging.Logger | None = None, idle_jobs=lambda: set(),
-                 fair_share: FairShareTime | None = None, build=None):
+                 fair_share: FairShareTime | None = None, build=None,
+                 cycles: CycleSignal | None = None):
         """``launch_for``: a stored job → the backend's ``Launch`` (``train/launch.py``);
         ``idle_jobs``: the ids of jobs whose GPUs sat idle (``utilization/service.py``), taken
         first when GPUs are reclaimed; ``fair_share``: fair share over time, off when None;
         ``build``: the build pool (``build.BuildPool``) whose GPUs are lent, None when none
-        are."""
+        are; ``cycles``: when a cycle runs, shared with the build pool."""
         self.store, self.backend, self.config, self.grace_s = store, backend, config, grace_s
         self.build = build
         self.launch_for, self.idle_jobs = launch_for, idle_jobs
@@ -58,8 +62,8 @@ class Scheduler:
         self.drained: dict[str, DrainRow] = store.drained()  # kept here and in the store
         self.explained = Explanation(nodes=self.nodes())
         self.reserved: dict[str, tuple[str, ...]] = {}
-        self._wake = asyncio.Event()
-        self._lock = asyncio.Lock()
+        self.cycles = cycles or CycleSignal()
+        self._wake, self._lock = self.cycles.woken, self.cycles.lock
         self.fair_share = fair_share
         self.past: PastUse | None = None  # read from the store at the first cycle
         self._held: dict[str, int] = {}  # milli-GPUs beyond quota per project, last cycle
@@ -71,6 +75,18 @@ class Scheduler:
     def train_capacity(self) -> int:
         """Milli-GPUs of the train pool now."""
         return sum(n.milli for n in self.backend.nodes() if n.pool == TRAIN)
+
+    def never_fits(self, gpus: int, project: ProjectRow) -> Reason | None:
+        """Why a job of ``gpus`` in ``project`` could never run here, by the policy's own
+        rule (larger than the train pool, than the fewest nodes it must use, than its
+        project's or its department's limit): a submit is refused at once with the sentence
+        the job would otherwise wait with for ever."""
+        sizes = tuple(sorted((n.milli for n in self.backend.nodes() if n.pool == TRAIN),
+                             reverse=True))
+        row = self.store.department(project.department) if project.department else None
+        department = None if row is None else DepartmentSpec.of(row, ()).policy()
+        return never_fits_gpus(gpus, Project(project.name, project.quota, limit=project.limit),
+                               sum(sizes), sizes, department)
 
     def nodes(self) -> list[Node]:
         """The backend's nodes, each drained one marked so (no new job starts there)."""
@@ -111,11 +127,11 @@ class Scheduler:
 
     def deciding(self) -> bool:
         """Whether a cycle runs now (between its decisions and the starts it asks for)."""
-        return self._lock.locked()
+        return self.cycles.deciding()
 
     def wake(self) -> None:
         """Run a cycle soon (a job was submitted or cancelled)."""
-        self._wake.set()
+        self.cycles.wake()
 
     async def run(self, interval_s: float, exit_poll_s: float = 0.1) -> None:
         """First ``reconcile`` (the API answers meanwhile), then a cycle every
@@ -127,7 +143,7 @@ class Scheduler:
             try:
                 await self.reconcile()
                 if self.build is not None:
-                    self.build.adopted = True  # the jobs on build GPUs are known now
+                    self.build.jobs_adopted()
                 break
             except Exception:  # the store or the platform is not there yet: try again
                 self.log.exception("adopting running jobs failed; trying again")
@@ -188,27 +204,11 @@ class Scheduler:
                 await self._take_back(now)
                 nodes += self.build.lent_nodes()
             rows = self.store.active()
-            departments, problem = [], None
-            for d in self.store.departments():
-                try:
-                    departments.append(Department(d.name, d.quota, d.over_quota_weight, d.limit))
-                except ValueError as e:  # a row edited by hand; the API refuses it
-                    problem = str(e)
-            departments = tuple(departments)
-            named = {d.name for d in departments}
-            projects = tuple(Project(p.name, p.quota, p.over_quota_weight, p.limit, p.priority,
-                                     p.department if p.department in named else "")
-                             for p in self.store.projects())
-            if problem is None and departments:
-                problem = two_levels(projects, departments)
-            if problem:  # the admin API refuses this; a store edited by hand may hold it
-                if problem != self._levels_problem:
-                    self.log.error("departments ignored until fixed: %s", problem)
-                self._levels_problem = problem
-                departments = ()
-                projects = tuple(replace(p, department="") for p in projects)
-            else:
-                self._levels_problem = None
+            projects, departments, problem = policy_levels(self.store.projects(),
+                                                           self.store.departments())
+            if problem and problem != self._levels_problem:
+                self.log.error("departments ignored until fixed: %s", problem)
+            self._levels_problem = problem
             idle = self.idle_jobs()
             jobs = tuple(self._train_job(r, r.id in idle) for r in rows)
             past = self._past_use(now)

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections import Counter
 
 from ...trainjob import PENDING
-from .scheduler import Scheduler
-from ..store.models import JobRow, ProjectRow
-from ..store.database import Store
 from ...validate import Invalid
+from ..store.database import Store
+from ..store.models import JobRow, ProjectRow
+from .scheduler import Scheduler
 
 # ``python -c SOURCE`` would put the working directory first on sys.path, where a module
 # planted in a shared folder shadows the standard library: the source runs after it is taken

@@ -16,6 +16,7 @@ from pathlib import Path
 from traitlets import Bool, CaselessStrEnum, Dict, Float, TraitError, Unicode, default, validate
 from traitlets.config import LoggingConfigurable
 
+from ...backends.base import SIMULATED_LABEL, Backend
 from ...gpus import SIMULATED_NAME
 from ...policy.model import GPU
 from ...trainjob import RUNNING
@@ -24,14 +25,13 @@ from ...usage.cull import CullSettings
 from ...usage.meter import LocalContext, UsageMeter, UsageSettings
 from ...usage.rollup import DAY
 from ...usage.sampler import NVMLSampler
-from ...backends.base import SIMULATED_LABEL, Backend
-from .node_agents import AgentNodes, PodTokens
 from ..build.build_pool import BuildPool
 from ..build.culler import SliceCuller
-from ..web.log_follows import Follows
 from ..hub import HubAPI
 from ..store.database import Store
 from ..store.usage_rollups import UsageStore
+from ..web.log_follows import Follows
+from .node_agents import AgentNodes, PodTokens
 
 
 

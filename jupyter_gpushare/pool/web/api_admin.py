@@ -9,12 +9,12 @@ from __future__ import annotations
 import time
 
 from ...policy.model import GPU
+from ...validate import Invalid, digits
 from ..admin.changes import change_department, delete_department, set_drained
 from ..admin.department_specs import DepartmentSpec, department_name
+from ..store.models import AuditRow
 from .api_usage import parse_time
 from .handlers import ServiceHandler
-from ..store.models import AuditRow
-from ...validate import Invalid, digits
 from .views import department_json
 
 MAX_ENTRIES = 1000

@@ -18,13 +18,13 @@ from ...policy.settings import DEFAULT_GRACE_S
 from ...sim.history import (COLUMNS, BadChange, capacity_target, check_capacity, quota_changes,
                             settings_from)
 from ...usage.rollup import HOUR
-from .api_jobs import PoolHandler, pool_json
+from ...validate import Invalid, digits
 from ..admin.changes import record
+from ..store.recorded_jobs import MAX_LIMIT, all_entries, read_entries
+from ..whatif.runner import KEEP, REPLAYING, Busy
+from .api_jobs import PoolHandler, pool_json
 from .api_usage import parse_window
 from .handlers import ID, ServiceHandler
-from ..whatif.runner import KEEP, REPLAYING, Busy
-from ..store.recorded_jobs import MAX_LIMIT, all_entries, read_entries
-from ...validate import Invalid, digits
 from .views import department_json
 
 DEFAULT_LIMIT = 1000

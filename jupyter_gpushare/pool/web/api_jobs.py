@@ -21,16 +21,16 @@ from ...backends.ranks import world_size
 from ...policy import SliceRefused
 from ...policy.model import GPU
 from ...trainjob import ACTIVE, PENDING, STATES, BadField, default_project
-from . import api_admin, api_usage
+from ...validate import Invalid, digits, job_spec, request_id
 from .. import metrics
 from ..admin.changes import cancel_job, change_project, record
+from ..admin.project_specs import project_name
+from ..store.models import JobRow, ProjectRow
+from . import api_admin, api_usage
 from .api_usage import pool_gpus
 from .handlers import ID, Rendered, ServiceHandler
 from .job_lists import list_key
-from ..store.models import JobRow, ProjectRow
 from .openapi import SPEC
-from ..admin.project_specs import project_name
-from ...validate import Invalid, digits, job_spec, request_id
 from .views import department_json, job_json, job_says, project_json, slice_json
 
 
@@ -221,13 +221,9 @@ class JobsHandler(PoolHandler):
                               + (", ".join(p.name for p in mine) or "none"))
             if not self.member_of(project):
                 raise Invalid(f"you are not a member of project {name}", 403)
-        capacity = self.scheduler.train_capacity()
-        if gpus > capacity:
-            raise Invalid(f"the job asks for {gpus // GPU} GPUs but the train pool has only "
-                          f"{capacity // GPU}; ask for fewer")
-        if project.limit is not None and gpus > project.limit:
-            raise Invalid(f"the job asks for {gpus // GPU} GPUs but project {project.name} may "
-                          f"use at most {project.limit / GPU:g}; ask for fewer")
+        never = self.scheduler.never_fits(gpus, project)
+        if never is not None:
+            raise Invalid(str(never))
         low, high = project.job_priority_min, project.job_priority_max
         if not low <= priority <= high:
             raise Invalid(f"project {project.name} takes job priorities from {low} to {high}, "

@@ -21,11 +21,11 @@ from ...usage.attribution import Holding, attribute
 from ...usage.report import BY, SORTS
 from ...usage.rollup import DAY
 from ...usage.sampler import GPUReading, MachineReading, ProcessReading
-from ..utilization.node_agents import HEADER, NotProven, Unverifiable
-from .handlers import ServiceHandler
-from ..utilization.service import job_owner, slice_owner
-from ..store.usage_rollups import Scope
 from ...validate import Invalid, digits
+from ..store.usage_rollups import Scope
+from ..utilization.node_agents import HEADER, NotProven, Unverifiable
+from ..utilization.service import job_owner, slice_owner
+from .handlers import ServiceHandler
 
 NO_DEPARTMENT = "(no department)"  # no department's name can have a space or parentheses
 

@@ -31,12 +31,12 @@ from ...dashboard import drain, forms
 from ...dashboard.page import form_page
 from ...policy.model import GPU, TRAIN
 from ...trainjob import RUNNING
+from ...validate import Invalid
 from ..admin.changes import cancel_job, cancellable, change_project, project_changes, set_drained
+from ..admin.project_specs import ProjectSpec, project_name
+from ..hub import HubError
 from .api_jobs import pool_json
 from .dashboard_pages import DashboardHandler, service_zone
-from ..hub import HubError
-from ..admin.project_specs import ProjectSpec, project_name
-from ...validate import Invalid
 
 log = logging.getLogger("gpushare.pool")
 

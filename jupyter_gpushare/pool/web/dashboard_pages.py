@@ -30,13 +30,13 @@ from ...dashboard.audit import audit_page
 from ...dashboard.page import form_page
 from ...usage import showback
 from ...usage.report import BY
-from .api_jobs import PoolHandler, pool_json
+from ...validate import Invalid
+from ..store.usage_rollups import Scope
 from .api_admin import audit_listing, audit_query
 from .api_history import start_whatif, whatif_request
+from .api_jobs import PoolHandler, pool_json
 from .api_usage import MAX_WINDOW, parse_time, send_csv
-from ..store.usage_rollups import Scope
 from .views import department_json
-from ...validate import Invalid
 
 REFRESH_S = 15
 IDLE_ROWS = 10

@@ -15,9 +15,9 @@ import re
 from jupyterhub.services.auth import HubAuthenticated, UserNotAllowed
 from tornado import web
 
-from .identity import TooManyFailures, Who
 from ..hub import HubUnavailable
 from ..store.models import JobRow, ProjectRow
+from .identity import TooManyFailures, Who
 
 MAX_DEPTH = 32  # nesting of a JSON body: specs are two levels deep
 DRAIN_BYTES = 64 * 1024 * 1024  # a body up to this is read to its end, beyond the limit unkept

@@ -13,10 +13,10 @@ from __future__ import annotations
 import json
 from typing import Callable
 
-from .identity import Who
-from .handlers import Rendered
-from ..train.scheduler import Scheduler
 from ..store.models import JobRow
+from ..train.scheduler import Scheduler
+from .handlers import Rendered
+from .identity import Who
 from .views import job_json, job_says
 
 LIST_ARGUMENTS = ("all", "limit", "project", "state")  # the rest say nothing: not in the key

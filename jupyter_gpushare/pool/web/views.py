@@ -12,8 +12,8 @@ from typing import NamedTuple
 from ...backends.ranks import world_size
 from ...policy.model import GPU
 from ...trainjob import ACTIVE, FAILED, PENDING, RUNNING
-from ..train.scheduler import Explanation
 from ..store.models import DepartmentRow, JobRow, ProjectRow, SliceRow
+from ..train.scheduler import Explanation
 
 
 class JobSays(NamedTuple):
