@@ -1,6 +1,9 @@
 """jupyter-gpushare: fractional GPU slices for notebooks and a guaranteed-quota train pool."""
 
-__version__ = "0.1.0"
+try:
+    from ._version import __version__  # written by the build from git's tags
+except ImportError:  # a source tree never built or installed
+    __version__ = "0.0.0+unknown"
 
 
 def submit(*args, **kwargs):

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 
+from . import __version__
 from .cli_base import CommandError, UsageError, _Parser, say
 from .cli_pool import add_pool_commands, connection_options
 from .policy.admission import never_fits_gpus
@@ -64,6 +65,8 @@ def _seeds(text):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="gpushare", description="Share GPUs in JupyterHub: build slices "
                      "for notebooks, a guaranteed-quota train pool for jobs.")
+    parser.add_argument("--version", action="version", version=f"gpushare {__version__}",
+                        help="print the version of jupyter-gpushare and exit")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser,
                                 metavar="COMMAND")
     sim = sub.add_parser("simulate", help="replay a GPU-cluster trace under a scheduling policy",

@@ -277,3 +277,14 @@ def test_every_preemption_in_the_events_log_names_its_kind(capsys, example, tmp_
             held[project] -= gpus
     assert "move" in kinds and {"guarantee", "fair"} & set(kinds), sorted(set(kinds))
     assert kinds.count("move") == json.loads(out)["moves"] == within  # moves are within quota
+
+
+def test_the_version_is_the_packages():
+    """From git's tags when the package is built (pyproject.toml, hatch-vcs): a clone's build
+    is a release or a dev version after one, never the fallback of a tree never built."""
+    from jupyter_gpushare import __version__
+
+    done = subprocess.run([str(Path(sys.executable).with_name("gpushare")), "--version"],
+                          capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (0, f"gpushare {__version__}\n")
+    assert __version__ != "0.0.0+unknown" and __version__.split(".")[0].isdigit()

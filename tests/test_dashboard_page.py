@@ -8,6 +8,7 @@ from html.parser import HTMLParser
 
 import pytest
 
+from jupyter_gpushare import __version__
 from jupyter_gpushare.charts import Frame, Series, line_chart, sparkline, stacked_chart, time_ticks
 from jupyter_gpushare.dashboard import WINDOWS, BadWindow, Window, choose_window, refusal, render
 from jupyter_gpushare.dashboard import audit, poolmap, tables, usage
@@ -432,6 +433,7 @@ def check(page: str) -> Checker:
 def test_the_page_has_every_section_nothing_from_outside_and_escapes_what_people_typed():
     page = render(sample(), nonce="n0nce")
     c = check(page)
+    assert f'<footer class="muted">jupyter-gpushare {__version__}</footer>' in page
     assert c.ids == ["refresh-note", "summary", "pool-map", "projects", "idle", "settings",
                      "new-project", "queue", "culls", "audit", "older"]
     windows = ["?window=1h", "?window=6h", "?window=24h", "?window=7d", "?window=30d"]

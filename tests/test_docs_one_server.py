@@ -25,6 +25,7 @@ import shlex
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -148,10 +149,17 @@ def guide_hub():
     homes.mkdir(mode=0o755)
     state.parent.mkdir(parents=True)
     port = free_port()
+    # The release's wheel, built from this checkout as docs/howto/release.md says (here
+    # without a build environment of its own: the test's has the build's requirements)
+    dist = top / "dist"
+    run(f"{shlex.quote(sys.executable)} -m build --no-isolation --outdir {dist} "
+        f"{shlex.quote(str(REPO))}")
+    (wheel,) = dist.glob("jupyter_gpushare-*-py3-none-any.whl")
+    (sdist,) = dist.glob("jupyter_gpushare-*.tar.gz")
     substitute = {
         "/opt/jupyterhub": str(prefix), "/var/lib/gpushare": str(state),
         "http://127.0.0.1:10101": f"http://127.0.0.1:{port}",
-        "./jupyter-gpushare": shlex.quote(str(REPO)), "sudo ": "",
+        "./jupyter_gpushare-*.whl": shlex.quote(str(wheel)), "sudo ": "",
         "nvidia-smi -L": "sh -c 'echo gpus $CUDA_VISIBLE_DEVICES uid $(id -u)'",
     }
 
@@ -169,10 +177,16 @@ def guide_hub():
     # 1. Install; 2. the pool's configuration; 3. the spawner's token.
     old_umask = os.umask(0o022)
     try:
-        for command in commands(blocks["one-server-install"]):
-            run(moved(command) + " --quiet --disable-pip-version-check", cwd=top)
+        for command in commands(blocks["one-server-install"]):  # no Node.js on PATH
+            assert "./jupyter_gpushare-*.whl" in command
+            run(moved(command) + " --quiet --disable-pip-version-check", cwd=top,
+                env={"PATH": str(prefix / "bin"), "HOME": "/root", "LANG": "C.UTF-8"})
     finally:
         os.umask(old_umask)
+    release = wheel.name.split("-")[1]
+    assert sdist.name == f"jupyter_gpushare-{release}.tar.gz"
+    assert run(f"{prefix}/bin/gpushare --version").stdout == f"gpushare {release}\n"
+    assert (prefix / "share/jupyter/labextensions/jupyter-gpushare/package.json").is_file()
     (prefix / "etc" / "jupyterhub" / "gpushare_config.py").write_text(
         moved((FILES / "gpushare_config.py").read_text())
         + RELOCATE_CHECKPOINTS.format(homes=homes))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from html import escape
 
+from .. import __version__
 from ..text import percent
 from ..trainjob import PENDING, RUNNING
 from . import audit, forms, poolmap, tables, usage
@@ -38,7 +39,7 @@ header h1{font-size:18px;margin:0}
 header nav a{margin-right:6px;padding:1px 6px;border-radius:3px;text-decoration:none;
   color:var(--accent)}
 header nav a.on{background:var(--accent);color:#fff}
-main{padding:4px 20px 30px;max-width:1400px}
+main{padding:4px 20px 30px;max-width:1400px}footer{padding:0 20px 20px}
 section{background:#fff;border:1px solid var(--line);border-radius:4px;margin:14px 0;
   padding:8px 14px 12px}
 h2{font-size:16px;margin:4px 0 8px}h3{font-size:14px;margin:10px 0 4px}
@@ -179,7 +180,8 @@ def render(data: dict, nonce: str = "", xsrf: str = "") -> str:
         f'{tables.culls(pool.get("culling"), slices, offset)}</section>'
         f'<section id="audit"><h2>Audit trail</h2>'
         f'{audit.audit_section(base, data.get("audit") or [], data.get("audit_next"), now, offset)}'
-        f'</section></main>')
+        f'</section></main>'
+        f'<footer class="muted">jupyter-gpushare {escape(__version__)}</footer>')
     return _document("GPU share: pool dashboard", header + body,
                      SCRIPT % (int(data.get("refresh_s", 15)),
                                json.dumps(xsrf).replace("</", "<\\/")), nonce)
