@@ -9,10 +9,10 @@ from typing import Iterable, Mapping
 
 from . import reasons as R
 from .cache import Cluster
-from .decisions import Start, Wait
+from .decisions import Wait
 from .explain import Explainer
 from .fits import FitMemo, Way
-from .ledger import Ledger
+from .ledger import LEAST, Ledger
 from .model import GPU, Department, PolicyConfig, Project, TrainJob
 from .order import Borrowers, Order
 from .placement import nodes_needed
@@ -65,20 +65,20 @@ class BehindClaim:
 
 
 class Admission:
-    """Admits one cycle's jobs and keeps what it decided: ``starts``, ``waits`` (each with
-    its reason, or None where the reason is worked out only when read), ``never`` (jobs that
-    can never run as asked) and ``done`` (started or claiming this cycle)."""
+    """Admits one cycle's jobs, which the ledger starts, and keeps the rest of what it
+    decided: ``waits`` (each with its reason, or None where the reason is worked out only
+    when read), ``never`` (jobs that can never run as asked) and ``done`` (started or
+    claiming this cycle)."""
 
     def __init__(self, config: PolicyConfig, cluster: Cluster, node_sizes: tuple[int, ...],
-                 projects: Mapping[str, Project], deserved: Mapping[str, int], ledger: Ledger,
-                 order: Order, memo: FitMemo, reclaimer: Reclaimer, reservation: Reservation,
-                 explainer: Explainer, sizes: Mapping[str, tuple[int, ...]] | None = None):
+                 projects: Mapping[str, Project], ledger: Ledger, order: Order, memo: FitMemo,
+                 reclaimer: Reclaimer, reservation: Reservation, explainer: Explainer,
+                 sizes: Mapping[str, tuple[int, ...]] | None = None):
         self.config, self.c, self.node_sizes = config, cluster, node_sizes
-        self.projects, self.deserved, self.ledger = projects, deserved, ledger
+        self.projects, self.ledger = projects, ledger
         self.order, self.memo, self.reclaimer = order, memo, reclaimer
         self.reservation, self.explainer = reservation, explainer
         self.sizes = sizes  # the gang sizes each project's pending jobs ask for, if known
-        self.starts: list[Start] = []
         self.waits: list[tuple[TrainJob, R.Reason | None]] = []
         self.never: list[Wait] = []
         self.done: set[str] = set()
@@ -133,7 +133,7 @@ class Admission:
         preempted for a claimant that could not run once they are gone."""
         if not self.config.preemption:
             return None
-        if self.c.free.fit(job.gpus, frozenset()) is not None:
+        if self.ledger.free.fit(job.gpus, frozenset()) is not None:
             return "free" if self.reclaimer.within_limit(job, at_limit) else None
         reason = self.reclaimer.claim(job, Reclaim.GUARANTEE, frozenset(), at_limit)
         if reason is None:
@@ -148,7 +148,8 @@ class Admission:
     def borrowers(self, turn: Borrowers) -> None:
         """Admit borrowers in fair-share order until no GPU is left to give; the projects
         not visited are parked in ``turn``."""
-        queues, smallest, seen = self.order.queues, self.order.smallest, self.order.seen
+        order = self.order
+        queues, smallest = order.queues, order.smallest
         beyond_limit = self.ledger.beyond_limit
         for name, i in turn:
             queue = queues[name]
@@ -168,7 +169,7 @@ class Admission:
             reason = self.never_fits(job)
             if reason is not None:
                 self.never.append(Wait(job.id, None, reason))
-                seen.add(job.id)
+                order.pass_over(job)
             else:
                 self._admit_borrower(job)
             turn.go_on(name, i + 1)
@@ -179,7 +180,7 @@ class Admission:
         quota by the time its GPUs are free, and the reclaim would be wasted. Its jobs wait
         (their reasons are listed when read); only a size that can never run is looked for
         now, and only when the project has one."""
-        seen, project = self.order.seen, queue[i].project
+        order, project = self.order, queue[i].project
         sizes = self.sizes.get(project) if self.sizes is not None else None
         p = self.projects[project]
         tree = self.c.tree
@@ -187,12 +188,12 @@ class Admission:
         if sizes is None or any(never_fits_gpus(g, p, self.c.capacity, self.node_sizes,
                                                 department) for g in sizes):
             for job in queue[i:]:
-                if job.id not in seen:
+                if job.id not in order.seen:
                     reason = self.never_fits(job)
                     if reason is not None:
                         self.never.append(Wait(job.id, None, reason))
-                        seen.add(job.id)  # listed as never, not behind the claim
-        self.waits.append((None, BehindClaim(queue, i, self.claiming[project], seen)))
+                        order.pass_over(job)  # listed as never, not behind the claim
+        self.waits.append((None, BehindClaim(queue, i, self.claiming[project], order.seen)))
 
     def _next_hopeful(self, queue, i: int) -> int | None:
         """The first job from ``i`` on that might still get GPUs; the ones passed over wait.
@@ -215,8 +216,7 @@ class Admission:
 
     def _may_lend(self, job: TrainJob) -> bool:
         """Whether lent build GPUs might still hold ``job``."""
-        lent = self.c.lending
-        return bool(lent) and lent.free.total() >= job.gpus and \
+        return self.ledger.lent.total() >= job.gpus and \
             not self.memo.fails(Way.LENT, False, 1, job.gpus)
 
     def _may_take(self, job: TrainJob, k: int) -> bool:
@@ -226,16 +226,15 @@ class Admission:
             return False
         if cfg.preempt_within_project:
             return True
-        if not cfg.reclaim_fair_share or \
-                self.ledger.committed(job.project) + job.gpus > self.deserved.get(job.project, 0):
+        if not cfg.reclaim_fair_share or not self.ledger.within_share(job.project, job.gpus):
             return False
         excluded = bool(self.reservation.kept_out(job))
         return not self.memo.fails(Reclaim.FAIR, excluded, k, job.gpus)
 
     def _exhausted(self) -> bool:
         """No borrower but the reservation holder can start on a free GPU any more."""
-        free, reservation, lent = self.c.free, self.reservation, self.c.lending
-        if free.total(reservation.nodes) > 0 or (lent and lent.free.total() > 0):
+        free, reservation = self.ledger.free, self.reservation
+        if free.total(reservation.nodes) > 0 or self.ledger.lent.total() > 0:
             return False
         return not reservation.holder_outranked() or free.total() == 0
 
@@ -249,8 +248,7 @@ class Admission:
             return False
         if cfg.preempt_within_project:
             return True
-        if not cfg.reclaim_fair_share or \
-                self.ledger.committed(project) >= self.deserved.get(project, 0):
+        if not cfg.reclaim_fair_share or not self.ledger.within_share(project, LEAST):
             return False
         smallest_failed = min(self.memo.smallest(Reclaim.FAIR, x, 1) for x in (False, True))
         return smallest_failed > GPU  # once one GPU cannot be reclaimed, nothing can
@@ -265,7 +263,7 @@ class Admission:
             return
         cfg = self.config
         if cfg.preemption and cfg.reclaim_fair_share and \
-                self.ledger.committed(p.name) + job.gpus <= self.deserved.get(p.name, 0):
+                self.ledger.within_share(p.name, job.gpus):
             if self._reclaim(job, Reclaim.FAIR, exclude):
                 return
         if cfg.preemption and cfg.preempt_within_project and \
@@ -278,14 +276,11 @@ class Admission:
         k, excluded = nodes_needed(job.gpus, self.c.node_size), bool(exclude)
         if self.memo.fails(way, excluded, k, job.gpus):
             return False  # a gang this large already failed; free GPUs only shrink in a cycle
-        placement = self.c.free.fit(job.gpus, exclude)
+        placement = self.ledger.free.fit(job.gpus, exclude)
         if placement is None:
             self.memo.failed(way, excluded, k, job.gpus)
             return False
-        self.c.free.take(placement)
-        self.reclaimer.moved(placement)
-        self.ledger.usage[job.project] += job.gpus
-        self.starts.append(Start(job.id, placement))
+        self.ledger.start(job, placement)
         self.done.add(job.id)
         return True
 
@@ -294,12 +289,11 @@ class Admission:
         quota: its project's usage does not grow."""
         if not self._may_lend(job):
             return False
-        placement = self.c.lending.fit(job.gpus)
+        placement = self.ledger.lent.fit(job.gpus)
         if placement is None:
             self.memo.failed(Way.LENT, False, 1, job.gpus)
             return False
-        self.c.lending.free.take(placement)
-        self.starts.append(Start(job.id, placement))
+        self.ledger.start_lent(job, placement)
         self.done.add(job.id)
         return True
 

@@ -1,12 +1,14 @@
 """What runs: the train pool's free and releasing GPUs and each project's usage.
 
-Built once per cycle from the snapshot. A job being preempted still holds its GPUs
-(``releasing``) until its grace period ends, but no longer counts as its project's usage.
+Built once per cycle from the snapshot and never changed: its free and releasing GPUs and
+usage are the cycle's start, which the ledger (ledger.py) takes over and changes as the cycle
+decides. A job being preempted still holds its GPUs (``releasing``) until its grace period
+ends, but no longer counts as its project's usage.
 A drained node's GPUs stay in the pool's capacity (a drain is for a while: a gang that
 needs them waits instead of being told it can never run), but none of them, free or
 releasing, is given to a new job: the placement sees only the nodes that take jobs.
 Lent build GPUs (``lending.py``) are kept apart in ``lending``: not in the capacity, the free
-map or the running jobs that claims look at, and their jobs in no project's usage.
+GPUs or the running jobs that claims look at, and their jobs in no project's usage.
 """
 
 from __future__ import annotations
@@ -18,14 +20,13 @@ from .departments import Tree
 from .lending import Lending
 from .model import TRAIN, Project, Snapshot, TrainJob
 from .queues import QueueView
-from .placement import FreeMap
 
 
 @dataclass
 class Cluster:
     capacity: int
     node_size: int
-    free: FreeMap
+    free: dict[str, int]  # per node that takes jobs
     releasing: dict[str, int]  # only nodes where preempted jobs still hold GPUs
     usage: dict[str, int]
     projects: dict[str, Project]
@@ -39,20 +40,6 @@ class Cluster:
         reclaim needs them."""
         lent = self.lending
         return [j for j in self.all_running if not j.preempting and not (lent and lent.holds(j))]
-
-    @cached_property
-    def room(self) -> FreeMap:
-        """Free GPUs plus those that jobs being preempted still hold, per node: what a
-        claimant can be given without new victims. Only reclaim needs it; ``moved`` keeps it
-        up to date once made."""
-        return FreeMap({n: a + self.releasing.get(n, 0) for n, a in self.free.free.items()},
-                       self.node_size)
-
-    def moved(self, names) -> None:
-        """Free or releasing GPUs changed on ``names``."""
-        if "room" in self.__dict__:  # made already (a cached_property lives there)
-            for name in names:
-                self.room.set(name, self.free.free[name] + self.releasing.get(name, 0))
 
     @classmethod
     def from_snapshot(cls, snap: Snapshot, view: QueueView) -> "Cluster":
@@ -76,7 +63,7 @@ class Cluster:
         return cls(
             capacity=sum(nodes.values()),
             node_size=node_size,
-            free=FreeMap(free, node_size),
+            free=free,
             releasing={name: a for name, a in releasing.items() if a and name in taking},
             usage=usage,
             projects=projects,

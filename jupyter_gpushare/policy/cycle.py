@@ -14,8 +14,9 @@ The pipeline:
               (lending.py, which also takes back what the build pool needs); else
               reclaim (preemption.py, the victims from victims.py); else wait
               (admission.py). Once no GPU is left to give, the rest of the queue is not
-              visited. What each project holds meanwhile: ledger.py; gangs that already
-              failed to fit: fits.py
+              visited. Every start, hold, eviction and claim is booked by the one owner
+              of the cycle's changes, which also keeps what each project holds and the
+              rules that read it: ledger.py; gangs that already failed to fit: fits.py
   5. reserve  keep nodes for the job that has waited longest, so no stream of small jobs
               starves a large gang                                         (reservation.py)
   6. explain  queue positions and reasons in words (explain.py, reasons.py), made when
@@ -54,28 +55,26 @@ def cycle(snapshot: Snapshot, config: PolicyConfig = PolicyConfig()) -> CycleRes
         deserved = deserved_shares(projects.values(), demand, cluster.capacity,         # 2
                                    snapshot.past_use, snapshot.departments)
 
-        ledger = Ledger(cluster.usage, projects, cluster.tree)
-        order = Order(view.pending, view.smallest, projects, deserved, ledger)           # 3
-        reservation = Reservation(snapshot, config, cluster, view.pending, projects, deserved,
-                                  ledger, view.holder)
+        ledger = Ledger.of(cluster, deserved)
+        order = Order(view.pending, view.smallest, projects, ledger)                     # 3
+        reservation = Reservation(snapshot, config, cluster, view.pending, ledger, view.holder)
         memo = FitMemo()
         reclaimer = Reclaimer(snapshot.now, config, cluster, projects, deserved, ledger, memo)
         explainer = Explainer(config, cluster, projects, ledger, memo, reclaimer, reservation)
         node_sizes = tuple(sorted((n.milli for n in snapshot.train_nodes() if not n.lent),
                                   reverse=True))
         taken_back = cluster.lending.take_back(view.running) if cluster.lending else []
-        admission = Admission(config, cluster, node_sizes, projects, deserved, ledger, order,
-                              memo, reclaimer, reservation, explainer, view.sizes)
+        admission = Admission(config, cluster, node_sizes, projects, ledger, order, memo,
+                              reclaimer, reservation, explainer, view.sizes)
         admission.within_quota(order.within_quota())                                     # 4
         borrowers = order.borrowers()
         admission.borrowers(borrowers)
 
-        reserved = reservation.reserve(admission.done, reclaimer.held, order.global_key,  # 5
+        reserved = reservation.reserve(admission.done, ledger.held, order.global_key,    # 5
                                        admission.waits_for_nodes)
         return CycleResult(
-            tuple(admission.starts), (*taken_back, *reclaimer.preemptions), deserved,
-            ledger.usage,
-            reclaimer.held, reserved, tuple(admission.never),
+            tuple(ledger.starts), (*taken_back, *ledger.preemptions), deserved, ledger.usage,
+            ledger.held, reserved, tuple(admission.never),
             lambda: explainer.waits(admission.waits, admission.never, borrowers.unvisited(),  # 6
                                     reserved, admission.never_fits),
             tuple(admission.within_quota_waiting))

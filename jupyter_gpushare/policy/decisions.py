@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Callable, Mapping
@@ -15,13 +16,28 @@ class Start:
     placement: Mapping[str, int]
 
 
+class PreemptKind(enum.StrEnum):
+    """Which rule took a job's GPUs back (``Preempt.kind``). A ``str`` whose value is the word
+    an event or a report writes, so that it compares equal to that word."""
+
+    GUARANTEE = "guarantee"  # for a job within its project's quota, from over-quota projects
+    FAIR = "fair"  # for a borrower within its deserved share, from projects above theirs
+    PRIORITY = "priority"  # for a job of higher priority, from its own project
+    MOVE = "move"  # a job within quota moved so that a gang within quota fits (moves.py)
+    TAKE_BACK = "take back"  # lent build GPUs that the build pool takes back (lending.py)
+
+
 @dataclass(frozen=True, slots=True)
 class Preempt:
     job: str
     project: str
     for_job: str
     why: str
-    kind: str = "guarantee"  # guarantee | fair | priority | move: which rule took the GPUs back
+    kind: PreemptKind = PreemptKind.GUARANTEE
+
+    def __post_init__(self):
+        if type(self.kind) is not PreemptKind:  # its word, from a caller that has only that
+            object.__setattr__(self, "kind", PreemptKind(self.kind))
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,15 +30,14 @@ class Explainer:
         k = nodes_needed(job.gpus, self.c.node_size)
         p = self.projects[job.project]
         if exclude and not self.memo.fails(Way.UNRESERVED, False, k, job.gpus):
-            if self.c.free.fit(job.gpus) is not None:
+            if self.ledger.free.fit(job.gpus) is not None:
                 return R.BehindReservation(job.gpus, k, self.reservation.holder)
             self.memo.failed(Way.UNRESERVED, False, k, job.gpus)
-        committed = self.ledger.committed(p.name)
-        if committed + job.gpus > p.quota:
-            return R.NoIdleGpus(p.name, p.quota, committed, job.gpus, k)
+        if not self.ledger.within_quota(p.name, job.gpus):
+            return R.NoIdleGpus(p.name, p.quota, self.ledger.committed(p.name), job.gpus, k)
         if self.reclaimer.too_young:
             return R.MinRuntime(job.gpus, k, self.config.min_runtime_s)
-        return R.Fragmented(job.gpus, k, self.c.free.total())
+        return R.Fragmented(job.gpus, k, self.ledger.free.total())
 
     def waits(self, decided: Iterable[tuple[TrainJob, R.Reason | None]], never: Iterable[Wait],
               unvisited: Iterable[TrainJob], reservation: Wait | None,

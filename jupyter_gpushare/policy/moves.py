@@ -13,7 +13,7 @@ moved GPUs (then the fewest moves, then the fewest GPUs taken back): borrowers o
 nodes go first, in contract order; then jobs that lie on one node of the set, the smallest
 first; then every one not needed is put back. Each moved job needs a place outside the set,
 on free GPUs or on a borrower's. The preemption module decides when to ask (only once no
-borrower, of any age, could make room) and books the plan.
+borrower, of any age, could make room); the ledger (ledger.py) books the plan.
 """
 
 from __future__ import annotations

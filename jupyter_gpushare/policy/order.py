@@ -13,15 +13,15 @@ from __future__ import annotations
 import heapq
 from typing import Iterator, Mapping
 
-from .ledger import Ledger
+from .ledger import LEAST, Ledger
 from .model import Project, TrainJob
 
 
 class Order:
     def __init__(self, queues: Mapping[str, tuple[TrainJob, ...]], smallest: Mapping[str, int],
-                 projects: Mapping[str, Project], deserved: Mapping[str, int], ledger: Ledger):
+                 projects: Mapping[str, Project], ledger: Ledger):
         self.queues, self.smallest = queues, smallest
-        self.projects, self.deserved, self.ledger = projects, deserved, ledger
+        self.projects, self.ledger = projects, ledger
         self.seen: set[str] = set()  # handled already: a borrower's turn passes them over
 
     def global_key(self, job: TrainJob) -> tuple:
@@ -33,12 +33,14 @@ class Order:
         """Projects below their deserved share first, then higher priority, then the one
         furthest below its share. The key changes only when the project gets GPUs, so a
         project's jobs that cannot start are passed over together."""
-        share = self.deserved.get(project, 0)
-        committed = self.ledger.committed(project)
+        ledger = self.ledger
+        share = ledger.deserved.get(project, 0)
+        committed = ledger.committed(project)
         ratio = committed / share if share else float("inf")
         # Shares already rank priority tiers: a borrower beyond its share must not take the
         # GPUs a project below its share reclaims, or the two would preempt each other forever.
-        return (committed >= share, -self.projects[project].priority, ratio, committed, project)
+        below = ledger.within_share(project, LEAST)
+        return (not below, -self.projects[project].priority, ratio, committed, project)
 
     # -- within quota --------------------------------------------------------------------
     def within_quota(self) -> Iterator[TrainJob]:
@@ -76,6 +78,10 @@ class Order:
     # -- borrowers -----------------------------------------------------------------------
     def borrowers(self) -> "Borrowers":
         return Borrowers(self)
+
+    def pass_over(self, job: TrainJob) -> None:
+        """``job`` was handled (it can never run as asked): the borrowers' turn passes it over."""
+        self.seen.add(job.id)
 
     def next_unseen(self, queue, i: int) -> int | None:
         seen = self.seen

@@ -30,6 +30,8 @@ class FreeMap:
             self._buckets.setdefault(self.free[name], []).append(name)
 
     def total(self, exclude: frozenset[str] | set[str] = frozenset()) -> int:
+        if not exclude:
+            return self._total
         return self._total - sum(self.free[n] for n in exclude if n in self.free)
 
     def set(self, name: str, new: int) -> None:

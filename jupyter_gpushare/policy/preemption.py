@@ -1,8 +1,9 @@
 """Step 4's reclaim: which running jobs give GPUs back so that a claimant fits.
 
 ``Reclaimer`` serves one cycle's claimants: it gathers the jobs a rule may take
-(``victims.Candidates``), chooses the fewest (``victims.choose_victims``), holds the free GPUs
-the claimant will use and books the victims' GPUs as releasing. Which jobs may go:
+(``victims.Candidates``), chooses the fewest (``victims.choose_victims``), and asks the ledger
+(ledger.py) to hold the free GPUs the claimant will use and to evict the victims. Which jobs
+may go:
 
 Contract point 6 (docs/explanation/scheduling.md#contract-6): only over-quota projects lose jobs;
 prefer victims that leave their project at or above its quota; then the claimant's siblings
@@ -19,7 +20,7 @@ from typing import Mapping
 
 from . import reasons as R
 from .cache import Cluster
-from .decisions import Preempt
+from .decisions import PreemptKind
 from .fits import FitMemo
 from .ledger import Ledger
 from .model import PolicyConfig, Project, TrainJob, gpus_text
@@ -29,12 +30,17 @@ from .victims import Candidates, Floor, VictimPicker, choose_victims
 
 
 class Reclaim(str, enum.Enum):
-    """Which rule takes GPUs back, for whom and from whom (its value is ``Preempt.kind``)."""
+    """Which rule takes GPUs back, for whom and from whom; what its victims' ``Preempt.kind``
+    says is ``kind``."""
 
-    GUARANTEE = "guarantee"  # for a job within its project's quota: from over-quota projects
-    FAIR = "fair"  # for a borrower within its deserved share: from projects above theirs
-    PRIORITY = "priority"  # for a job of higher priority: from its own project
-    MOVE = "move"  # for a gang within quota: jobs within quota go to other GPUs (moves.py)
+    GUARANTEE = PreemptKind.GUARANTEE.value  # for a job within quota: from over-quota projects
+    FAIR = PreemptKind.FAIR.value  # for a borrower within its share: from projects above theirs
+    PRIORITY = PreemptKind.PRIORITY.value  # for a job of higher priority: from its own project
+    MOVE = PreemptKind.MOVE.value  # for a gang within quota: jobs within quota go elsewhere
+
+    @property
+    def kind(self) -> PreemptKind:
+        return PreemptKind(self.value)
 
     def floor(self, projects: Mapping[str, Project], deserved: Mapping[str, int]) -> Floor:
         quota = lambda name: projects[name].quota  # noqa: E731
@@ -63,10 +69,9 @@ class Reclaim(str, enum.Enum):
 class Reclaimer:
     """Reclaim for the claimants of one cycle.
 
-    Keeps the cluster (free and releasing GPUs), the ledger and its victim pools in step
-    with every claim, and holds what the cycle decides: ``preemptions``, ``held`` (free GPUs
-    kept for a claimant whose victims are still leaving) and ``too_young`` (over-quota jobs
-    its pools left out for their minimum runtime, counted as each pool is gathered).
+    Chooses; the ledger books what is chosen (its victim pools watch the ledger). Keeps
+    ``too_young`` (over-quota jobs its pools left out for their minimum runtime, counted as
+    each pool is gathered) and ``moved_for``.
     """
 
     def __init__(self, now: float, config: PolicyConfig, cluster: Cluster,
@@ -74,9 +79,6 @@ class Reclaimer:
                  memo: FitMemo):
         self.now, self.config, self.c = now, config, cluster
         self.projects, self.deserved, self.ledger, self.memo = projects, deserved, ledger, memo
-        self.preemptions: list[Preempt] = []
-        self.held: dict[str, int] = {}
-        self.victims: set[str] = set()
         self.too_young = 0
         self.moved_for: str | None = None  # the gang given room by moves this cycle, if any
         self._pools: dict = {}  # GUARANTEE, FAIR and "any age" (moves), gathered at first need
@@ -87,6 +89,7 @@ class Reclaimer:
         released) and say why it waits for them; None if this rule cannot serve it.
         ``at_limit``: the job's department would pass its limit, so its siblings' victims
         must also bring the department back within it."""
+        ledger = self.ledger
         k = nodes_needed(job.gpus, self.c.node_size)
         # A priority pool is the claimant's own (its lower-priority jobs): a failure says
         # nothing of the next claimant's; nor does one that had to meet a limit too.
@@ -97,7 +100,7 @@ class Reclaimer:
         tree = self.c.tree
         first = tree.siblings(job.project) if tree else frozenset()
         need = 0 if at_limit is None else at_limit.usage + job.gpus - at_limit.limit
-        found = choose_victims(job.gpus, self.c.room, self.c.releasing, pool, exclude, first,
+        found = choose_victims(job.gpus, ledger.room, ledger.releasing, pool, exclude, first,
                                need)
         if found is None:
             if remember:
@@ -108,12 +111,10 @@ class Reclaimer:
             self._commit(pool, victims)
         if rule is Reclaim.PRIORITY and not self._keeps_its_turn(job, victims):
             return None  # (its victims stay out of every pool for the rest of the cycle)
-        taken = self._hold(placement)
+        taken = ledger.hold(placement)
         if victims:
-            self._preempt(job, rule, victims, taken)
-        free = self.c.free.free
-        self.moved({*placement, *(n for v in victims for n in v.placement if n in free)})
-        self.ledger.claimed[job.project] += job.gpus
+            self._evict(job, rule, victims, taken)
+        ledger.claim(job.project, job.gpus)
         if not victims:
             return R.Releasing(job.gpus, k)
         return R.Reclaiming(job.gpus, k, _by_project(victims))
@@ -123,15 +124,16 @@ class Reclaimer:
         the nodes it needs (moves.py); say why it waits, or None if no move can serve it or
         borrowers will: once their minimum runtime is over, taking them back costs no
         project within quota anything."""
+        ledger = self.ledger
         k = nodes_needed(job.gpus, self.c.node_size)
         if self.moved_for is not None or self.memo.fails(Reclaim.MOVE, bool(exclude), k, job.gpus):
             return None  # one gang a cycle is given room by moves
         pool = self._pool(Reclaim.GUARANTEE, job)  # counts the young borrowers
-        if self.too_young and choose_victims(job.gpus, self.c.room, self.c.releasing,
+        if self.too_young and choose_victims(job.gpus, ledger.room, ledger.releasing,
                                              self._any_age(), exclude) is not None:
             plan = None  # young borrowers will make room once old enough
         else:
-            plan = plan_moves(job.gpus, self.c.room, self.c.free, pool, exclude)
+            plan = plan_moves(job.gpus, ledger.room, ledger.free, pool, exclude)
         if plan is None:
             # A larger gang on as many nodes moves nothing this cycle either: at worst it
             # waits a cycle more, while the smaller one ahead of it waits for borrowers.
@@ -140,23 +142,12 @@ class Reclaimer:
         self.moved_for = job.id
         moved = [m for m, _ in plan.moves]
         self._commit(pool, [*plan.victims, *moved])
-        taken = self._hold(plan.placement)
-        self._preempt(job, Reclaim.GUARANTEE, plan.victims, taken)
-        self._preempt(job, Reclaim.MOVE, moved, taken)
-        free, releasing = self.c.free, self.c.releasing
+        taken = ledger.hold(plan.placement)
+        self._evict(job, Reclaim.GUARANTEE, plan.victims, taken)
+        self._evict(job, Reclaim.MOVE, moved, taken)
         for m, target in plan.moves:  # its project keeps them, and no one else gets them
-            self.ledger.claimed[m.project] += m.gpus
-            for name, need in target.items():
-                hold = min(free.free[name], need)
-                if hold:
-                    free.take({name: hold})
-                    self.held[name] = self.held.get(name, 0) + hold
-                if need > hold:
-                    releasing[name] -= need - hold
-        everyone = [*plan.victims, *moved]
-        self.moved({*plan.placement, *(n for v in everyone for n in v.placement),
-                    *(n for _, t in plan.moves for n in t)} & free.free.keys())
-        self.ledger.claimed[job.project] += job.gpus
+            ledger.keep_for(m, target)
+        ledger.claim(job.project, job.gpus)
         return R.Moving(job.gpus, k, _by_project(moved), _by_project(plan.victims))
 
     def _any_age(self) -> Candidates:
@@ -164,10 +155,11 @@ class Reclaimer:
         the claimant waits for the young borrowers instead of moving anyone."""
         pool = self._pools.get("any age")
         if pool is None:
-            jobs = [j for j in self.c.running if j.id not in self.victims]
-            pool = self._pools["any age"] = Candidates(
+            evicted = self.ledger.evicted
+            jobs = [j for j in self.c.running if j.id not in evicted]
+            pool = self._pools["any age"] = self._watched(Candidates(
                 jobs, self.ledger.kept, self.projects, self.deserved,
-                Reclaim.GUARANTEE.floor(self.projects, self.deserved), self.c.room)
+                Reclaim.GUARANTEE.floor(self.projects, self.deserved), self.ledger.room))
         return pool
 
     def within_limit(self, job: TrainJob, at: R.AtLimit) -> bool:
@@ -190,16 +182,14 @@ class Reclaimer:
                 victims.remove(victim)
                 got -= victim.gpus
         self._commit(pool, victims)
-        self._preempt(job, Reclaim.GUARANTEE, victims, {})
-        free = self.c.free.free
-        self.moved({n for v in victims for n in v.placement if n in free})
+        self._evict(job, Reclaim.GUARANTEE, victims, {})
         return True
 
-    def moved(self, names) -> None:
-        """Free or releasing GPUs changed on ``names``: keep the indexes in step."""
-        self.c.moved(names)
-        for pool in self._pools.values():
-            pool.moved(names)
+    def _evict(self, job: TrainJob, rule: Reclaim, victims: list[TrainJob],
+               taken: dict[str, int]) -> None:
+        """The ledger preempts ``victims`` for ``job`` by ``rule``, in its owner's words."""
+        self.ledger.evict(victims, job.id, rule.kind, rule.why(self.projects[job.project], job),
+                          taken)
 
     def _pool(self, rule: Reclaim, job: TrainJob) -> Candidates:
         """The jobs ``rule`` may take: old enough, and (guarantee, fair) from other projects,
@@ -207,14 +197,20 @@ class Reclaimer:
         Victims are judged on ``ledger.kept``, what ran before this cycle."""
         old_enough = self.now - self.config.min_runtime_s
         if rule is Reclaim.PRIORITY:
+            evicted = self.ledger.evicted
             return Candidates([j for j in self.c.running if j.project == job.project
-                               and j.priority < job.priority and j.id not in self.victims
+                               and j.priority < job.priority and j.id not in evicted
                                and (j.start_time or 0.0) <= old_enough],
                               self.ledger.kept, self.projects, self.deserved,
-                              rule.floor(self.projects, self.deserved), self.c.room)
+                              rule.floor(self.projects, self.deserved), self.ledger.room)
         pool = self._pools.get(rule)
         if pool is None:
-            pool = self._pools[rule] = self._gather(rule, old_enough)
+            pool = self._pools[rule] = self._watched(self._gather(rule, old_enough))
+        return pool
+
+    def _watched(self, pool: Candidates) -> Candidates:
+        """A pool kept for the rest of the cycle follows the free and releasing GPUs."""
+        self.ledger.watch(pool)
         return pool
 
     def _gather(self, rule: Reclaim, old_enough: float) -> Candidates:
@@ -222,16 +218,16 @@ class Reclaimer:
         over-quota jobs it leaves out for their minimum runtime in ``too_young``, which
         makes a waiting job's reason the minimum runtime."""
         jobs = []
-        usage = self.ledger.usage
+        usage, evicted = self.ledger.usage, self.ledger.evicted
         for j in self.c.running:
-            if j.id in self.victims:
+            if j.id in evicted:
                 continue
             if (j.start_time or 0.0) <= old_enough:
                 jobs.append(j)
             elif usage[j.project] > self.projects[j.project].quota:
                 self.too_young += 1
         return Candidates(jobs, self.ledger.kept, self.projects, self.deserved,
-                          rule.floor(self.projects, self.deserved), self.c.room)
+                          rule.floor(self.projects, self.deserved), self.ledger.room)
 
     def _commit(self, pool: Candidates, victims: list[TrainJob]) -> None:
         """The victims are gone from the searching pool and from every pool gathered."""
@@ -246,47 +242,13 @@ class Reclaimer:
         With fair-share reclaim the same holds for the project's deserved share: below it, the
         victim would reclaim, or another project below its share would take the GPUs first.
         """
-        p = self.projects[job.project]
-        left = self.ledger.usage[p.name] - sum(v.gpus for v in victims)
-        after = left + self.ledger.claimed[p.name] + job.gpus
-        floors = [p.quota]
-        if self.config.reclaim_fair_share:
-            floors.append(self.deserved.get(p.name, 0))
-        return all(left >= floor or after <= floor for floor in floors)
-
-    def _hold(self, placement: Mapping[str, int]) -> dict[str, int]:
-        """Hold the free GPUs of ``placement``, then claim releasing ones; return what each
-        node still needs from the victims."""
-        free, releasing = self.c.free, self.c.releasing
-        taken: dict[str, int] = {}
-        for name, need in placement.items():
-            hold = min(free.free[name], need)
-            if hold:
-                free.take({name: hold})
-                self.held[name] = self.held.get(name, 0) + hold
-            rel = min(releasing.get(name, 0), need - hold)
-            if rel:
-                releasing[name] -= rel
-            taken[name] = need - hold - rel
-        return taken
-
-    def _preempt(self, job: TrainJob, rule: Reclaim, victims: list[TrainJob],
-                 taken: dict[str, int]) -> None:
-        """Book the victims: their GPUs leave their projects and, but for what the claimant
-        takes, are releasing for others."""
-        free, releasing = self.c.free.free, self.c.releasing
-        usage, kept = self.ledger.usage, self.ledger.kept
-        why = rule.why(self.projects[job.project], job)
-        for victim in victims:
-            self.victims.add(victim.id)
-            usage[victim.project] -= victim.gpus
-            kept[victim.project] -= victim.gpus
-            for name, amount in victim.placement.items():
-                if name in free:
-                    use = min(amount, taken.get(name, 0))
-                    taken[name] = taken.get(name, 0) - use
-                    releasing[name] = releasing.get(name, 0) + amount - use
-            self.preemptions.append(Preempt(victim.id, victim.project, job.id, why, rule.value))
+        ledger, p = self.ledger, self.projects[job.project]
+        gone = sum(v.gpus for v in victims)
+        left = ledger.usage[p.name] - gone  # what the project runs once they are gone
+        if left < p.quota and not ledger.within_quota(p.name, job.gpus - gone):
+            return False
+        return not self.config.reclaim_fair_share or left >= self.deserved.get(p.name, 0) \
+            or ledger.within_share(p.name, job.gpus - gone)
 
 
 def _by_project(jobs: list[TrainJob]) -> tuple[tuple[str, int], ...]:

@@ -15,16 +15,15 @@ from . import reasons as R
 from .cache import Cluster
 from .decisions import Wait
 from .ledger import Ledger
-from .model import PolicyConfig, Project, Snapshot, TrainJob
+from .model import PolicyConfig, Snapshot, TrainJob
 from .placement import nodes_needed
 
 
 class Reservation:
     def __init__(self, snap: Snapshot, config: PolicyConfig, cluster: Cluster,
-                 queues: Mapping[str, tuple[TrainJob, ...]], projects: Mapping[str, Project],
-                 deserved: Mapping[str, int], ledger: Ledger, holder: str | None):
+                 queues: Mapping[str, tuple[TrainJob, ...]], ledger: Ledger, holder: str | None):
         self.snap, self.config, self.c, self.queues = snap, config, cluster, queues
-        self.projects, self.deserved, self.ledger = projects, deserved, ledger
+        self.ledger = ledger
         self.holder, self.nodes = self._carried_over(holder)
         self.holder_job = self._pending_job(self.holder) if self.holder else None
         self.holder_project = self.holder_job.project if self.holder_job else None
@@ -38,7 +37,7 @@ class Reservation:
         return holder, frozenset(job.reserved)
 
     def _can_hold(self, gpus: int, nodes) -> bool:
-        sizes = {n.name: n.milli for n in self.snap.nodes if n.name in self.c.free.free}
+        sizes = {n.name: n.milli for n in self.snap.nodes if n.name in self.c.free}
         if not all(n in sizes for n in nodes):
             return False
         k = nodes_needed(gpus, self.c.node_size)  # the gang uses k of them
@@ -60,7 +59,7 @@ class Reservation:
         it reclaimed, then reclaim them again, and the two would preempt each other for ever."""
         if not self.nodes or job.id == self.holder:
             return frozenset()
-        if self.holder_outranked() and self._within_share(job):
+        if self.holder_outranked() and self._within_either(job):
             return frozenset()
         return self.nodes
 
@@ -68,11 +67,13 @@ class Reservation:
         """Whether a job within its project's deserved share may use the reserved nodes."""
         cfg = self.config
         return cfg.preemption and cfg.reclaim_fair_share and self.holder_job is not None \
-            and not self._within_share(self.holder_job)
+            and not self._within_either(self.holder_job)
 
-    def _within_share(self, job: TrainJob) -> bool:
-        p = self.projects[job.project]
-        return self.ledger.committed(p.name) + job.gpus <= max(self.deserved.get(p.name, 0), p.quota)
+    def _within_either(self, job: TrainJob) -> bool:
+        """Whether ``job`` keeps its project within its deserved share or its quota."""
+        ledger = self.ledger
+        return ledger.within_share(job.project, job.gpus) or \
+            ledger.within_quota(job.project, job.gpus)
 
     # -- once the cycle has decided -----------------------------------------------------
     def reserve(self, done: set[str], held: Mapping[str, int], global_key: Callable,
@@ -108,7 +109,7 @@ class Reservation:
     def _drain_nodes(self, gpus: int, held: Mapping[str, int]) -> tuple[str, ...]:
         """The freest nodes that can hold the gang once drained (as many as its placement
         will use); free GPUs there only grow from now on."""
-        free = self.c.free.free
+        free = self.ledger.free.free
         sizes = {n.name: n.milli for n in self.snap.nodes if n.name in free}
         k = nodes_needed(gpus, self.c.node_size)
         freest = sorted(free, key=lambda n: (-(free[n] + held.get(n, 0)), -sizes[n], n))
