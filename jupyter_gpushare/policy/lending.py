@@ -23,14 +23,14 @@ from __future__ import annotations
 
 from typing import Collection, Iterable, Mapping, NamedTuple, Sequence
 
-from .decisions import Preempt
+from .decisions import Preempt, PreemptKind
 from .model import GPU, TRAIN, Node, Slice, TrainJob
 from .placement import FreeMap
 from .slices import SlicePlacement, SliceRefused, place_slice
 
 GPUKey = tuple[str, int]  # (build node, GPU index)
 
-TAKE_BACK = "take back"  # Preempt.kind of a job whose lent GPUs the build pool takes back
+TAKE_BACK = PreemptKind.TAKE_BACK  # a job whose lent GPUs the build pool takes back
 LENT_SUFFIX = "/lent"  # a lent node's name: its build node's and this (no real node has "/")
 
 
