@@ -248,9 +248,10 @@ async def run(backend, sizes, seconds, gpus_total, running_times, label, drained
     with tempfile.TemporaryDirectory(prefix="gpushare-bench-") as tmp:
         store = Store(f"sqlite:///{tmp}/pool.sqlite")
         now = time.time()
-        store.add_missing_projects([ProjectRow(name=p, quota=gpus_total // 2 * GPU, groups=[p],
-                                               over_quota_weight=1, priority=0, limit=None,
-                                               updated=now) for p in ("vision", "nlp")])
+        store.quotas.add_missing_projects([ProjectRow(name=p, quota=gpus_total // 2 * GPU,
+                                                      groups=[p], over_quota_weight=1, priority=0,
+                                                      limit=None, updated=now)
+                                           for p in ("vision", "nlp")])
         user = "nobody" if os.geteuid() == 0 else pwd.getpwuid(os.getuid()).pw_name
 
         checkpoints = Path(tmp) / "ckpt"
@@ -266,7 +267,7 @@ async def run(backend, sizes, seconds, gpus_total, running_times, label, drained
         ids: list[str] = []
 
         def submit(i, g):
-            ids.append(store.add_job(time.time(), user=user, project=("vision", "nlp")[i % 2],
+            ids.append(store.jobs.add(time.time(), user=user, project=("vision", "nlp")[i % 2],
                                      name=f"bench-{i}", gpus=g * GPU, priority=0,
                                      command=["sleep", str(seconds)], env={}, workdir="/tmp",
                                      checkpoint_dir="").id)
@@ -295,7 +296,7 @@ async def run(backend, sizes, seconds, gpus_total, running_times, label, drained
         scheduler.wake()
         if rate:
             await submitting
-        while any(store.state_counts(user).get(state) for state in ACTIVE):
+        while any(store.jobs.state_counts(user).get(state) for state in ACTIVE):
             await asyncio.sleep(0.2)  # counted in the database: no rows loaded here
         span = time.time() - t0
         while drained is not None and not drained():  # its cost counted too
@@ -303,7 +304,7 @@ async def run(backend, sizes, seconds, gpus_total, running_times, label, drained
         cpu = cpu_seconds(os.getpid()) - cpu0
         busy1 = machine_busy()
         loop.cancel()
-        rows = [store.job(i) for i in ids]
+        rows = [store.jobs.get(i) for i in ids]
         failed = [r for r in rows if r.state != "succeeded"]
         if failed:
             print(f"  {label}: {len(failed)} jobs did not succeed, e.g. {failed[0].message}")

@@ -39,6 +39,7 @@ c = get_config()
 c.PoolService.projects = {"vision": {"quota": 4, "groups": ["vision"]},
                           "nlp": {"quota": 4, "groups": ["nlp"]}}
 c.PoolService.cycle_interval = 0.5
+c.LocalBackend.simulate_gpus = True
 c.LocalBackend.simulated_nodes = {nodes}
 c.LocalBackend.simulated_gpus_per_node = 8
 c.LocalBackend.env_keep = ["LANG", "LC_ALL"]

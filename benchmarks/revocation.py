@@ -27,6 +27,7 @@ POOL = """
 c = get_config()
 c.PoolService.projects = {{"vision": {{"quota": 1, "groups": ["vision"]}}}}
 c.PoolService.token_cache_ttl = {ttl}
+c.LocalBackend.simulate_gpus = True
 c.LocalBackend.simulated_nodes = 1
 """
 PATHS = {"api": "api/audit", "dashboard": "dashboard/audit"}

@@ -32,6 +32,7 @@ sys.path.insert(0, {str(Path(__file__).resolve().parents[1] / "tests")!r})
 c = get_config()
 c.PoolService.backend_class = "kernels.ServiceUserBackend"
 c.LocalBackend.run_as_service_user = True
+c.LocalBackend.simulate_gpus = True
 c.LocalBackend.simulated_nodes = 1
 c.LocalBackend.simulated_gpus_per_node = 4
 c.PoolService.projects = {{"vision": {{"quota": 4, "groups": ["vision"]}}}}

@@ -119,6 +119,7 @@ def main():
           f"(made in {time.perf_counter() - tick:.1f} s)")
     projects = {p: {"quota": q // GPU, "groups": []} for p, q in quotas.items()}
     pool = (f"c = get_config()\nc.PoolService.projects = {projects!r}\n"
+            "c.LocalBackend.simulate_gpus = True\n"
             f"c.LocalBackend.simulated_nodes = {GPUS // NODE}\n"
             f"c.LocalBackend.simulated_gpus_per_node = {NODE}\n")
     with tempfile.TemporaryDirectory() as d:

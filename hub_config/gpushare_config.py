@@ -19,6 +19,9 @@ c.PoolService.departments = {
     "operations": {"quota": 2, "projects": ["speech"]},
 }
 c.PoolService.grace_period = 10
+# The demo runs anywhere: without a GPU, a labelled simulated train pool (a real hub leaves
+# this off, so that a server whose NVIDIA driver is missing refuses to start).
+c.LocalBackend.simulate_gpus = True
 c.LocalBackend.simulated_nodes = 2
 c.LocalBackend.simulated_gpus_per_node = 4
 # Jobs run as their users: pass them the locale, not the service's own PATH or virtualenv.

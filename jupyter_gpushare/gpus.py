@@ -309,16 +309,22 @@ def _alive(pid: int) -> bool:
 
 
 def detect(simulated_nodes: int, simulated_gpus_per_node: int,
-           log: logging.Logger | None = None) -> list[Inventory]:
+           log: logging.Logger | None = None, simulate: bool = True) -> list[Inventory]:
     """The inventories of the train pool on this host: the NVML one when it finds GPUs, else
     ``simulated_nodes`` simulated machines ``sim-node-0``, ``sim-node-1``, … (logged, with
-    the reason, so nobody believes jobs run on GPUs they do not have)."""
+    the reason, so nobody believes jobs run on GPUs they do not have). Without ``simulate``,
+    finding no GPU is an ``InventoryError`` instead: a GPU server whose driver is missing
+    must not quietly run jobs without GPUs."""
     log = log or logging.getLogger(__name__)
     nvml = NVMLInventory()
     problem = nvml.problem()
     if problem is None:
         log.info("GPU inventory from NVML on %s", nvml.node)
         return [nvml]
+    if not simulate:
+        raise InventoryError(f"NVML finds no GPU on this machine ({problem.rstrip('.')}): fix "
+                             f"the NVIDIA driver, or set c.LocalBackend.simulate_gpus = True "
+                             f"for a labelled simulated pool (a demo, a laptop, CI).")
     log.warning("No usable GPU on this machine, so simulating %d nodes with %d GPUs each (jobs "
                 "there run without a GPU). %s", simulated_nodes, simulated_gpus_per_node, problem)
     return [SimulatedInventory(f"sim-node-{i}", simulated_gpus_per_node)

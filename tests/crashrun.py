@@ -27,6 +27,7 @@ c.PoolService.projects = {"vision": {"quota": 2, "groups": ["vision"]},
                           "nlp": {"quota": 2, "groups": ["nlp"]}}
 c.PoolService.cycle_interval = 0.5
 c.PoolService.grace_period = 3
+c.LocalBackend.simulate_gpus = True
 c.LocalBackend.simulated_nodes = 1
 c.LocalBackend.simulated_gpus_per_node = 4
 """

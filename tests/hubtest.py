@@ -90,9 +90,11 @@ class Hub:
         # of this test's own that every job user can make a folder in (sticky, like /tmp).
         self.scratch = Path(tempfile.mkdtemp(prefix="gpushare-test-scratch-"))
         self.scratch.chmod(0o1777)
+        # This machine may have no GPU: the tests choose the labelled stand-in
         (directory / "gpushare_config.py").write_text(
             f"get_config().PoolService.checkpoint_dir_template = "
-            f"{str(self.scratch) + '/{user}/{job_id}'!r}\n" + pool_config)
+            f"{str(self.scratch) + '/{user}/{job_id}'!r}\n"
+            "get_config().LocalBackend.simulate_gpus = True\n" + pool_config)
         (directory / "jupyterhub_config.py").write_text(HUB_CONFIG.format(
             port=self.port, hub_port=self.hub_port, proxy_api_port=free_port(), chp=str(CHP),
             dir=directory, secret=secrets.token_hex(32), users=users,
@@ -265,7 +267,8 @@ def refused_at_start(config_text: str, tmp_path: Path, capsys) -> str:
     from jupyter_gpushare.pool.app import PoolService
 
     config = tmp_path / "gpushare_config.py"
-    config.write_text(config_text)
+    # this machine may have no GPU: the labelled stand-in, chosen as the hubs' tests choose it
+    config.write_text("get_config().LocalBackend.simulate_gpus = True\n" + config_text)
     with pytest.raises(SystemExit) as stopped:
         PoolService().initialize([f"--PoolService.config_file={config}",
                                   f"--PoolService.state_dir={tmp_path / 'state'}"])

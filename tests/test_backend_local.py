@@ -195,13 +195,35 @@ def test_simulated_nodes_are_labelled(backend):
 
 
 def test_nodes_come_from_detection(make_backend):
-    backend = make_backend(LocalBackend, simulated_nodes=3, simulated_gpus_per_node=2)
+    backend = make_backend(LocalBackend, simulate_gpus=True, simulated_nodes=3,
+                           simulated_gpus_per_node=2)
     nodes = [(n.name, n.gpus) for n in backend.nodes()]
     found = detect(3, 2)
     if found[0].source == "nvml":  # a machine with GPUs: one node, this host
         assert nodes == [(found[0].node, len(found[0].gpus()))]
     else:
         assert nodes == [(f"sim-node-{i}", 2) for i in range(3)]
+
+
+def test_no_gpu_is_an_error_unless_the_stand_in_is_chosen(make_backend, tmp_path, capsys):
+    """A GPU server whose driver is missing must not quietly run jobs without GPUs: by
+    default finding no GPU stops the service at start with one sentence."""
+    if detect(1, 1)[0].source == "nvml":
+        pytest.skip("this machine has a GPU: NVML finds it")
+    with pytest.raises(BackendError) as refused:
+        make_backend(LocalBackend).nodes()
+    assert str(refused.value).startswith("NVML finds no GPU on this machine (")
+    assert str(refused.value).endswith("fix the NVIDIA driver, or set "
+                                       "c.LocalBackend.simulate_gpus = True for a labelled "
+                                       "simulated pool (a demo, a laptop, CI).")
+    config = tmp_path / "gpushare_config.py"
+    config.write_text("c.PoolService.projects = {'vision': {'quota': 1}}\n")
+    service = PoolService()
+    with pytest.raises(SystemExit) as stopped:
+        service.initialize([f"--PoolService.config_file={config}",
+                            f"--PoolService.state_dir={tmp_path / 'state'}"])
+    assert stopped.value.code == 2
+    assert "c.LocalBackend.simulate_gpus = True" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("build_nodes, share, expected", [

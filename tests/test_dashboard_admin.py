@@ -31,6 +31,7 @@ c.PoolService.projects = {"vision": {"quota": 4, "groups": ["vision"]},
                           "nlp": {"quota": 4, "groups": ["nlp"]}}
 c.PoolService.cycle_interval = 0.2
 c.PoolService.grace_period = 2
+c.LocalBackend.simulate_gpus = True
 c.LocalBackend.simulated_nodes = 1
 c.LocalBackend.simulated_gpus_per_node = 12
 c.LocalBackend.env_keep = ["LANG", "LC_ALL"]

@@ -24,6 +24,7 @@ c.PoolService.departments = {"research": {"quota": 2, "projects": ["vision", "nl
 c.PoolService.cycle_interval = 0.2
 c.PoolService.grace_period = 3
 c.PoolService.min_runtime = 0
+c.LocalBackend.simulate_gpus = True
 c.LocalBackend.simulated_nodes = 2
 c.LocalBackend.simulated_gpus_per_node = 2
 c.LocalBackend.env_keep = ["LANG", "LC_ALL"]
@@ -199,6 +200,7 @@ def test_the_service_does_not_start_with_bad_departments(departments, sentence, 
                                                          capsys):
     err = refused_at_start("c.PoolService.projects = {'vision': {'quota': 1}}\n"
                            f"c.PoolService.departments = {departments!r}\n"
+                           "c.LocalBackend.simulate_gpus = True\n"
                            "c.LocalBackend.simulated_nodes = 1\n"
                            "c.LocalBackend.simulated_gpus_per_node = 4\n", tmp_path, capsys)
     assert sentence in err, err
@@ -226,6 +228,7 @@ def _service(tmp_path, departments=None):
     config = tmp_path / "gpushare_config.py"
     config.write_text("c.PoolService.projects = {'vision': {'quota': 1}, 'nlp': {'quota': 1}}\n"
                       f"c.PoolService.departments = {departments or {}!r}\n"
+                      "c.LocalBackend.simulate_gpus = True\n"
                       "c.LocalBackend.simulated_nodes = 1\n"
                       "c.LocalBackend.simulated_gpus_per_node = 4\n")
     service = PoolService()
@@ -242,7 +245,7 @@ def test_departments_made_through_the_api_survive_a_restart_and_bind_the_configu
     change_department(service.store, service.scheduler, "lab", {"quota": 2, "projects": ["vision"]},
                       "admin", "api")
     again = _service(tmp_path)  # the API's change wins, and the service starts
-    assert again.store.members("lab") == ["vision"]
+    assert again.store.quotas.members("lab") == ["vision"]
     for departments, sentence in [
             ({"research": {"quota": 1, "projects": ["vision"]}},
              "PoolService.departments['research'] names project vision, which belongs to "
@@ -256,7 +259,8 @@ def test_departments_made_through_the_api_survive_a_restart_and_bind_the_configu
             _service(tmp_path, departments)
         err = capsys.readouterr().err
         assert sentence in err and "Traceback" not in err, err
-    assert again.store.members("lab") == ["vision"] and again.store.department("research") is None
+    assert again.store.quotas.members("lab") == ["vision"]
+    assert again.store.quotas.department("research") is None
 
 
 def test_a_department_row_that_is_not_valid_leaves_the_pool_on_one_level(tmp_path):
@@ -268,7 +272,7 @@ def test_a_department_row_that_is_not_valid_leaves_the_pool_on_one_level(tmp_pat
     from jupyter_gpushare.validate import Invalid
 
     service = _service(tmp_path, {"research": {"quota": 2, "projects": ["vision", "nlp"]}})
-    service.store.put_department("research", {"limit": 500}, None, 0.0)  # by hand: 0.5 < 2
+    service.store.quotas.put_department("research", {"limit": 500}, None, 0.0)  # by hand: 0.5 < 2
     asyncio.run(service.scheduler.tick())
     assert "limit (0.5 GPU) is below its quota" in service.scheduler._levels_problem
     with pytest.raises(Invalid) as refused:

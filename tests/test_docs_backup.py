@@ -83,11 +83,11 @@ def run_block(name: str, swap: dict[str, str], env: dict | None = None) -> None:
 
 
 def make_job(store: Store, name: str, state: str = "pending") -> str:
-    job = store.add_job(time.time(), user="alice", project="vision", name=name, gpus=1000,
+    job = store.jobs.add(time.time(), user="alice", project="vision", name=name, gpus=1000,
                         priority=0, command=["python", "train.py"], env={"SEED": "1"},
                         checkpoint_dir="")
     if state == "running":
-        store.start(job.id, {"node-0": 1000}, time.time())
+        store.jobs.start(job.id, {"node-0": 1000}, time.time())
     return job.id
 
 
@@ -105,7 +105,7 @@ LATE_WRITER = """
 import sys, time
 from jupyter_gpushare.pool.store.database import Store
 store = Store(sys.argv[1])
-job = store.add_job(time.time(), user="bob", project="vision", name="late", gpus=1000,
+job = store.jobs.add(time.time(), user="bob", project="vision", name="late", gpus=1000,
                     priority=0, command=["true"], env={}, checkpoint_dir="")
 print(job.id, flush=True)
 time.sleep(600)
@@ -120,7 +120,7 @@ def test_sqlite_backup_and_restore_as_the_page_says(tmp_path, how):
     database = state / "gpushare.sqlite"
     url = f"sqlite:///{database}"
     store = Store(url)
-    store.add_missing_projects([ProjectRow(name="vision", quota=2000, groups=["vision"])])
+    store.quotas.add_missing_projects([ProjectRow(name="vision", quota=2000, groups=["vision"])])
     kept = make_job(store, "kept", state="running")
     waiting = make_job(store, "waiting")
     wal = Path(f"{database}-wal")
@@ -148,7 +148,7 @@ def test_sqlite_backup_and_restore_as_the_page_says(tmp_path, how):
 
     # After the backup the job that waited starts, the service stops; then (started again)
     # it accepts a job and is killed, leaving that job in its write-ahead log, as a crash.
-    store.start(waiting, {"node-0": 1000}, time.time())
+    store.jobs.start(waiting, {"node-0": 1000}, time.time())
     store.engine.dispose()
     late = subprocess.Popen([sys.executable, "-c", LATE_WRITER, url], stdout=subprocess.PIPE,
                             text=True)
@@ -166,14 +166,14 @@ def test_sqlite_backup_and_restore_as_the_page_says(tmp_path, how):
     assert (backups / "replaced" / "gpushare.sqlite").exists()
 
     again = Store(url)
-    row = again.job(kept)
+    row = again.jobs.get(kept)
     assert (row.name, row.state, row.env, row.placement) == ("kept", "running", {"SEED": "1"},
                                                              {"node-0": 1000})
-    assert again.job(waiting).state == "pending"  # as at the backup: it waits again
-    assert again.job(late_id) is None  # accepted after the backup: gone
-    assert again.job("j-inflight") is None  # never committed
-    assert [e.kind for e in again.events(kept)] == ["submit", "start"]
-    assert again.project("vision").quota == 2000
+    assert again.jobs.get(waiting).state == "pending"  # as at the backup: it waits again
+    assert again.jobs.get(late_id) is None  # accepted after the backup: gone
+    assert again.jobs.get("j-inflight") is None  # never committed
+    assert [e.kind for e in again.jobs.events(kept)] == ["submit", "start"]
+    assert again.quotas.project("vision").quota == 2000
     with again.engine.connect() as conn:
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
         assert conn.exec_driver_sql("PRAGMA integrity_check").scalar() == "ok"
@@ -188,7 +188,7 @@ def test_postgresql_backup_and_restore_as_the_page_says(tmp_path, postgresql):
     url = postgresql.database()
     address = url.replace("postgresql+psycopg://", "postgresql://")
     store = Store(url)
-    store.add_missing_projects([ProjectRow(name="vision", quota=2000, groups=["vision"])])
+    store.quotas.add_missing_projects([ProjectRow(name="vision", quota=2000, groups=["vision"])])
     kept = make_job(store, "kept", state="running")
     backups = tmp_path / "backup"
     backups.mkdir()
@@ -197,7 +197,7 @@ def test_postgresql_backup_and_restore_as_the_page_says(tmp_path, postgresql):
     [copy] = backups.glob("gpushare-*.dump")
     assert copy.stat().st_mode & 0o077 == 0
     late = make_job(store, "late")
-    store.update_project("vision", {"quota": 1000}, time.time())
+    store.quotas.update_project("vision", {"quota": 1000}, time.time())
     store.engine.dispose()
 
     dated = {m.group(0): str(copy) for m in DATED.finditer(PAGE.read_text())
@@ -205,9 +205,9 @@ def test_postgresql_backup_and_restore_as_the_page_says(tmp_path, postgresql):
     run_block("restore-postgresql", {**dated, **swap})
 
     again = Store(url)
-    assert again.job(kept).state == "running"
-    assert again.job(late) is None
-    assert again.project("vision").quota == 2000
+    assert again.jobs.get(kept).state == "running"
+    assert again.jobs.get(late) is None
+    assert again.quotas.project("vision").quota == 2000
     again.engine.dispose()
 
 

@@ -69,6 +69,7 @@ c.LocalGPUShareSpawner.user_home_template = "{homes}/{{username}}"
 """
 RELOCATE_CHECKPOINTS = """
 c.PoolService.checkpoint_dir_template = "{homes}/{{user}}/.gpushare/checkpoints/{{job_id}}"
+c.LocalBackend.simulate_gpus = True  # this machine has no GPU (docs: "Where NVML finds none")
 """
 
 

@@ -235,7 +235,7 @@ async def test_the_borrowed_gpu_time_is_kept_in_the_store_and_survives_a_restart
     from jupyter_gpushare.pool.store.database import Store
 
     store = Store(f"sqlite:///{tmp_path / 'pool.sqlite'}")
-    store.add_missing_projects([ProjectRow(name="x", quota=0, groups=["x"])])
+    store.quotas.add_missing_projects([ProjectRow(name="x", quota=0, groups=["x"])])
     backend = TwoGPUs(state_dir=str(tmp_path / "state"), run_as_service_user=True)
 
     def launch_for(row):
@@ -257,8 +257,8 @@ async def test_the_borrowed_gpu_time_is_kept_in_the_store_and_survives_a_restart
         for _ in range(6):
             await first.tick()
             await asyncio.sleep(0.1)
-        assert store.job(job.id).state == "running"
-        kept = store.past_use(round(clock.bucket_s), 0)
+        assert store.jobs.get(job.id).state == "running"
+        kept = store.past_use.buckets(round(clock.bucket_s), 0)
         assert [p for p, _, _ in kept] == ["x"]
         borrowed = sum(v for _, _, v in kept) / GPU  # GPU-seconds: 2 GPUs since it started
         assert borrowed > 0

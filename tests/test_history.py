@@ -295,6 +295,7 @@ c = get_config()
 c.PoolService.projects = {"vision": {"quota": 4, "groups": ["vision"]},
                           "nlp": {"quota": 4, "groups": ["nlp"]}}
 c.PoolService.grace_period = 2
+c.LocalBackend.simulate_gpus = True
 c.LocalBackend.simulated_nodes = 2
 c.LocalBackend.simulated_gpus_per_node = 4
 c.LocalBackend.env_keep = ["LANG", "LC_ALL"]

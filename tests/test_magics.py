@@ -32,6 +32,7 @@ c = get_config()
 c.PoolService.backend_class = "kernels.ServiceUserBackend"
 c.LocalBackend.run_as_service_user = True
 c.LocalBackend.gang_network = "host"  # a service that is not root: jobs run as its own user
+c.LocalBackend.simulate_gpus = True
 c.LocalBackend.simulated_nodes = 1
 c.LocalBackend.simulated_gpus_per_node = 4
 c.PoolService.projects = {{"vision": {{"quota": 2, "groups": ["vision"]}},
@@ -349,6 +350,7 @@ def test_parsing_the_options():
 ROOT_POOL_CONFIG = """
 c = get_config()
 c.PoolService.projects = {"vision": {"quota": 2, "groups": ["vision"]}}
+c.LocalBackend.simulate_gpus = True
 c.LocalBackend.simulated_nodes = 1
 c.LocalBackend.simulated_gpus_per_node = 2
 c.LocalBackend.env_keep = ["LANG", "LC_ALL"]

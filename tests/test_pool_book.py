@@ -39,7 +39,7 @@ QUERIES = [dict(), dict(user="ann"), dict(user="bob", states=["pending"]),
 
 def check_all(store):
     for q in QUERIES:
-        assert listed(store.jobs(**q)) == from_database(store, **q), q
+        assert listed(store.jobs.newest(**q)) == from_database(store, **q), q
 
 
 def churn(store, rng, n, t0):
@@ -48,15 +48,15 @@ def churn(store, rng, n, t0):
     ids = []
     for i in range(n):
         user, project = rng.choice(["ann", "bob", "cy"]), rng.choice(["p1", "p2"])
-        ids.append(store.add_job(t0 + i // 2, user=user, project=project, **FIELDS).id)
-    store.start_many([(j, {"n0": 1000}) for j in ids[::2]], t0 + n)
-    store.set_handles({j: {"pid": 1} for j in ids[::4]})
-    store.mark(ids[2], t0 + n, preempting=True, detail="for p2")
-    store.requeue(ids[2], t0 + n, "preempted", "requeued")
+        ids.append(store.jobs.add(t0 + i // 2, user=user, project=project, **FIELDS).id)
+    store.jobs.start_many([(j, {"n0": 1000}) for j in ids[::2]], t0 + n)
+    store.jobs.set_handles({j: {"pid": 1} for j in ids[::4]})
+    store.jobs.mark(ids[2], t0 + n, preempting=True, detail="for p2")
+    store.jobs.requeue(ids[2], t0 + n, "preempted", "requeued")
     with store.batch():
         for j in ids[4::4]:
-            store.finish(j, t0 + n + 1, rng.choice(["succeeded", "failed"]), 0)
-    store.finish(ids[1], t0 + n + 1, "cancelled", message="cancelled by its user")
+            store.jobs.finish(j, t0 + n + 1, rng.choice(["succeeded", "failed"]), 0)
+    store.jobs.finish(ids[1], t0 + n + 1, "cancelled", message="cancelled by its user")
     return ids
 
 
@@ -70,13 +70,13 @@ def test_the_book_lists_what_the_database_does(tmp_path):
     before = store.book.version
     with pytest.raises(RuntimeError):
         with store.session() as s:
-            s.get(JobRow, store.jobs(limit=1)[0].id).state = "failed"
+            s.get(JobRow, store.jobs.newest(limit=1)[0].id).state = "failed"
             s.flush()
             raise RuntimeError
     assert store.book.version == before
     check_all(store)
     # So does a rolled-back change in a session that then commits something else.
-    victim = store.jobs(limit=1)[0]
+    victim = store.jobs.newest(limit=1)[0]
     with store.session() as s:
         s.get(JobRow, victim.id).state = "failed"
         s.flush()
@@ -98,7 +98,7 @@ def test_a_small_book_forgets_ended_jobs_and_asks_the_database(tmp_path):
     ids = churn(store, rng, 40, 1000.0)
     assert len(store.book) <= 15 + len(store.book.active())
     assert all(store.book.get(j) is not None for j in ids
-               if store.job(j).state in ("pending", "running"))
+               if store.jobs.get(j).state in ("pending", "running"))
     check_all(store)
     churn(store, rng, 30, 5000.0)
     check_all(store)
@@ -108,11 +108,11 @@ def test_a_small_book_forgets_ended_jobs_and_asks_the_database(tmp_path):
 
 def test_copies_handed_out_do_not_change_under_the_reader(tmp_path):
     store = Store(f"sqlite:///{tmp_path / 'pool.sqlite'}")
-    job = store.add_job(time.time(), user="ann", project="p1", **FIELDS)
-    seen = store.jobs(user="ann")[0]
-    store.start(job.id, {"n0": 1000}, time.time())
+    job = store.jobs.add(time.time(), user="ann", project="p1", **FIELDS)
+    seen = store.jobs.newest(user="ann")[0]
+    store.jobs.start(job.id, {"n0": 1000}, time.time())
     assert seen.state == "pending"
-    assert store.jobs(user="ann")[0].state == "running"
+    assert store.jobs.newest(user="ann")[0].state == "running"
 
 
 def test_a_write_in_a_worker_thread_reaches_the_book_before_its_caller_resumes(tmp_path):
@@ -126,11 +126,11 @@ def test_a_write_in_a_worker_thread_reaches_the_book_before_its_caller_resumes(t
         original = store.book.committed
         store.book.committed = lambda copies: (seen.append(threading.get_ident()),
                                                original(copies))
-        job = await store.in_thread(store.add_job, time.time(), user="ann", project="p1",
+        job = await store.in_thread(store.jobs.add, time.time(), user="ann", project="p1",
                                     **FIELDS)
-        assert [j.id for j in store.jobs(user="ann")] == [job.id]
-        await store.in_thread(store.start_many, [(job.id, {"n0": 1000})], time.time())
-        assert store.jobs(user="ann")[0].state == "running"
+        assert [j.id for j in store.jobs.newest(user="ann")] == [job.id]
+        await store.in_thread(store.jobs.start_many, [(job.id, {"n0": 1000})], time.time())
+        assert store.jobs.newest(user="ann")[0].state == "running"
         return seen
 
     seen = asyncio.run(main())
@@ -142,9 +142,9 @@ def test_a_book_within_its_bytes_keeps_big_jobs_only_while_they_are_active(tmp_p
     url = f"sqlite:///{tmp_path / 'pool.sqlite'}"
     store = Store(url, book_bytes=200_000)
     big = dict(FIELDS, env={"DATA": "x" * 60_000})
-    ids = [store.add_job(1000.0 + i, user="ann", project="p1", **big).id for i in range(6)]
+    ids = [store.jobs.add(1000.0 + i, user="ann", project="p1", **big).id for i in range(6)]
     assert len(store.book) == 6  # all waiting: kept, whatever they weigh
     for j in ids:
-        store.finish(j, 2000.0, "succeeded", 0)
+        store.jobs.finish(j, 2000.0, "succeeded", 0)
     assert store.book.bytes <= 200_000 and len(store.book) < 6
     check_all(store)

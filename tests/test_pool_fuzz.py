@@ -25,6 +25,7 @@ c.PoolService.projects = {"vision": {"quota": 2, "groups": ["vision"]},
                           "nlp": {"quota": 2, "groups": ["nlp"]}}
 c.PoolService.cycle_interval = 0.5
 c.PoolService.grace_period = 1
+c.LocalBackend.simulate_gpus = True
 c.LocalBackend.simulated_nodes = 1
 c.LocalBackend.simulated_gpus_per_node = 4
 c.PoolService.build_nodes = {"sim-build-0": 1}

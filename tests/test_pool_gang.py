@@ -28,6 +28,7 @@ c.PoolService.projects = {"vision": {"quota": 2, "groups": ["vision"]},
 c.PoolService.cycle_interval = 0.2
 c.PoolService.grace_period = 3
 c.PoolService.min_runtime = 0  # the preemption test preempts a gang that has just started
+c.LocalBackend.simulate_gpus = True
 c.LocalBackend.simulated_nodes = 2
 c.LocalBackend.simulated_gpus_per_node = 2
 c.LocalBackend.env_keep = ["LANG", "LC_ALL"]  # the root service's PATH is not the users'

@@ -42,6 +42,7 @@ c.PoolService.token_cache_ttl = {TOKEN_TTL}
 c.PoolService.unknown_token_waiting = 48
 c.PoolService.rights_ttl = 0.5
 c.PoolService.rights_max_stale = 2
+c.LocalBackend.simulate_gpus = True
 c.LocalBackend.simulated_nodes = 1
 c.LocalBackend.simulated_gpus_per_node = 4
 c.LocalBackend.env_keep = ["LANG", "LC_ALL"]

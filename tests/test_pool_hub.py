@@ -23,6 +23,7 @@ c.PoolService.projects = {"vision": {"quota": 2, "groups": ["vision"]},
 c.PoolService.cycle_interval = 0.2
 c.PoolService.grace_period = 3
 c.PoolService.min_runtime = 0  # preempt at once: these tests watch preemption
+c.LocalBackend.simulate_gpus = True
 c.LocalBackend.simulated_nodes = 1
 c.LocalBackend.simulated_gpus_per_node = 4
 c.LocalBackend.env_keep = ["LANG", "LC_ALL"]  # the root service's PATH is not the users'

@@ -14,6 +14,7 @@ c = get_config()
 c.PoolService.projects = {"vision": {"quota": 2, "groups": ["vision"]}}
 c.PoolService.cycle_interval = 0.2
 c.PoolService.grace_period = 2
+c.LocalBackend.simulate_gpus = True
 c.LocalBackend.simulated_nodes = 1
 c.LocalBackend.simulated_gpus_per_node = 2
 c.LocalBackend.env_keep = ["LANG", "LC_ALL"]

@@ -48,7 +48,7 @@ class TwoGPUs(LocalBackend):
 
 def make_pool(tmp_path, reserve, **lending):
     store = Store(f"sqlite:///{tmp_path / 'pool.sqlite'}")
-    store.add_missing_projects([ProjectRow(name="x", quota=0, groups=["x"]),
+    store.quotas.add_missing_projects([ProjectRow(name="x", quota=0, groups=["x"]),
                                 ProjectRow(name="y", quota=2 * GPU, groups=["y"])])
     backend = TwoGPUs(state_dir=str(tmp_path / "state"), run_as_service_user=True)
     cycles = CycleSignal()
@@ -84,7 +84,7 @@ def kill_all(backend):
 
 
 def submit(store, project, gpus=2):
-    return store.add_job(time.time(), user="u", project=project, name="", gpus=gpus * GPU,
+    return store.jobs.add(time.time(), user="u", project=project, name="", gpus=gpus * GPU,
                          priority=0, command=["/bin/sh", "-c", SLEEPER], env={},
                          checkpoint_dir="")
 
@@ -93,10 +93,10 @@ def submit(store, project, gpus=2):
 async def test_a_borrower_runs_on_lent_build_gpus_and_a_notebook_takes_one_back(pool):
     store, backend, build, scheduler = pool
     first, lent, waiting = (submit(store, "x") for _ in range(3))
-    await until(scheduler, lambda: store.job(lent.id).state == "running")
-    assert store.job(first.id).placement == {"sim-node-0": 2 * GPU}
-    assert store.job(lent.id).placement == {"sim-build-0/lent": 2 * GPU}
-    assert store.job(waiting.id).state == "pending"
+    await until(scheduler, lambda: store.jobs.get(lent.id).state == "running")
+    assert store.jobs.get(first.id).placement == {"sim-node-0": 2 * GPU}
+    assert store.jobs.get(lent.id).placement == {"sim-build-0/lent": 2 * GPU}
+    assert store.jobs.get(waiting.id).state == "pending"
     # it runs on the build GPUs themselves
     uuids = build.uuids()
     assert backend.lent_holders() == {("sim-build-0", 0): lent.id, ("sim-build-0", 1): lent.id}
@@ -129,8 +129,8 @@ async def test_a_borrower_runs_on_lent_build_gpus_and_a_notebook_takes_one_back(
     assert list(build.wanted.values())[0][0] == ("sim-build-0", 0)
     assert "GPU 0 of sim-build-0: lent to job " + lent.id + "; being taken back for a " \
         "notebook server" in format_pool({"build": build.summary()})
-    await until(scheduler, lambda: store.job(lent.id).preempting, timeout=2)
-    [preempt] = [e for e in store.events(lent.id) if e.kind == "preempt"]
+    await until(scheduler, lambda: store.jobs.get(lent.id).preempting, timeout=2)
+    [preempt] = [e for e in store.jobs.events(lent.id) if e.kind == "preempt"]
     assert "GPU 0 of sim-build-0, lent to train jobs, is taken back" in preempt.detail
     slice_row = None
 
@@ -146,15 +146,15 @@ async def test_a_borrower_runs_on_lent_build_gpus_and_a_notebook_takes_one_back(
     assert not build.wanted
     # the borrower was requeued to resume from its checkpoint; one lent GPU is left, too few
     # for it, and it stays off the slice's GPU
-    await until(scheduler, lambda: store.job(lent.id).state == "pending")
-    assert store.job(lent.id).attempt == 2
+    await until(scheduler, lambda: store.jobs.get(lent.id).state == "pending")
+    assert store.jobs.get(lent.id).attempt == 2
     await scheduler.tick()
-    assert store.job(lent.id).state == "pending" and store.job(waiting.id).state == "pending"
+    assert store.jobs.get(lent.id).state == store.jobs.get(waiting.id).state == "pending"
     assert [n for n in scheduler.explained.nodes if n.lent] == \
         [n for n in build.lent_nodes()] and build.lent_nodes()[0].gpus == 1
     one = submit(store, "x", gpus=1)
-    await until(scheduler, lambda: store.job(one.id).state == "running")
-    assert store.job(one.id).placement == {"sim-build-0/lent": GPU}
+    await until(scheduler, lambda: store.jobs.get(one.id).state == "running")
+    assert store.jobs.get(one.id).placement == {"sim-build-0/lent": GPU}
     assert backend.lent_holders() == {("sim-build-0", 1): one.id}
 
 
@@ -162,14 +162,14 @@ async def test_a_borrower_runs_on_lent_build_gpus_and_a_notebook_takes_one_back(
 async def test_a_job_within_quota_takes_its_quota_back_and_never_runs_on_lent_gpus(pool):
     store, backend, build, scheduler = pool
     borrowed = [submit(store, "x") for _ in range(2)]
-    await until(scheduler, lambda: all(store.job(j.id).state == "running" for j in borrowed))
+    await until(scheduler, lambda: all(store.jobs.get(j.id).state == "running" for j in borrowed))
     within = submit(store, "y")
-    await until(scheduler, lambda: store.job(within.id).state == "running", timeout=GRACE + 5)
-    assert store.job(within.id).placement == {"sim-node-0": 2 * GPU}
+    await until(scheduler, lambda: store.jobs.get(within.id).state == "running", timeout=GRACE + 5)
+    assert store.jobs.get(within.id).placement == {"sim-node-0": 2 * GPU}
     # the victim was the borrower on the train pool's own GPUs; the lent one runs on
-    assert store.job(borrowed[0].id).state == "pending"
-    assert store.job(borrowed[1].id).state == "running"
-    assert store.job(borrowed[1].id).placement == {"sim-build-0/lent": 2 * GPU}
+    assert store.jobs.get(borrowed[0].id).state == "pending"
+    assert store.jobs.get(borrowed[1].id).state == "running"
+    assert store.jobs.get(borrowed[1].id).placement == {"sim-build-0/lent": 2 * GPU}
 
 
 @pytest.mark.asyncio
@@ -177,10 +177,10 @@ async def test_the_build_reserve_is_never_lent(tmp_path):
     store, backend, build, scheduler = make_pool(tmp_path, reserve=1)
     try:
         jobs = [submit(store, "x", gpus=1) for _ in range(4)]
-        await until(scheduler, lambda: sum(store.job(j.id).state == "running"
+        await until(scheduler, lambda: sum(store.jobs.get(j.id).state == "running"
                                            for j in jobs) == 3)
         await scheduler.tick()
-        assert sorted(store.job(j.id).state for j in jobs) == ["pending"] + ["running"] * 3
+        assert sorted(store.jobs.get(j.id).state for j in jobs) == ["pending"] + ["running"] * 3
         assert backend.lent_holders() == {("sim-build-0", 0): jobs[2].id}
         # a slice goes straight onto the reserve, nothing is taken back
         got = build.reserve("alice", GPU // 2, "")
@@ -212,7 +212,7 @@ async def test_a_lent_gpu_that_no_job_holds_takes_a_slice_at_once_unless_a_cycle
 async def test_one_take_back_at_a_time_per_user_and_counted_against_the_allowance(pool):
     store, backend, build, scheduler = pool
     jobs = [submit(store, "x") for _ in range(2)]
-    await until(scheduler, lambda: all(store.job(j.id).state == "running" for j in jobs))
+    await until(scheduler, lambda: all(store.jobs.get(j.id).state == "running" for j in jobs))
     assert isinstance(build.reserve("alice", GPU // 4, "a"), SliceRefused)
     refused = build.reserve("alice", GPU // 4, "b")  # her second server waits for the first
     assert str(refused) == ("another server of alice is taking back a GPU lent to train jobs; "
@@ -248,13 +248,13 @@ async def test_jobs_on_build_gpus_are_taken_back_when_lending_is_off(pool, tmp_p
     and requeued, and no slice lands on its GPU meanwhile."""
     store, backend, build, scheduler = pool
     jobs = [submit(store, "x") for _ in range(2)]
-    await until(scheduler, lambda: all(store.job(j.id).state == "running" for j in jobs))
+    await until(scheduler, lambda: all(store.jobs.get(j.id).state == "running" for j in jobs))
     build.lend = False
     refused = build.reserve("alice", GPU // 4, "")
     assert isinstance(refused, SliceRefused) and "the build pool is full" in str(refused)
     assert [(n.name, n.gpus) for n in build.lent_nodes()] == [("sim-build-0/lent", 0)]
-    await until(scheduler, lambda: store.job(jobs[1].id).state == "pending", timeout=GRACE + 5)
-    assert store.job(jobs[0].id).state == "running"  # on the train pool's own GPUs
+    await until(scheduler, lambda: store.jobs.get(jobs[1].id).state == "pending", timeout=GRACE + 5)
+    assert store.jobs.get(jobs[0].id).state == "running"  # on the train pool's own GPUs
     got = build.reserve("alice", GPU // 4, "")
     assert not isinstance(got, SliceRefused)
 
@@ -319,10 +319,10 @@ async def test_a_job_on_lent_gpus_that_cannot_start_fails_as_anywhere(pool):
     """Only lent GPUs gone back to notebooks requeue a job; its own fault fails it."""
     store, backend, build, scheduler = pool
     submit(store, "x")
-    broken = store.add_job(time.time(), user="u", project="x", name="", gpus=GPU, priority=0,
+    broken = store.jobs.add(time.time(), user="u", project="x", name="", gpus=GPU, priority=0,
                            command=[], env={}, checkpoint_dir="")
-    await until(scheduler, lambda: store.job(broken.id).state != "pending")
-    assert store.job(broken.id).state == "failed" and store.job(broken.id).attempt == 1
+    await until(scheduler, lambda: store.jobs.get(broken.id).state != "pending")
+    assert store.jobs.get(broken.id).state == "failed" and store.jobs.get(broken.id).attempt == 1
 
 
 def test_what_a_users_other_server_waits_for_counts_once_against_the_allowance(tmp_path):
@@ -360,6 +360,7 @@ def test_the_service_does_not_start_with_bad_lending_settings(extra, sentence, t
     err = refused_at_start("c.PoolService.projects = {'vision': {'quota': 1}}\n"
                            "c.PoolService.build_nodes = {'sim-build-0': 1}\n"
                            "c.PoolService.lend_build_gpus = True\n"
+                           "c.LocalBackend.simulate_gpus = True\n"
                            "c.LocalBackend.simulated_nodes = 1\n" + extra, tmp_path, capsys)
     assert sentence in err, err
 
@@ -387,14 +388,14 @@ async def run_for(scheduler, seconds):
 
 
 def preempted(store, jobs):
-    return [e.detail for j in jobs for e in store.events(j.id) if e.kind == "preempt"]
+    return [e.detail for j in jobs for e in store.jobs.events(j.id) if e.kind == "preempt"]
 
 
 async def bobs_jobs_on_lent_gpus(store, scheduler):
     """Four 1-GPU borrowers: two on the train node, two on the two lent build GPUs."""
     jobs = [submit(store, "x", gpus=1) for _ in range(4)]
-    await until(scheduler, lambda: all(store.job(j.id).state == "running" for j in jobs))
-    assert sum("sim-build-0/lent" in store.job(j.id).placement for j in jobs) == 2
+    await until(scheduler, lambda: all(store.jobs.get(j.id).state == "running" for j in jobs))
+    assert sum("sim-build-0/lent" in store.jobs.get(j.id).placement for j in jobs) == 2
     return jobs
 
 
@@ -408,7 +409,7 @@ async def start_and_stop(build, scheduler, user):
         got = build.reserve(user, GPU // 4, "")
         return not isinstance(got, SliceRefused)
     await until(scheduler, placed, timeout=GRACE + 5)
-    build.store.remove_slice(got.id)
+    build.store.slices.remove(got.id)
 
 
 @pytest.mark.asyncio
@@ -424,7 +425,7 @@ async def test_abandoned_starts_do_not_preempt_the_jobs_on_lent_gpus_again_and_a
     for _ in range(3):
         got = build.reserve("mallory", GPU // 4, "")  # one ask, then the start is cancelled
         if not isinstance(got, SliceRefused):
-            store.remove_slice(got.id)
+            store.slices.remove(got.id)
         await run_for(scheduler, 1.0 + GRACE)  # the want lapses; the loop lends what it may
     assert len(preempted(store, jobs)) == 1
 
@@ -454,7 +455,7 @@ async def test_a_user_takes_back_at_most_take_backs_per_user_lent_gpus_in_the_wi
         jobs = await bobs_jobs_on_lent_gpus(store, scheduler)
         for _ in range(2):
             await start_and_stop(build, scheduler, "mallory")
-            await until(scheduler, lambda: all(store.job(j.id).state == "running"
+            await until(scheduler, lambda: all(store.jobs.get(j.id).state == "running"
                                                for j in jobs), timeout=GRACE + 5)
         assert len(preempted(store, jobs)) == 2
         refused = build.reserve("mallory", GPU // 4, "")
@@ -469,7 +470,7 @@ async def test_a_user_takes_back_at_most_take_backs_per_user_lent_gpus_in_the_wi
         assert "taking back GPU" in str(build.reserve("alice", GPU // 4, ""))
         await until(scheduler, lambda: len(preempted(store, jobs)) == 3, timeout=2)
 
-        taken = [e for e in reversed(store.audit()) if e.action == "take back GPU"]
+        taken = [e for e in reversed(store.audit.newest()) if e.action == "take back GPU"]
         assert [(e.who, e.via) for e in taken] == [("mallory", "lending")] * 2 + \
             [("alice", "lending")]
         victims = [e.before["job"] for e in taken]
@@ -491,14 +492,14 @@ async def test_each_gpu_of_a_job_taken_back_is_a_take_back_of_its_own(pool):
     counted against its own server's user, in the audit trail and in the limit, and rests."""
     store, backend, build, scheduler = pool
     first, lent = submit(store, "x"), submit(store, "x")
-    await until(scheduler, lambda: store.job(lent.id).state == "running")
-    assert store.job(lent.id).placement == {"sim-build-0/lent": 2 * GPU}
+    await until(scheduler, lambda: store.jobs.get(lent.id).state == "running")
+    assert store.jobs.get(lent.id).placement == {"sim-build-0/lent": 2 * GPU}
     for user in ("mallory", "alice"):
         assert "taking back GPU" in str(build.reserve(user, GPU, ""))
     assert sorted(w.gpu for w in build.wanted.values()) == [("sim-build-0", 0),
                                                              ("sim-build-0", 1)]
-    await until(scheduler, lambda: store.job(lent.id).preempting, timeout=2)
-    taken = [e for e in reversed(store.audit()) if e.action == "take back GPU"]
+    await until(scheduler, lambda: store.jobs.get(lent.id).preempting, timeout=2)
+    taken = [e for e in reversed(store.audit.newest()) if e.action == "take back GPU"]
     assert sorted((e.who, e.target, e.before["job"]) for e in taken) == [
         ("alice", "GPU 1 of sim-build-0", lent.id), ("mallory", "GPU 0 of sim-build-0", lent.id)]
     assert set(build.took) == {"mallory", "alice"}

@@ -37,7 +37,7 @@ class TwoGPUs(LocalBackend):
 @pytest_asyncio.fixture
 async def pool(tmp_path):
     store = Store(f"sqlite:///{tmp_path / 'pool.sqlite'}")
-    store.add_missing_projects([ProjectRow(name="x", quota=0, groups=["x"]),
+    store.quotas.add_missing_projects([ProjectRow(name="x", quota=0, groups=["x"]),
                                 ProjectRow(name="y", quota=2 * GPU, groups=["y"])])
     backend = TwoGPUs(state_dir=str(tmp_path / "state"), run_as_service_user=True)
     yield store, backend, scheduler_for(store, backend, tmp_path)
@@ -64,7 +64,7 @@ def kill_all(backend) -> None:
 
 
 def submit(store, project, script):
-    return store.add_job(time.time(), user="u", project=project, name="", gpus=2 * GPU,
+    return store.jobs.add(time.time(), user="u", project=project, name="", gpus=2 * GPU,
                          priority=0, command=["/bin/sh", "-c", script], env={},
                          checkpoint_dir="")
 
@@ -95,16 +95,16 @@ async def test_a_stopped_attempt_ends_by_its_exit_status(pool, script, state, at
     victim = submit(store, "x", script)  # borrows both GPUs
     await until(scheduler, lambda: b"ready" in _log(backend, victim.id))
     claimant = submit(store, "y", "true")  # y is within its quota: x's job is preempted
-    await until(scheduler, lambda: store.job(victim.id).state != "running"
-                or store.job(victim.id).attempt > 1)
-    row = store.job(victim.id)
+    await until(scheduler, lambda: store.jobs.get(victim.id).state != "running"
+                or store.jobs.get(victim.id).attempt > 1)
+    row = store.jobs.get(victim.id)
     assert (row.state, row.attempt, row.exit_code) == (state, attempt, exit_code), row.message
     if state == "succeeded":
         assert b"finished" in _log(backend, victim.id)
         assert "finished by itself while being preempted" in row.message
-    kinds = [e.kind for e in store.events(victim.id)]
+    kinds = [e.kind for e in store.jobs.events(victim.id)]
     assert kinds.count("requeue") == (attempt - 1)
-    await until(scheduler, lambda: store.job(claimant.id).state == "succeeded")
+    await until(scheduler, lambda: store.jobs.get(claimant.id).state == "succeeded")
 
 
 @pytest.mark.asyncio
@@ -114,14 +114,14 @@ async def test_killed_at_the_end_of_the_grace_is_requeued(pool):
     victim = submit(store, "x", "trap '' TERM; echo ready; while :; do sleep 0.05; done")
     await until(scheduler, lambda: b"ready" in _log(backend, victim.id))
     submit(store, "y", "true")
-    await until(scheduler, lambda: store.job(victim.id).attempt > 1)
-    assert [a.exit_code for a in store.attempts(victim.id)][:1] == [137]
-    assert [a.outcome for a in store.attempts(victim.id)][:1] == ["preempted"]
+    await until(scheduler, lambda: store.jobs.get(victim.id).attempt > 1)
+    assert [a.exit_code for a in store.jobs.attempts(victim.id)][:1] == [137]
+    assert [a.outcome for a in store.jobs.attempts(victim.id)][:1] == ["preempted"]
     # The policy sees it queue from its requeue, not its submit (the ordering Kueue calls
     # its eviction timestamp): the attempt's end, when the row went back to pending.
-    row = store.job(victim.id)
+    row = store.jobs.get(victim.id)
     job = scheduler._train_job(row)
-    assert job.requeued == row.pending_since == store.attempts(victim.id)[0].ended
+    assert job.requeued == row.pending_since == store.jobs.attempts(victim.id)[0].ended
     assert job.waiting_since > job.submit_time == row.submitted
 
 
@@ -133,17 +133,17 @@ async def test_a_drained_node_starts_nothing_new_and_requeue_preempts_what_runs(
     await until(scheduler, lambda: b"ready" in _log(backend, running.id))
     await scheduler.drain("sim-node-0", "admin", requeue=False)
     await scheduler.tick()
-    assert store.job(running.id).state == "running"  # what runs there runs on
+    assert store.jobs.get(running.id).state == "running"  # what runs there runs on
     _, stopped, was = await scheduler.drain("sim-node-0", "admin", requeue=True)
     assert was  # drained by the line above
     assert stopped == [running.id]
-    await until(scheduler, lambda: store.job(running.id).attempt == 2)
-    row = store.job(running.id)
+    await until(scheduler, lambda: store.jobs.get(running.id).attempt == 2)
+    row = store.jobs.get(running.id)
     assert row.state == "pending" and b"checkpoint" in _log(backend, running.id)
-    assert "node sim-node-0 was drained by admin" in store.events(running.id)[-2].detail
+    assert "node sim-node-0 was drained by admin" in store.jobs.events(running.id)[-2].detail
     for _ in range(3):  # it waits, and is told why
         await scheduler.tick()
-    assert store.job(running.id).state == "pending"
+    assert store.jobs.get(running.id).state == "pending"
     assert "2 GPUs on drained node sim-node-0 take no new jobs" in \
         scheduler.explained.reasons[running.id]
     assert [n.drained for n in scheduler.explained.nodes] == [True]
@@ -152,10 +152,10 @@ async def test_a_drained_node_starts_nothing_new_and_requeue_preempts_what_runs(
                       launch_for=scheduler.launch_for, log=logging.getLogger("test"))
     assert list(again.drained) == ["sim-node-0"] and again.drained["sim-node-0"].by == "admin"
     await again.tick()
-    assert store.job(running.id).state == "pending"
+    assert store.jobs.get(running.id).state == "pending"
     assert (await again.undrain("sim-node-0")).by == "admin"
     await until(again, lambda: b"ready" in _log(backend, running.id, 2))
-    assert store.job(running.id).attempt == 2 and store.drained() == {}
+    assert store.jobs.get(running.id).attempt == 2 and store.drains.all() == {}
 
 
 class TwoNodes(LocalBackend):
@@ -177,43 +177,43 @@ async def test_a_job_within_quota_moves_so_that_a_gang_within_quota_gets_a_node(
     one node: 2 are free, on two nodes. One of v's jobs is moved: stopped, requeued with a
     detail that says why, started again on the other node; n's job runs; v keeps 2 GPUs."""
     store = Store(f"sqlite:///{tmp_path / 'pool.sqlite'}")
-    store.add_missing_projects([ProjectRow(name="x", quota=0, groups=["x"]),
+    store.quotas.add_missing_projects([ProjectRow(name="x", quota=0, groups=["x"]),
                                 ProjectRow(name="v", quota=2 * GPU, groups=["v"]),
                                 ProjectRow(name="n", quota=2 * GPU, groups=["n"])])
     backend = TwoNodes(state_dir=str(tmp_path / "state"), run_as_service_user=True)
     scheduler = scheduler_for(store, backend, tmp_path)
 
     def add(project, gpus, script):
-        return store.add_job(time.time(), user="u", project=project, name="", gpus=gpus * GPU,
+        return store.jobs.add(time.time(), user="u", project=project, name="", gpus=gpus * GPU,
                              priority=0, command=["/bin/sh", "-c", script], env={},
                              checkpoint_dir="")
 
     def running(job):
-        row = store.job(job.id)
+        row = store.jobs.get(job.id)
         return row.state == "running" and b"ready" in _log(backend, job.id, row.attempt)
 
     try:
         a = add("v", 1, LOOPS)
         await until(scheduler, lambda: running(a))
         x = add("x", 1, "echo ready; sleep 1")  # best fit: beside a
-        await until(scheduler, lambda: store.job(x.id).state == "running")
+        await until(scheduler, lambda: store.jobs.get(x.id).state == "running")
         b = add("v", 1, LOOPS)  # the first node is full: the other one
         await until(scheduler, lambda: running(b))
-        await until(scheduler, lambda: store.job(x.id).state == "succeeded")
-        assert {*store.job(a.id).placement} != {*store.job(b.id).placement}
+        await until(scheduler, lambda: store.jobs.get(x.id).state == "succeeded")
+        assert {*store.jobs.get(a.id).placement} != {*store.jobs.get(b.id).placement}
         gang = add("n", 2, "echo ready; sleep 1")
-        await until(scheduler, lambda: store.job(gang.id).state == "succeeded", timeout=20)
-        moved = [j for j in (a, b) if store.job(j.id).attempt == 2]
-        assert len(moved) == 1, [store.job(j.id).attempt for j in (a, b)]
+        await until(scheduler, lambda: store.jobs.get(gang.id).state == "succeeded", timeout=20)
+        moved = [j for j in (a, b) if store.jobs.get(j.id).attempt == 2]
+        assert len(moved) == 1, [store.jobs.get(j.id).attempt for j in (a, b)]
         moved = moved[0]
         await until(scheduler, lambda: running(moved))
-        preempt = next(e for e in store.events(moved.id) if e.kind == "preempt")
+        preempt = next(e for e in store.jobs.events(moved.id) if e.kind == "preempt")
         assert preempt.detail.startswith(
             f"moved so that job {gang.id} of project n, within its quota, gets the nodes it "
             f"needs; it is requeued to start again on other GPUs")
-        assert [t.outcome for t in store.attempts(moved.id)][:1] == ["preempted"]
+        assert [t.outcome for t in store.jobs.attempts(moved.id)][:1] == ["preempted"]
         assert b"checkpoint" in _log(backend, moved.id, 1)
-        assert store.job(a.id).state == store.job(b.id).state == "running"
+        assert store.jobs.get(a.id).state == store.jobs.get(b.id).state == "running"
     finally:
         kill_all(backend)
 

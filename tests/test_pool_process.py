@@ -17,6 +17,7 @@ from hubtest import _started, free_port
 CONFIG = """
 c = get_config()
 c.PoolService.projects = {"vision": {"quota": 2, "groups": ["vision"]}}
+c.LocalBackend.simulate_gpus = True
 c.LocalBackend.simulated_nodes = 1
 c.LocalBackend.simulated_gpus_per_node = 2
 c.LocalBackend.run_as_service_user = True

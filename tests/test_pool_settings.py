@@ -11,11 +11,14 @@ from jupyter_gpushare.policy.past_use import FairShareTime
 from jupyter_gpushare.policy.settings import (DEFAULT_CYCLE_S, DEFAULT_FAIR_SHARE_WINDOW_S,
                                               DEFAULT_GRACE_S, PoolSettings)
 from jupyter_gpushare.pool.app import PoolService
-from jupyter_gpushare.sim import history
+from jupyter_gpushare.pool.utilization.service import GPUUsage
+from jupyter_gpushare.sim import activity, history
 from jupyter_gpushare.sim.engine import SimConfig
 from jupyter_gpushare.sim.history import BadChange
 from jupyter_gpushare.sim.team import TeamParameters
 from jupyter_gpushare.sim.trace import TraceJob
+from jupyter_gpushare.usage.meter import UsageSettings
+from jupyter_gpushare.validate import MAX_JOB_SIZE
 
 POOL = {"nodes": [{"name": "n0", "gpus": 4, "pool": "train"},
                   {"name": "n1", "gpus": 4, "pool": "train"}]}
@@ -51,6 +54,16 @@ def test_each_default_is_written_once():
     assert args.grace_period == DEFAULT_GRACE_S
     assert args.reserve_after == PolicyConfig().reserve_after_s
     assert SimConfig(capacity_gpus=1).grace_s == TeamParameters().grace_s == DEFAULT_GRACE_S
+    # GPU use: the meter's defaults are the options' and the simulator's
+    usage, traits = UsageSettings(), GPUUsage.class_traits()
+    assert (usage.sample_interval, usage.idle_threshold, usage.idle_job_after) == tuple(
+        traits[k].default_value for k in ("sample_interval", "idle_threshold", "idle_job_after"))
+    assert (activity.IDLE_THRESHOLD * 100, activity.IDLE_JOB_AFTER_S) == \
+        (usage.idle_threshold, usage.idle_job_after)
+    assert (usage.rollup_after, usage.retention) == tuple(
+        traits[k].default_value * 86400 for k in ("usage_rollup_after_days",
+                                                  "usage_retention_days"))
+    assert _trait("max_job_size") == MAX_JOB_SIZE
 
 
 def test_the_settings_go_whole_through_json_and_an_older_pools_keep_their_defaults():

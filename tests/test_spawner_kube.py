@@ -26,6 +26,7 @@ SPAWNER_TOKEN = secrets.token_hex(16)
 
 POOL_CONFIG = f"""
 c = get_config()
+c.LocalBackend.simulate_gpus = True
 c.LocalBackend.simulated_nodes = 1
 c.LocalBackend.simulated_gpus_per_node = 1
 c.PoolService.build_nodes = {{"{BUILD_NODE}": 1}}

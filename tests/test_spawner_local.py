@@ -27,6 +27,7 @@ from jupyter_gpushare.spawner import LocalGPUShareSpawner
 POOL_CONFIG = """
 c = get_config()
 c.PoolService.projects = {"vision": {"quota": 1, "groups": ["vision"]}}
+c.LocalBackend.simulate_gpus = True
 c.LocalBackend.simulated_nodes = 1
 c.LocalBackend.simulated_gpus_per_node = 2
 c.PoolService.build_nodes = {"sim-build-0": 1}

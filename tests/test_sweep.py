@@ -30,17 +30,17 @@ def test_the_sweep_forgets_audit_entries_older_than_their_retention(tmp_path, ca
     store = Store(f"sqlite:///{tmp_path / 'pool.sqlite'}")
     now = time.time()
     for days in (400, 366, 364, 1):
-        store.add_audit(now - days * 86400, "admin", "change project", "vision", None, {},
+        store.audit.add(now - days * 86400, "admin", "change project", "vision", None, {},
                         "api")
 
     async def one_sweep():
         task = asyncio.ensure_future(prune_audit(store, 365, logging.getLogger("test"),
                                                  every_s=3600))
-        while len(store.audit()) == 4:
+        while len(store.audit.newest()) == 4:
             await asyncio.sleep(0.01)
         task.cancel()
 
     with caplog.at_level(logging.INFO):
         asyncio.run(asyncio.wait_for(one_sweep(), 10))
-    assert [round((now - e.at) / 86400) for e in store.audit()] == [1, 364]
+    assert [round((now - e.at) / 86400) for e in store.audit.newest()] == [1, 364]
     assert "Forgot 2 audit entries older than 365 days" in caplog.text

@@ -29,6 +29,7 @@ c.PoolService.projects = {"vision": {"quota": 2, "groups": ["vision"]},
                           "nlp": {"quota": 2, "groups": ["nlp"]}}
 c.PoolService.cycle_interval = 0.2
 c.PoolService.grace_period = 2
+c.LocalBackend.simulate_gpus = True
 c.LocalBackend.simulated_nodes = 1
 c.LocalBackend.simulated_gpus_per_node = 4
 c.LocalBackend.env_keep = ["LANG", "LC_ALL"]

@@ -29,6 +29,7 @@ POOL_CONFIG = """
 c = get_config()
 c.PoolService.projects = {"vision": {"quota": 2, "groups": ["vision"]}}
 c.PoolService.cycle_interval = 0.2
+c.LocalBackend.simulate_gpus = True
 c.LocalBackend.simulated_nodes = 1
 c.LocalBackend.simulated_gpus_per_node = 2
 c.LocalBackend.env_keep = ["LANG", "LC_ALL"]
@@ -111,7 +112,7 @@ class QuietHub(HubAPI):
 
 def test_kernel_reports_are_kept_only_for_servers_that_hold_a_slice(tmp_path):
     store = Store(f"sqlite:///{tmp_path / 'pool.sqlite'}")
-    held = store.add_slice(1.0, user="ann", server="exp", milli=250, node="n", gpu=0)
+    held = store.slices.add(1.0, user="ann", server="exp", milli=250, node="n", gpu=0)
     culler = SliceCuller(store, UsageMeter(None), QuietHub(), lambda user: False, S)
     # a flood of reports for servers that hold no slice (names up to the 255 a name may have)
     for i in range(2000):
@@ -121,7 +122,7 @@ def test_kernel_reports_are_kept_only_for_servers_that_hold_a_slice(tmp_path):
     assert culler.kernels_said("ann", "exp", 2, 1)
     asyncio.run(culler.once())
     assert set(culler.kernels) == {("ann", "exp")}  # held: kept through a round
-    store.remove_slice(held.id)
+    store.slices.remove(held.id)
     asyncio.run(culler.once())
     assert culler.kernels == {}  # its slice is gone: so is its entry
 

@@ -119,10 +119,17 @@ class LocalBackend(Backend):
     def _absolute_state_dir(self, proposal):
         return os.path.abspath(os.path.expanduser(proposal.value))
 
+    simulate_gpus = Bool(False, help="""
+        When NVML finds no GPU on this machine, play a labelled simulated train pool of
+        simulated_nodes nodes of simulated_gpus_per_node GPUs each (jobs there run without a
+        GPU): for the demo, a laptop or CI. Off by default: a server whose NVIDIA driver or
+        NVML is missing refuses to start, saying why, instead of running jobs without GPUs.
+        """).tag(config=True)
+
     simulated_nodes = Integer(2, min=1, help="""
-        Number of simulated nodes when NVML finds no GPU on this machine (a laptop, a CI
-        runner). They are labelled gpushare.io/simulated=true and jobs on them run without
-        a GPU.
+        Number of simulated nodes when NVML finds no GPU on this machine and simulate_gpus
+        is on (a laptop, a CI runner). They are labelled gpushare.io/simulated=true and jobs
+        on them run without a GPU.
         """).tag(config=True)
 
     simulated_gpus_per_node = Integer(4, min=1, help="""
@@ -210,7 +217,11 @@ class LocalBackend(Backend):
 
     def detect_inventories(self) -> list[gpu_inventory.Inventory]:
         """One inventory per node of the train pool (subclasses may choose others)."""
-        return gpu_inventory.detect(self.simulated_nodes, self.simulated_gpus_per_node, self.log)
+        try:
+            return gpu_inventory.detect(self.simulated_nodes, self.simulated_gpus_per_node,
+                                        self.log, simulate=self.simulate_gpus)
+        except gpu_inventory.InventoryError as e:
+            raise BackendError(str(e)) from None
 
     def _gpus(self) -> dict[str, tuple[str, list[gpu_inventory.GPUInfo]]]:
         # Asked once: the hardware does not change while the service runs.

@@ -30,7 +30,7 @@ from traitlets import Bool, Dict, Float, Integer, TraitError, Type, Unicode, def
 from traitlets.config import Application
 
 from .. import __version__
-from ..backends.base import SIMULATED_LABEL, Backend, LentGPUs, private_dir
+from ..backends.base import SIMULATED_LABEL, Backend, BackendError, LentGPUs, private_dir
 from ..backends.local import LocalBackend
 from ..policy.lending import build_node_of
 from ..policy.model import DEFAULT_MIN_RUNTIME_S, GPU, TRAIN, PolicyConfig, Project
@@ -38,7 +38,7 @@ from ..policy.past_use import LONGEST_S, FairShareTime
 from ..policy.settings import (DEFAULT_CYCLE_S, DEFAULT_FAIR_SHARE_WINDOW_S, DEFAULT_GRACE_S,
                                PoolSettings)
 from ..trainjob import RUNNING
-from ..validate import Invalid
+from ..validate import MAX_JOB_SIZE, Invalid
 from .admin.changes import configured_departments, configured_projects, levels_problem
 from .admin.department_specs import DepartmentSpec, configured as configured_departments_spec
 from .admin.project_specs import configured
@@ -188,7 +188,7 @@ class PoolService(Application):
     max_pending_per_user = Integer(200, min=1, help="Jobs one user may have waiting at once; "
                                    "a submit beyond it is refused (429) until some start or "
                                    "are cancelled.").tag(config=True)
-    max_job_size = Integer(256 * 1024, min=1024, help="Bytes a job's command, source, env and "
+    max_job_size = Integer(MAX_JOB_SIZE, min=1024, help="Bytes a job's command, source, env and "
                            "workdir may take together; large code and data belong in "
                            "files.").tag(config=True)
     whatif_timeout = Float(600.0, min=1.0, help="""Seconds of wall-clock time a what-if
@@ -361,7 +361,10 @@ class PoolService(Application):
             why = self.backend.lending_refused()
             if why:
                 self._refuse(why)
-        nodes = self.backend.nodes()
+        try:
+            nodes = self.backend.nodes()
+        except BackendError as e:  # no GPU where GPUs are expected, in one sentence
+            self._refuse(str(e))
         both = sorted(set(self.build_nodes) & {n.name for n in nodes})
         if self.lend_build_gpus and self.backend.build_nodes_apart and both:
             self._refuse(f"PoolService.build_nodes names {both[0][:100]!r}, which is also a "
@@ -384,7 +387,7 @@ class PoolService(Application):
                                cycles=self.cycles,
                                # no slice until the loop has adopted the jobs on build GPUs
                                adopted=not lends or not any(
-                                   build_node_of(n) for r in self.store.active()
+                                   build_node_of(n) for r in self.store.jobs.active()
                                    if r.state == RUNNING for n in r.placement or {}))
         if lends:
             self.backend.lend(self.build)
@@ -424,9 +427,9 @@ class PoolService(Application):
             self.log.info("created project(s) %s from the configuration", ", ".join(created))
         # What the store will hold, checked as the API checks it: its own departments and
         # projects (admins' changes win) and the configured departments it has not yet.
-        stored = {d.name: d for d in self.store.departments()}
+        stored = {d.name: d for d in self.store.quotas.departments()}
         new = [d for d in departments if d.name not in stored]
-        known = {p.name: p for p in self.store.projects()}
+        known = {p.name: p for p in self.store.quotas.projects()}
         for d in new:
             missing = [p for p in d.projects if p not in known]
             if missing:

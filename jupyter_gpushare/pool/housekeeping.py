@@ -48,7 +48,7 @@ async def active_servers(hub: HubAPI, user: str) -> set[str] | None:
 
 
 async def release_stale(store: Store, hub: HubAPI, log: logging.Logger) -> list[SliceRow]:
-    slices = store.slices()
+    slices = store.slices.all()
     if not slices or not hub:
         return []
     servers = {user: await active_servers(hub, user)
@@ -59,7 +59,7 @@ async def release_stale(store: Store, hub: HubAPI, log: logging.Logger) -> list[
                  "run (the service's role needs read:servers)", ", ".join(unknown))
     gone = stale(slices, servers)
     for row in gone:
-        store.remove_slice(row.id)
+        store.slices.remove(row.id)
         log.info("Released build slice %s of %s's server %r, which no longer runs",
                  row.id, row.user, row.server)
     return gone
@@ -70,7 +70,7 @@ async def prune_audit(store: Store, retention_days: float, log: logging.Logger,
     """Forget audit entries older than ``retention_days``, now and every ``every_s``."""
     while True:
         try:
-            gone = await asyncio.to_thread(store.prune_audit,
+            gone = await asyncio.to_thread(store.audit.prune,
                                            time.time() - retention_days * 86400)
             if gone:
                 log.info("Forgot %d audit entries older than %g days "

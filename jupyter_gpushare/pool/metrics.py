@@ -102,7 +102,7 @@ class _PoolCollector:
         quota = PROJECT_QUOTA.family()
         deserved = PROJECT_DESERVED.family()
         held: dict[str, int] = {}
-        for p in self.store.projects():
+        for p in self.store.quotas.projects():
             labels = [p.name, p.department or ""]
             in_use.add_metric(labels, ex.usage.get(p.name, 0) / GPU)
             quota.add_metric(labels, p.quota / GPU)
@@ -114,7 +114,7 @@ class _PoolCollector:
         yield deserved
         d_in_use, d_quota, d_limit = (DEPARTMENT_IN_USE.family(), DEPARTMENT_QUOTA.family(),
                                       DEPARTMENT_LIMIT.family())
-        for d in self.store.departments():
+        for d in self.store.quotas.departments():
             d_in_use.add_metric([d.name], held.get(d.name, 0) / GPU)
             d_quota.add_metric([d.name], d.quota / GPU)
             if d.limit is not None:
@@ -130,7 +130,7 @@ class _PoolCollector:
             yield borrowed
         jobs = JOBS.family()
         counts: dict[tuple[str, str], int] = {}
-        for row in self.store.active():
+        for row in self.store.jobs.active():
             key = (row.state, row.project)
             counts[key] = counts.get(key, 0) + 1
         for (state, project), n in sorted(counts.items()):
@@ -170,7 +170,7 @@ class _UsageCollector:
         idle = JOBS_IDLE.family()
         flagged: dict[str, int] = {}
         idle_ids = meter.idle_jobs()
-        for row in self.store.active():
+        for row in self.store.jobs.active():
             if row.id in idle_ids:
                 flagged[row.project] = flagged.get(row.project, 0) + 1
         for project, n in sorted(flagged.items()):

@@ -27,11 +27,13 @@ import random
 from bisect import bisect_right
 from dataclasses import dataclass
 
-IDLE_THRESHOLD = 0.05
+from ..usage.meter import UsageSettings
+
+IDLE_THRESHOLD = UsageSettings.idle_threshold / 100
 """Utilization below which held GPU time is idle-allocated: the pool's ``idle_threshold``
 (``GPUUsage.idle_threshold``, 5 %)."""
 
-IDLE_JOB_AFTER_S = 1800.0
+IDLE_JOB_AFTER_S = UsageSettings.idle_job_after
 """Seconds a job's GPUs stay idle before the pool flags it idle (``GPUUsage.idle_job_after``)."""
 
 PROFILES: dict[str, tuple[float, ...]] = {

@@ -40,7 +40,7 @@ class UsageSettings:
     idle_threshold: float = 5.0  # percent of the holder's own share
     idle_job_after: float = 1800.0
     rollup_after: float = 7 * DAY
-    retention: float = 90 * 86400.0
+    retention: float = 90 * DAY
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ def record(store, who: str, action: str, target: str, before: dict | None,
     """One entry of the audit trail."""
     if via not in VIA:
         raise ValueError(f"via must be one of {', '.join(VIA)}, not {via!r}")
-    store.add_audit(time.time(), who, action, target, before, after, via, address)
+    store.audit.add(time.time(), who, action, target, before, after, via, address)
 
 
 def _shown(spec: ProjectSpec, keys) -> dict:
@@ -47,12 +47,12 @@ def project_changes(store, scheduler, name: str, body) -> tuple[ProjectSpec | No
     """The project as it is (None: a new one) and the checked fields ``body`` changes;
     a quota that would overbook the train pool is refused (409) before anything is stored."""
     project_name(name)
-    row = store.project(name)
+    row = store.quotas.project(name)
     current = None if row is None else ProjectSpec.of(row)
     fields = changes(body, current)
     if "quota" in fields:
         projects = [Project(p.name, fields["quota"] if p.name == name else p.quota,
-                            department=p.department or "") for p in store.projects()]
+                            department=p.department or "") for p in store.quotas.projects()]
         if current is None:
             projects.append(Project(name, fields["quota"]))
         check_levels(projects, stored_levels(store), scheduler.train_capacity(),
@@ -64,7 +64,7 @@ def stored_levels(store, but: str | None = None) -> list:
     """The store's departments as the policy takes them, but ``but``; one that is not valid
     (edited by hand) is refused (409) with what to do."""
     out = []
-    for d in store.departments():
+    for d in store.quotas.departments():
         if d.name == but:
             continue
         try:
@@ -127,15 +127,15 @@ def change_project(store, scheduler, name: str, body, who: str, via: str,
     ``who`` through ``via`` (from ``address``), noted in the audit trail."""
     current, fields = project_changes(store, scheduler, name, body)
     if current:
-        row = store.update_project(name, fields, time.time())
+        row = store.quotas.update_project(name, fields, time.time())
         after = ProjectSpec.of(row)
         changed = {k for k in fields if getattr(current, k) != getattr(after, k)}
         if changed:
             record(store, who, "change project", name, _shown(current, changed),
                    _shown(after, changed), via, address)
     else:
-        store.add_missing_projects([ProjectSpec(name, **fields).row()])
-        row = store.project(name)
+        store.quotas.add_missing_projects([ProjectSpec(name, **fields).row()])
+        row = store.quotas.project(name)
         record(store, who, "create project", name, None, _project(row), via, address)
     scheduler.wake()
     return row
@@ -152,16 +152,16 @@ def department_changes(store, scheduler, name: str, body
     projects that do not exist or belong to another department, and quotas that do not make
     two levels or overbook the pool, are refused (409) before anything is stored."""
     D.department_name(name)
-    row = store.department(name)
-    current = None if row is None else D.DepartmentSpec.of(row, store.members(name))
+    row = store.quotas.department(name)
+    current = None if row is None else D.DepartmentSpec.of(row, store.quotas.members(name))
     fields = D.changes(body, current)
-    if current is None and len(store.departments()) >= D.MAX_DEPARTMENTS:
+    if current is None and len(store.quotas.departments()) >= D.MAX_DEPARTMENTS:
         raise Invalid(f"the pool has {D.MAX_DEPARTMENTS} departments, the most it takes; "
                       f"remove one first", 409)
     after = replace(current or D.DepartmentSpec(name), **fields)
     if current is not None and not {"quota", "projects"} & set(fields):
         return current, fields  # a limit or a weight: no guarantee changes
-    known = {p.name: p for p in store.projects()}
+    known = {p.name: p for p in store.quotas.projects()}
     for project in after.projects:
         if project not in known:
             raise Invalid(f"project {project} does not exist; create it first "
@@ -186,8 +186,8 @@ def change_department(store, scheduler, name: str, body, who: str, via: str,
     noted in the audit trail."""
     current, fields = department_changes(store, scheduler, name, body)
     members = list(fields.pop("projects")) if "projects" in fields else None
-    row = store.put_department(name, fields, members, time.time())
-    after = D.DepartmentSpec.of(row, store.members(name))
+    row = store.quotas.put_department(name, fields, members, time.time())
+    after = D.DepartmentSpec.of(row, store.quotas.members(name))
     if current is None:
         record(store, who, "create department", name, None, _department(after), via, address)
     else:
@@ -204,11 +204,11 @@ def delete_department(store, scheduler, name: str, who: str, via: str,
     """Remove department ``name`` (``DELETE api/departments/{name}``): its projects keep their
     quotas, on one level; 404 if there is none."""
     D.department_name(name)
-    row = store.department(name)
+    row = store.quotas.department(name)
     if row is None:
         raise Invalid(f"there is no department {name}", 404)
-    before = D.DepartmentSpec.of(row, store.members(name))
-    store.delete_department(name)
+    before = D.DepartmentSpec.of(row, store.quotas.members(name))
+    store.quotas.delete_department(name)
     record(store, who, "delete department", name, _department(before), None, via, address)
     scheduler.wake()
     return before
@@ -230,10 +230,10 @@ def configured_departments(store, departments) -> list[str]:
     with their projects (those it has keep what admins set since)."""
     created = []
     for spec in departments:
-        if store.department(spec.name) is None:
+        if store.quotas.department(spec.name) is None:
             fields = {"quota": spec.quota, "limit": spec.limit,
                       "over_quota_weight": spec.over_quota_weight}
-            store.put_department(spec.name, fields, list(spec.projects), time.time())
+            store.quotas.put_department(spec.name, fields, list(spec.projects), time.time())
             record(store, CONFIGURATION, "create department", spec.name, None,
                    _department(spec), "config")
             created.append(spec.name)
@@ -243,10 +243,10 @@ def configured_departments(store, departments) -> list[str]:
 def configured_projects(store, projects) -> list[str]:
     """Create the projects of ``PoolService.projects`` the store does not have yet (those it
     has keep what admins set since), each noted as the configuration's doing."""
-    created = store.add_missing_projects(p.row() for p in projects)
+    created = store.quotas.add_missing_projects(p.row() for p in projects)
     for name in created:
         record(store, CONFIGURATION, "create project", name, None,
-               _project(store.project(name)), "config")
+               _project(store.quotas.project(name)), "config")
     return created
 
 

@@ -101,7 +101,7 @@ class BuildPool:
         if not self.adopted:
             return SliceRefused("the pool service is starting and has not yet found the train "
                                 "jobs that run on build GPUs; ask again in a moment")
-        slices = [Slice(r.id, r.user, r.milli, r.node, r.gpu) for r in self.store.slices()]
+        slices = [Slice(r.id, r.user, r.milli, r.node, r.gpu) for r in self.store.slices.all()]
         allowance = round(self.allowance * GPU)
         now = time.time()
         self._forget_wanted(now)
@@ -151,7 +151,7 @@ class BuildPool:
                             f"jobs: it is free for this server within {left:.0f} s", left)
 
     def _add(self, user: str, server: str, milli: int, where) -> SliceRow:
-        return self.store.add_slice(time.time(), user=user, server=server, milli=milli,
+        return self.store.slices.add(time.time(), user=user, server=server, milli=milli,
                                     node=where.node, gpu=where.gpu)
 
     def _forget_wanted(self, now: float) -> None:
@@ -192,7 +192,7 @@ class BuildPool:
         if not self.lend:
             return []
         if slices is None:
-            slices = [Slice(r.id, r.user, r.milli, r.node, r.gpu) for r in self.store.slices()]
+            slices = [Slice(r.id, r.user, r.milli, r.node, r.gpu) for r in self.store.slices.all()]
         holders = self.holders() if holders is None else holders
         self._forget_wanted(time.time())
         return lendable(self.nodes, {(s.node, s.gpu) for s in slices},
@@ -274,7 +274,7 @@ class BuildPool:
         whether a job holds it (its id where the caller ``may_see`` it) and whether a
         notebook server is taking it back."""
         out = {"capacity": sum(n.gpus for n in self.nodes),
-               "in_use": sum(r.milli for r in self.store.slices()) / GPU,
+               "in_use": sum(r.milli for r in self.store.slices.all()) / GPU,
                "allowance": self.allowance,
                "nodes": [{"name": n.name, "gpus": n.gpus} for n in self.nodes],
                "lending": self.lend}

@@ -45,7 +45,7 @@ class SliceCuller:
     def kernels_said(self, user: str, server: str, kernels: int, busy: int) -> bool:
         """Kept only for a server that holds a slice (False, nothing kept, for any other),
         and until it no longer holds one (``once``), so that reports cannot fill memory."""
-        if not self.store.holds_slice(user, server):
+        if not self.store.slices.holds(user, server):
             return False
         self.kernels[(user, server)] = (time.time(), kernels, busy)
         return True
@@ -70,7 +70,7 @@ class SliceCuller:
 
     async def once(self) -> None:
         now = time.time()
-        slices = self.store.slices()
+        slices = self.store.slices.all()
         users = sorted({s.user for s in slices})
         activity = dict(zip(users, await asyncio.gather(*(self._hub_servers(u) for u in users))))
         evidence = []

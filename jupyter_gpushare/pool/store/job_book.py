@@ -4,14 +4,14 @@ Many clients poll ``GET api/jobs`` while the scheduling loop writes; a list read
 database costs a query and the decoding of every row's JSON columns each time. The book keeps
 a copy of each job as of its last commit, in the store's order (newest first), and is kept up
 to date by the store's own sessions: every committed change to a job row reaches it, whichever
-store method made it, so no write path can forget it.
+part of the store made it, so no write path can forget it.
 
 What flows in: copies of the rows a session flushed, made when it commits (nothing when it
-rolls back), on the event loop's thread even when a worker thread committed. What flows out:
-``jobs(...)`` as ``Store.jobs`` answers it, or None when the book cannot answer exactly (it forgot
-old ended jobs to stay within ``size`` jobs and ``max_bytes``: the store asks the database then),
-and versions per user, per project and overall that change exactly when a list of theirs may have
-changed.
+rolls back), on the event loop's thread even when a worker thread committed (``Store``'s commit
+hooks, ``database.py``). What flows out: ``jobs(...)`` as ``JobStore.newest`` (``jobs.py``)
+answers it, or None when the book cannot answer exactly (it forgot old ended jobs to stay within
+``size`` jobs and ``max_bytes``: the store asks the database then), and versions per user, per
+project and overall that change exactly when a list of theirs may have changed.
 
 The book is this process's: a second process writing the same database would not reach it.
 """
@@ -26,7 +26,7 @@ from ...trainjob import ACTIVE
 
 
 def _order(job) -> tuple:
-    # Store.jobs' order: submitted descending, then id.
+    # JobStore.newest's order: submitted descending, then id.
     return (-job.submitted, job.id)
 
 
@@ -126,7 +126,7 @@ class JobBook:
 
     def jobs(self, user: str | None = None, project: str | None = None,
              states: Iterable[str] | None = None, limit: int = 1000) -> list | None:
-        """``Store.jobs`` from memory, or None when jobs the book forgot could belong."""
+        """``JobStore.newest`` from memory, or None when jobs the book forgot could belong."""
         if user is not None:
             keys = self._by_user.get(user, [])
         elif project is not None:

@@ -59,7 +59,7 @@ class Scheduler:
         self.launch_for, self.idle_jobs = launch_for, idle_jobs
         self.log = log or logging.getLogger("gpushare.pool")
         # What the pool looks like before the first cycle says more (api/pool answers at once).
-        self.drained: dict[str, DrainRow] = store.drained()  # kept here and in the store
+        self.drained: dict[str, DrainRow] = store.drains.all()  # kept here and in the store
         self.explained = Explanation(nodes=self.nodes())
         self.reserved: dict[str, tuple[str, ...]] = {}
         self.cycles = cycles or CycleSignal()
@@ -83,7 +83,7 @@ class Scheduler:
         the job would otherwise wait with for ever."""
         sizes = tuple(sorted((n.milli for n in self.backend.nodes() if n.pool == TRAIN),
                              reverse=True))
-        row = self.store.department(project.department) if project.department else None
+        row = self.store.quotas.department(project.department) if project.department else None
         department = None if row is None else DepartmentSpec.of(row, ()).policy()
         return never_fits_gpus(gpus, Project(project.name, project.quota, limit=project.limit),
                                sum(sizes), sizes, department)
@@ -102,14 +102,14 @@ class Scheduler:
         async with self._lock:
             was = node in self.drained
             now = time.time()
-            row = self.store.drain(node, by, now)
+            row = self.store.drains.add(node, by, now)
             self.drained[node] = row
             stopped = []
             if requeue:
-                for job in self.store.active():
+                for job in self.store.jobs.active():
                     if job.state == RUNNING and node in (job.placement or {}) and \
                             not (job.preempting or job.cancel_requested):
-                        job = self.store.mark(job.id, now, preempting=True,
+                        job = self.store.jobs.mark(job.id, now, preempting=True,
                                               detail=f"node {node} was drained by {by}; "
                                                      f"requeued to resume from its checkpoint")
                         await self.backend.stop(job.id, job.attempt, self.grace_s)
@@ -120,7 +120,7 @@ class Scheduler:
     async def undrain(self, node: str) -> DrainRow | None:
         """New jobs may start on ``node`` again; the drain it had, or None."""
         async with self._lock:
-            row = self.store.undrain(node)
+            row = self.store.drains.remove(node)
             self.drained.pop(node, None)
         self.wake()
         return row
@@ -181,7 +181,7 @@ class Scheduler:
 
     async def _reconcile(self) -> None:
         handles = []
-        for row in self.store.active():
+        for row in self.store.jobs.active():
             if row.state != RUNNING:
                 continue
             # A start whose handle was never stored (the service died while starting it):
@@ -189,7 +189,7 @@ class Scheduler:
             handles.append(Handle(row.id, row.attempt, row.handle or {}))
         exits = await self.backend.adopt(handles)
         self._apply_exits(exits, time.time())
-        for row in self.store.active():  # stops asked for before the restart, asked again
+        for row in self.store.jobs.active():  # stops asked for before the restart, asked again
             if row.state == RUNNING and (row.preempting or row.cancel_requested):
                 await self.backend.stop(row.id, row.attempt, self.grace_s)
         self.log.info("adopted %d running job(s), %d had ended", len(handles) - len(exits),
@@ -203,9 +203,9 @@ class Scheduler:
             if self.build is not None:
                 await self._take_back(now)
                 nodes += self.build.lent_nodes()
-            rows = self.store.active()
-            projects, departments, problem = policy_levels(self.store.projects(),
-                                                           self.store.departments())
+            rows = self.store.jobs.active()
+            projects, departments, problem = policy_levels(self.store.quotas.projects(),
+                                                           self.store.quotas.departments())
             if problem and problem != self._levels_problem:
                 self.log.error("departments ignored until fixed: %s", problem)
             self._levels_problem = problem
@@ -218,7 +218,7 @@ class Scheduler:
             self._held = {p: u - quotas.get(p, 0) for p, u in result.usage.items()
                           if u > quotas.get(p, 0)}
             for p in result.preemptions:
-                row = self.store.mark(p.job, now, preempting=True, detail=p.why)
+                row = self.store.jobs.mark(p.job, now, preempting=True, detail=p.why)
                 await self.backend.stop(p.job, row.attempt, self.grace_s)
             self.reserved = ({result.reservation.job: result.reservation.reserved}
                              if result.reservation else {})
@@ -246,12 +246,12 @@ class Scheduler:
             if job_id in stopping:
                 self.build.took_back((node, gpu), job_id, stopping[job_id], now)
                 continue
-            row = self.store.job(job_id)
+            row = self.store.jobs.get(job_id)
             if row is None or row.state != RUNNING or row.preempting or row.cancel_requested:
                 continue
             self.build.took_back((node, gpu), job_id, row.project, now)
             stopping[job_id] = row.project
-            row = self.store.mark(job_id, now, preempting=True,
+            row = self.store.jobs.mark(job_id, now, preempting=True,
                                   detail=f"GPU {gpu} of {node}, lent to train jobs, is taken "
                                          f"back for a notebook server; requeued to resume "
                                          f"from its checkpoint")
@@ -271,7 +271,7 @@ class Scheduler:
             return {}
         if self.past is None:
             first = clock.bucket(now - clock.window_s)
-            self.past = PastUse(clock, self.store.past_use(clock.bucket_s, first))
+            self.past = PastUse(clock, self.store.past_use.buckets(clock.bucket_s, first))
         # How long since the last cycle by the monotonic clock: a step of the wall clock (NTP,
         # a paused machine) neither counts as borrowing nor stops the saving.
         mono = time.monotonic()
@@ -284,7 +284,7 @@ class Scheduler:
         if self._unsaved and mono - self._saved_at >= self.SAVE_EVERY_S:
             first = self.past.forget_before(now)
             try:
-                self.store.add_past_use(clock.bucket_s, self._unsaved, first)
+                self.store.past_use.add(clock.bucket_s, self._unsaved, first)
                 self._unsaved = {}
             except Exception:  # kept for the next try; scheduling goes on
                 self.log.exception("keeping the fair share's borrowed GPU-time failed")
@@ -306,20 +306,20 @@ class Scheduler:
         if not starts:
             return
         # The commits wait for the disk in a worker thread, not on the event loop.
-        rows = await self.store.in_thread(self.store.start_many, starts, now)
+        rows = await self.store.in_thread(self.store.jobs.start_many, starts, now)
         handles = await asyncio.gather(*(self._start(row) for row in rows))
-        await self.store.in_thread(self.store.set_handles,
+        await self.store.in_thread(self.store.jobs.set_handles,
                                    {row.id: h for row, h in zip(rows, handles) if h is not None})
 
     async def _start(self, row: JobRow) -> dict | None:
         try:
             handle = await self.backend.start(self.launch_for(row))
         except LentGPUsGone as e:  # notebooks took its lent GPUs back first: no fault of it
-            self.store.requeue(row.id, time.time(), LOST, detail=f"{e} Requeued: the build "
+            self.store.jobs.requeue(row.id, time.time(), LOST, detail=f"{e} Requeued: the build "
                                f"GPUs lent to it went back to notebooks first.")
             return None
         except BackendError as e:
-            self.store.finish(row.id, time.time(), FAILED, message=str(e))
+            self.store.jobs.finish(row.id, time.time(), FAILED, message=str(e))
             return None
         return dict(handle.data)
 
@@ -329,12 +329,12 @@ class Scheduler:
         cancel's event until a running job has stopped."""
         async with self._lock:
             now = time.time()
-            row = self.store.job(row.id)
+            row = self.store.jobs.get(row.id)
             was = row.state
             if row.state == PENDING:
-                return was, self.store.finish(row.id, now, CANCELLED,
+                return was, self.store.jobs.finish(row.id, now, CANCELLED,
                                               message=f"cancelled by {by}")
-            row = self.store.mark(row.id, now, cancel=True, detail=f"cancelled by {by}")
+            row = self.store.jobs.mark(row.id, now, cancel=True, detail=f"cancelled by {by}")
             await self.backend.stop(row.id, row.attempt, self.grace_s)
             return was, row
 
@@ -344,12 +344,12 @@ class Scheduler:
                 self._apply_exit(ex, now)
 
     def _apply_exit(self, ex: Exit, now: float) -> None:
-        row = self.store.job(ex.job_id)
+        row = self.store.jobs.get(ex.job_id)
         if row is None or row.state != RUNNING or row.attempt != ex.attempt:
             return  # an attempt already accounted for
         if row.cancel_requested:
-            said = [e.detail for e in self.store.events(row.id) if e.kind == "cancel"]
-            self.store.finish(row.id, now, CANCELLED, ex.exit_code,
+            said = [e.detail for e in self.store.jobs.events(row.id) if e.kind == "cancel"]
+            self.store.jobs.finish(row.id, now, CANCELLED, ex.exit_code,
                               said[-1] if said and said[-1] else CANCELLED)
         elif row.preempting:
             # Ended during its grace period: by our stop (requeued), or by itself
@@ -358,20 +358,20 @@ class Scheduler:
             if outcome == PREEMPTED:
                 drained = sorted(n for n in row.placement or {} if n in self.drained)
                 why = f"node {', '.join(drained)} was drained" if drained else PREEMPTED
-                self.store.requeue(row.id, now, PREEMPTED,
+                self.store.jobs.requeue(row.id, now, PREEMPTED,
                                    f"{why}; requeued to resume from its checkpoint",
                                    ex.exit_code)
             elif outcome == SUCCEEDED:
-                self.store.finish(row.id, now, SUCCEEDED, 0,
+                self.store.jobs.finish(row.id, now, SUCCEEDED, 0,
                                   "finished by itself while being preempted")
             else:
-                self.store.finish(row.id, now, FAILED, ex.exit_code,
+                self.store.jobs.finish(row.id, now, FAILED, ex.exit_code,
                                   f"exited with code {ex.exit_code} while being preempted "
                                   f"(a stopped job exits 143 to be resumed)")
         elif ex.state == LOST:
-            self.store.requeue(row.id, now, LOST, ex.reason or "its process vanished")
+            self.store.jobs.requeue(row.id, now, LOST, ex.reason or "its process vanished")
         else:
-            self.store.finish(row.id, now, ex.state, ex.exit_code, ex.reason)
+            self.store.jobs.finish(row.id, now, ex.state, ex.exit_code, ex.reason)
 
     def _train_job(self, row: JobRow, idle: bool = False) -> TrainJob:
         running = row.state == RUNNING

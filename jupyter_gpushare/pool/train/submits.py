@@ -38,13 +38,13 @@ class JobIntake:
     async def submit(self, user: str, project: ProjectRow, spec: dict) -> tuple[JobRow, bool]:
         """Store a checked job spec; ``(job, created)``. ``Invalid`` (429) beyond the cap."""
         cap = self.max_pending
-        if self.store.state_counts(user).get(PENDING, 0) + self.submitting[user] >= cap:
+        if self.store.jobs.state_counts(user).get(PENDING, 0) + self.submitting[user] >= cap:
             raise Invalid(f"you have {cap} jobs waiting, the most one user may; wait for some "
                           f"to start, or cancel some", 429)
         self.submitting[user] += 1
         try:
             row, created = await self.store.in_thread(
-                self.store.add_job_once,
+                self.store.jobs.add_once,
                 None, spec.get("request_id"), user=user, project=project.name,
                 name=spec["name"], gpus=spec["gpus"], priority=spec["priority"],
                 command=self.command_for(spec), env=spec["env"], workdir=spec.get("workdir"),

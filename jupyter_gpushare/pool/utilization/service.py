@@ -46,17 +46,17 @@ def slice_owner(slice_id: str, user: str) -> Owner:
 class GPUUsage(LoggingConfigurable):
     """How the pool measures what its GPUs do (docs/explanation/utilization.md)."""
 
-    sample_interval = Float(5.0, help="""
+    sample_interval = Float(UsageSettings.sample_interval, help="""
         Seconds between two readings of the GPUs (SM utilization, memory and processes of
         each, through NVML). Each reading costs a few NVML calls per GPU, in a worker thread.
         """).tag(config=True)
 
-    idle_threshold = Float(5.0, help="""
+    idle_threshold = Float(UsageSettings.idle_threshold, help="""
         SM utilization, in percent of what a job or slice holds, below which its GPU time
         counts as idle-allocated (a ¼ slice is idle below 1.25 % of its GPU).
         """).tag(config=True)
 
-    idle_job_after = Float(1800.0, help="""
+    idle_job_after = Float(UsageSettings.idle_job_after, help="""
         Seconds a train job's GPUs must stay below idle_threshold before the job is flagged
         idle (in api/jobs, gpushare jobs, the metrics) and, with reclaim_idle_first, taken
         first when GPUs are reclaimed.
@@ -67,11 +67,11 @@ class GPUUsage(LoggingConfigurable):
         their busy ones. Only over-quota projects' jobs are ever taken, idle or not.
         """).tag(config=True)
 
-    usage_rollup_after_days = Float(7.0, help="""
+    usage_rollup_after_days = Float(UsageSettings.rollup_after / DAY, help="""
         Days the 1-minute usage rows are kept; older ones remain as hourly rows.
         """).tag(config=True)
 
-    usage_retention_days = Float(90.0, help="""
+    usage_retention_days = Float(UsageSettings.retention / DAY, help="""
         Days hourly usage rows are kept; older ones are dropped.
         """).tag(config=True)
 
@@ -215,7 +215,7 @@ class GPUUsage(LoggingConfigurable):
         groups: dict = {}
         pools = {g.uuid: "train" for found in self.backend.local_gpus().values()
                  for g in found}
-        rows = {r.id: r for r in self.store.active() if r.state == RUNNING}
+        rows = {r.id: r for r in self.store.jobs.active() if r.state == RUNNING}
         for a in self.backend.local_attempts():
             row = rows.get(a.job_id)
             if row is None or row.attempt != a.attempt:
@@ -226,7 +226,7 @@ class GPUUsage(LoggingConfigurable):
                 for uuid in uuids:
                     holdings.setdefault(uuid, []).append(Holding(owner, GPU))
         servers: dict = {}
-        for s in self.store.slices():
+        for s in self.store.slices.all():
             uuid = self.build.uuid(s.node, s.gpu)
             if uuid is None:
                 continue

@@ -49,7 +49,7 @@ def audit_listing(store, since: float | None, before_id: int | None, limit: int)
     """``GET api/audit``'s answer (the dashboard shows the same): the newest ``limit``
     entries from ``since`` on, older than entry ``before_id``, and ``next``, the id to ask
     ``before`` for the page after them (None on the last page)."""
-    rows = store.audit(since, before_id, limit + 1)
+    rows = store.audit.newest(since, before_id, limit + 1)
     more = len(rows) > limit
     rows = rows[:limit]
     return {"entries": [audit_json(r) for r in rows], "next": rows[-1].id if more else None}
@@ -82,14 +82,15 @@ class NodeHandler(ServiceHandler):
 class DepartmentsHandler(ServiceHandler):
     def get(self):
         store, explained = self.store, self.scheduler.explained
-        self.reply({"departments": [department_json(d, store.members(d.name), explained)
-                                    for d in store.departments()]})
+        self.reply({"departments": [department_json(d, store.quotas.members(d.name), explained)
+                                    for d in store.quotas.departments()]})
 
 
 class DepartmentHandler(ServiceHandler):
     def get(self, name):
         row = self._row(name)
-        self.reply(department_json(row, self.store.members(row.name), self.scheduler.explained))
+        self.reply(department_json(row, self.store.quotas.members(row.name),
+                                   self.scheduler.explained))
 
     def put(self, name):
         if not self.who.admin:
@@ -113,7 +114,7 @@ class DepartmentHandler(ServiceHandler):
 
     def _row(self, name: str):
         try:
-            row = self.store.department(department_name(name))
+            row = self.store.quotas.department(department_name(name))
         except Invalid:
             row = None
         if row is None:
@@ -121,7 +122,7 @@ class DepartmentHandler(ServiceHandler):
         return row
 
     def _reply(self, spec: DepartmentSpec):
-        row = self.store.department(spec.name)
+        row = self.store.quotas.department(spec.name)
         if row is None:  # removed: what it was
             self.reply({"name": spec.name, "quota": spec.quota / GPU,
                         "over_quota_weight": spec.over_quota_weight,

@@ -167,8 +167,8 @@ def start_whatif(handler, request: dict):
         """What the worker needs: where to read the history (the store's URL; the jobs
         themselves only for a database another process cannot open), today's settings."""
         knobs = handler.settings.get("replay_knobs", {})
-        counts = handler.store.pending_counts()
-        projects = [handler.project_json(p, counts) for p in handler.store.projects()]
+        counts = handler.store.jobs.pending_counts()
+        projects = [handler.project_json(p, counts) for p in handler.store.quotas.projects()]
         quotas = {k: round(v * GPU) for k, v in request["quotas"].items()}
         url = handler.store.engine.url
         window = (request["since"], request["until"], now, _grace(handler),
@@ -177,9 +177,9 @@ def start_whatif(handler, request: dict):
             history = await handler.store.in_thread(all_entries, handler.store, *window)
         else:
             history = {"db_url": url.render_as_string(hide_password=False), "window": window}
-        departments = [department_json(d, handler.store.members(d.name),
+        departments = [department_json(d, handler.store.quotas.members(d.name),
                                        handler.scheduler.explained)
-                       for d in handler.store.departments()]
+                       for d in handler.store.quotas.departments()]
         return {"history": history, "pool": pool_json(handler), "projects": projects,
                 "departments": departments, "knobs": knobs, "capacity": request["capacity"],
                 "quotas": quotas}

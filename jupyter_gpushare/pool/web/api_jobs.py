@@ -41,7 +41,7 @@ class PoolHandler(ServiceHandler):
         return job_json(row, job_says(row, self.scheduler.explained, self.usage.meter), full)
 
     def project_json(self, p: ProjectRow, pending_counts: dict | None = None) -> dict:
-        counts = self.store.pending_counts() if pending_counts is None else pending_counts
+        counts = self.store.jobs.pending_counts() if pending_counts is None else pending_counts
         return project_json(p, self.scheduler.explained, counts.get(p.name, 0))
 
     def slice_json(self, row) -> dict:
@@ -53,7 +53,7 @@ class PoolHandler(ServiceHandler):
     def project_row(self, name: str) -> ProjectRow | None:
         """The stored project ``name``, or None (also for a name no project can have)."""
         try:
-            return self.store.project(project_name(name))
+            return self.store.quotas.project(project_name(name))
         except Invalid:
             return None
 
@@ -85,7 +85,7 @@ def _may_see_job(handler: PoolHandler):
     mine = {p.name for p in handler.my_projects()}
 
     def may_see(job_id: str) -> bool:
-        row = handler.store.job(job_id)
+        row = handler.store.jobs.get(job_id)
         return row is not None and (row.user == who.name or row.project in mine)
     return may_see
 
@@ -99,15 +99,15 @@ def _drained(row) -> dict:
 
 class QuotaHandler(PoolHandler):
     def get(self):
-        counts = {s: 0 for s in STATES} | (self.store.state_counts(self.who.name)
+        counts = {s: 0 for s in STATES} | (self.store.jobs.state_counts(self.who.name)
                                            if self.who.kind == "user" else {})
-        pending = self.store.pending_counts()
+        pending = self.store.jobs.pending_counts()
         mine = self.my_projects()
         homes = sorted({p.department for p in mine if p.department})
-        departments = [d for d in map(self.store.department, homes) if d is not None]
+        departments = [d for d in map(self.store.quotas.department, homes) if d is not None]
         self.reply({"user": self.who.name, "admin": self.who.admin,
                     "projects": [self.project_json(p, pending) for p in mine],
-                    "departments": [department_json(d, self.store.members(d.name),
+                    "departments": [department_json(d, self.store.quotas.members(d.name),
                                                     self.scheduler.explained)
                                     for d in departments],
                     "jobs": counts})
@@ -147,16 +147,16 @@ class JobsHandler(PoolHandler):
         if self.get_argument("all", None):
             if not self.who.admin:
                 self.fail(403, "only admins can list every job; leave out all=1 for yours")
-            rows = store.jobs(states=states, limit=limit)
+            rows = store.jobs.newest(states=states, limit=limit)
         elif project is not None:
             row = self.project_row(project)
             if row is None:
                 self.fail(400, f"there is no project {project!r}")
             if not self.member_of(row):
                 self.fail(403, f"you are not a member of project {project}")
-            rows = store.jobs(project=project, states=states, limit=limit)
+            rows = store.jobs.newest(project=project, states=states, limit=limit)
         elif self.who.kind == "user":
-            rows = store.jobs(user=self.who.name, states=states, limit=limit)
+            rows = store.jobs.newest(user=self.who.name, states=states, limit=limit)
         else:
             rows = []  # a service has no jobs of its own
         return [(r, self.who.is_user(r.user) or self.who.admin) for r in rows]
@@ -168,7 +168,7 @@ class JobsHandler(PoolHandler):
             spec = job_spec(self.body(), self.intake.max_job_size)
             spec["request_id"] = self._request_id(spec["request_id"])
             if spec["request_id"] is not None:  # a retry: the job the first try made
-                row = self.store.job_for_request(self.who.name, spec["request_id"])
+                row = self.store.jobs.for_request(self.who.name, spec["request_id"])
                 if row is not None:
                     return self._again(row, spec)
             project = self._project(spec.pop("project"), spec["gpus"], spec["priority"])
@@ -215,7 +215,7 @@ class JobsHandler(PoolHandler):
         else:
             if not isinstance(name, str):
                 raise Invalid("project must be a project name")
-            project = self.store.project(name)
+            project = self.store.quotas.project(name)
             if project is None:
                 raise Invalid(f"there is no project {name!r}; yours: "
                               + (", ".join(p.name for p in mine) or "none"))
@@ -313,7 +313,7 @@ class LogsHandler(PoolHandler):
                 continue
             if not follow:
                 return
-            row = self.store.job(job_id)
+            row = self.store.jobs.get(job_id)
             if not (row.state in ACTIVE and row.attempt == attempt
                     or row.attempt < attempt):
                 # It ended: what it printed last may have come after the read above.
@@ -335,7 +335,7 @@ class LogsHandler(PoolHandler):
         if attempt == row.attempt:
             placement = row.placement if row.state != PENDING else None
         else:
-            placement = next((a.placement for a in self.store.attempts(row.id)
+            placement = next((a.placement for a in self.store.jobs.attempts(row.id)
                               if a.attempt == attempt), None)
         if not placement:
             self.fail(400, f"attempt {attempt} of job {row.id} has not started, so it has "
@@ -349,8 +349,9 @@ class LogsHandler(PoolHandler):
 
 class ProjectsHandler(PoolHandler):
     def get(self):
-        counts = self.store.pending_counts()
-        self.reply({"projects": [self.project_json(p, counts) for p in self.store.projects()]})
+        counts = self.store.jobs.pending_counts()
+        self.reply({"projects": [self.project_json(p, counts)
+                                 for p in self.store.quotas.projects()]})
 
 
 class ProjectHandler(PoolHandler):
@@ -384,7 +385,7 @@ class SlicesHandler(SliceRoutes):
         else:
             self.spawner_only()
             mine = None
-        self.reply({"slices": [self.slice_json(r) for r in self.store.slices(user=mine)]})
+        self.reply({"slices": [self.slice_json(r) for r in self.store.slices.all(user=mine)]})
 
     def post(self):
         self.spawner_only()
@@ -425,7 +426,7 @@ class SliceHandler(SliceRoutes):
         if not isinstance(body, dict) or set(body) != {"pid"} or isinstance(pid, bool) or \
                 not isinstance(pid, int) or not 0 < pid < 2**31:
             self.fail(400, "the body must be {\"pid\": N}, the notebook server's process id")
-        row = self.store.set_slice_pid(slice_id, pid) if ID.match(slice_id) else None
+        row = self.store.slices.set_pid(slice_id, pid) if ID.match(slice_id) else None
         if row is None:
             self.fail(404, f"there is no slice {slice_id}")
         self.audit_slice("set slice server", row.id, None, {"pid": row.pid})
@@ -433,7 +434,7 @@ class SliceHandler(SliceRoutes):
 
     def delete(self, slice_id):
         self.spawner_only()
-        row = self.store.remove_slice(slice_id) if ID.match(slice_id) else None
+        row = self.store.slices.remove(slice_id) if ID.match(slice_id) else None
         if row is None:
             self.fail(404, f"there is no slice {slice_id}")
         self.audit_slice("release slice", row.id, _slice_fields(row), None)

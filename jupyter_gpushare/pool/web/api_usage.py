@@ -132,7 +132,7 @@ class UsageHandler(ServiceHandler):
             Scope(self.who.name, frozenset(p.name for p in self.my_projects()))
         fold = None
         if q["by"] == "department":  # each project's rows into its department's, as it is now
-            home = {p.name: p.department or NO_DEPARTMENT for p in self.store.projects()}
+            home = {p.name: p.department or NO_DEPARTMENT for p in self.store.quotas.projects()}
             fold = lambda key: (home.get(key[0], NO_DEPARTMENT),)  # noqa: E731
         answer = await self.usage.meter.query(q["since"], q["until"], BY[q["by"]], scope,
                                               q["step"], q["sort"], q["limit"], fold)
@@ -344,9 +344,9 @@ class SamplesHandler(ServiceHandler):
         """The agent's claims, believed only where the pool agrees: a job attempt running on
         that node, a slice on that node."""
         store = self.store
-        jobs = {r.id: r for r in store.active() if r.state == RUNNING and node in
+        jobs = {r.id: r for r in store.jobs.active() if r.state == RUNNING and node in
                 (r.placement or {})}
-        slices = {s.id: s for s in store.slices() if s.node == node}
+        slices = {s.id: s for s in store.slices.all() if s.node == node}
 
         def owner(claim):
             if claim is None:
@@ -404,7 +404,7 @@ class ActivityHandler(ServiceHandler):
             self.fail(e.status, str(e))
         culler = self.usage.culler
         noted = culler.kernels_said(self.who.name, server, kernels, busy) if culler is not None \
-            else self.store.holds_slice(self.who.name, server)
+            else self.store.slices.holds(self.who.name, server)
         if not noted:
             which = f"server {server!r}" if server else "default server"
             self.fail(404, f"your {which} holds no build slice; kernel activity is "

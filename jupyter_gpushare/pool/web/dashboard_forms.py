@@ -113,7 +113,7 @@ class ProjectFormHandler(AdminFormHandler):
     def change(self, name: str, new: bool, body: dict) -> forms.Change:
         """What saving ``body`` would do, checked by the API's rules (nothing is stored)."""
         project_name(name)
-        exists = self.store.project(name) is not None
+        exists = self.store.quotas.project(name) is not None
         if new and exists:
             raise Invalid(f"there is already a project {name}; change it from the "
                           f"dashboard's list of projects", 409)
@@ -124,7 +124,7 @@ class ProjectFormHandler(AdminFormHandler):
         after = replace(current or ProjectSpec(name), **fields)
         if current is None and not after.groups:
             after = replace(after, groups=(name,))  # as a new project is stored
-        others = sum(p.quota for p in self.store.projects() if p.name != name)
+        others = sum(p.quota for p in self.store.quotas.projects() if p.name != name)
         return forms.Change(name, None if current is None else _gpus(current), _gpus(after),
                             (others + after.quota) / GPU,
                             self.scheduler.train_capacity() / GPU)
@@ -215,7 +215,7 @@ class DrainNodeHandler(AdminFormHandler):
         if found is None:
             self.fail(404, sentence(f"there is no train node {node!r}; the pool map on the "
                                     f"dashboard shows them"))
-        jobs = [self.job_json(r, False) for r in self.store.active()
+        jobs = [self.job_json(r, False) for r in self.store.jobs.active()
                 if r.state == RUNNING and node in (r.placement or {})]
         offset, _ = service_zone(time.time())
         self.show(drain.drain_page(self.base, self.who.name, self.xsrf, found, jobs, offset,

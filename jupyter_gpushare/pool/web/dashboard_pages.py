@@ -223,25 +223,25 @@ async def gather(handler: PoolHandler, window) -> dict:
                                    IDLE_ROWS))["rows"]
     idle_slices = (await meter.query(since, until, BY["slice"], Scope(), None, "idle",
                                      IDLE_ROWS))["rows"]
-    rows = {r.id: r for r in store.active()}
+    rows = {r.id: r for r in store.jobs.active()}
     for r in idle_jobs:  # ended jobs among the idlest: their names and how they ended
         if r.get("job") and r["job"] not in rows:
-            found = store.job(r["job"])
+            found = store.jobs.get(r["job"])
             if found is not None:
                 rows[found.id] = found
-    counts = store.pending_counts()
+    counts = store.jobs.pending_counts()
     offset, zone = service_zone(now)
     audit = audit_listing(store, None, None, AUDIT_ROWS)
     return {"now": now, "offset": offset, "zone": zone, "user": handler.who.name,
             "base": handler.base,
             "window": window, "refresh_s": REFRESH_S, "pool": pool_json(handler),
-            "projects": [handler.project_json(p, counts) for p in store.projects()],
-            "departments": [department_json(d, store.members(d.name),
+            "projects": [handler.project_json(p, counts) for p in store.quotas.projects()],
+            "departments": [department_json(d, store.quotas.members(d.name),
                                             handler.scheduler.explained)
-                            for d in store.departments()],
+                            for d in store.quotas.departments()],
             "usage": usage, "idle_jobs": idle_jobs, "idle_slices": idle_slices,
             "jobs": [handler.job_json(r, False) for r in rows.values()],
-            "slices": [handler.slice_json(s) for s in store.slices()],
+            "slices": [handler.slice_json(s) for s in store.slices.all()],
             "audit": audit["entries"], "audit_next": audit["next"]}
 
 
@@ -271,13 +271,13 @@ class WhatIfPageHandler(DashboardHandler):
         if run_id and run is None:
             self.fail(404, f"There is no what-if {run_id[:40]} (the last few are kept); start "
                            f"another.")
-        counts = self.store.pending_counts()
+        counts = self.store.jobs.pending_counts()
         now = time.time()
         offset, zone = service_zone(now)
         self.finish(render_whatif({
             "now": now, "offset": offset, "zone": zone, "user": self.who.name,
             "pool": pool_json(self), "run": run.json() if run else None,
-            "projects": [self.project_json(p, counts) for p in self.store.projects()]},
+            "projects": [self.project_json(p, counts) for p in self.store.quotas.projects()]},
             nonce=self.nonce, xsrf=self.xsrf))
 
     @web.authenticated

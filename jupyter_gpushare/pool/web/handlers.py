@@ -207,7 +207,7 @@ class ServiceHandler(HubAuthenticated, web.RequestHandler):
         return self.who.admin or bool(self.who.groups & set(project.groups or ()))
 
     def my_projects(self) -> list[ProjectRow]:
-        return [p for p in self.store.projects() if self.member_of(p)]
+        return [p for p in self.store.quotas.projects() if self.member_of(p)]
 
     def spawner_only(self) -> None:
         """Build slices are the spawner's: only the JupyterHub service named
@@ -221,7 +221,7 @@ class ServiceHandler(HubAuthenticated, web.RequestHandler):
                        f"reserve, change or release build slices")
 
     def own_job(self, job_id: str) -> JobRow:
-        row = self.store.job(job_id) if ID.match(job_id) else None
+        row = self.store.jobs.get(job_id) if ID.match(job_id) else None
         if row is None:
             self.fail(404, f"there is no job {job_id}")
         if not (self.who.is_user(row.user) or self.who.admin):
