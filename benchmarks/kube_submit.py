@@ -268,9 +268,9 @@ async def run(backend, sizes, seconds, gpus_total, running_times, label, drained
 
         def submit(i, g):
             ids.append(store.jobs.add(time.time(), user=user, project=("vision", "nlp")[i % 2],
-                                     name=f"bench-{i}", gpus=g * GPU, priority=0,
-                                     command=["sleep", str(seconds)], env={}, workdir="/tmp",
-                                     checkpoint_dir="").id)
+                                      name=f"bench-{i}", gpus=g * GPU, priority=0,
+                                      command=["sleep", str(seconds)], env={}, workdir="/tmp",
+                                      checkpoint_dir="").id)
 
         async def paced():
             """``rate`` jobs a second, in tenths of a second, as users would send them."""

@@ -84,8 +84,8 @@ def run_block(name: str, swap: dict[str, str], env: dict | None = None) -> None:
 
 def make_job(store: Store, name: str, state: str = "pending") -> str:
     job = store.jobs.add(time.time(), user="alice", project="vision", name=name, gpus=1000,
-                        priority=0, command=["python", "train.py"], env={"SEED": "1"},
-                        checkpoint_dir="")
+                         priority=0, command=["python", "train.py"], env={"SEED": "1"},
+                         checkpoint_dir="")
     if state == "running":
         store.jobs.start(job.id, {"node-0": 1000}, time.time())
     return job.id

@@ -49,7 +49,7 @@ class TwoGPUs(LocalBackend):
 def make_pool(tmp_path, reserve, **lending):
     store = Store(f"sqlite:///{tmp_path / 'pool.sqlite'}")
     store.quotas.add_missing_projects([ProjectRow(name="x", quota=0, groups=["x"]),
-                                ProjectRow(name="y", quota=2 * GPU, groups=["y"])])
+                                       ProjectRow(name="y", quota=2 * GPU, groups=["y"])])
     backend = TwoGPUs(state_dir=str(tmp_path / "state"), run_as_service_user=True)
     cycles = CycleSignal()
     build = BuildPool({"sim-build-0": 2}, 1.0, store, simulated=True, lend=True,
@@ -85,8 +85,8 @@ def kill_all(backend):
 
 def submit(store, project, gpus=2):
     return store.jobs.add(time.time(), user="u", project=project, name="", gpus=gpus * GPU,
-                         priority=0, command=["/bin/sh", "-c", SLEEPER], env={},
-                         checkpoint_dir="")
+                          priority=0, command=["/bin/sh", "-c", SLEEPER], env={},
+                          checkpoint_dir="")
 
 
 @pytest.mark.asyncio
@@ -132,6 +132,7 @@ async def test_a_borrower_runs_on_lent_build_gpus_and_a_notebook_takes_one_back(
     await until(scheduler, lambda: store.jobs.get(lent.id).preempting, timeout=2)
     [preempt] = [e for e in store.jobs.events(lent.id) if e.kind == "preempt"]
     assert "GPU 0 of sim-build-0, lent to train jobs, is taken back" in preempt.detail
+    assert store.jobs.attempts(lent.id)[0].stop == "take back"
     slice_row = None
 
     def placed():
@@ -320,7 +321,7 @@ async def test_a_job_on_lent_gpus_that_cannot_start_fails_as_anywhere(pool):
     store, backend, build, scheduler = pool
     submit(store, "x")
     broken = store.jobs.add(time.time(), user="u", project="x", name="", gpus=GPU, priority=0,
-                           command=[], env={}, checkpoint_dir="")
+                            command=[], env={}, checkpoint_dir="")
     await until(scheduler, lambda: store.jobs.get(broken.id).state != "pending")
     assert store.jobs.get(broken.id).state == "failed" and store.jobs.get(broken.id).attempt == 1
 
@@ -497,7 +498,7 @@ async def test_each_gpu_of_a_job_taken_back_is_a_take_back_of_its_own(pool):
     for user in ("mallory", "alice"):
         assert "taking back GPU" in str(build.reserve(user, GPU, ""))
     assert sorted(w.gpu for w in build.wanted.values()) == [("sim-build-0", 0),
-                                                             ("sim-build-0", 1)]
+                                                            ("sim-build-0", 1)]
     await until(scheduler, lambda: store.jobs.get(lent.id).preempting, timeout=2)
     taken = [e for e in reversed(store.audit.newest()) if e.action == "take back GPU"]
     assert sorted((e.who, e.target, e.before["job"]) for e in taken) == [

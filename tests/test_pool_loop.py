@@ -21,6 +21,7 @@ from jupyter_gpushare.policy.model import GPU, PolicyConfig
 from jupyter_gpushare.policy.outcome import FAILED, PREEMPTED, SUCCEEDED, after_stop
 from jupyter_gpushare.pool.store.database import Store
 from jupyter_gpushare.pool.store.models import ProjectRow
+from jupyter_gpushare.pool.store.recorded_jobs import read_entries
 from jupyter_gpushare.pool.train.scheduler import Scheduler
 
 
@@ -38,7 +39,7 @@ class TwoGPUs(LocalBackend):
 async def pool(tmp_path):
     store = Store(f"sqlite:///{tmp_path / 'pool.sqlite'}")
     store.quotas.add_missing_projects([ProjectRow(name="x", quota=0, groups=["x"]),
-                                ProjectRow(name="y", quota=2 * GPU, groups=["y"])])
+                                       ProjectRow(name="y", quota=2 * GPU, groups=["y"])])
     backend = TwoGPUs(state_dir=str(tmp_path / "state"), run_as_service_user=True)
     yield store, backend, scheduler_for(store, backend, tmp_path)
     kill_all(backend)
@@ -65,8 +66,8 @@ def kill_all(backend) -> None:
 
 def submit(store, project, script):
     return store.jobs.add(time.time(), user="u", project=project, name="", gpus=2 * GPU,
-                         priority=0, command=["/bin/sh", "-c", script], env={},
-                         checkpoint_dir="")
+                          priority=0, command=["/bin/sh", "-c", script], env={},
+                          checkpoint_dir="")
 
 
 async def until(scheduler, check, timeout=10.0):
@@ -104,7 +105,22 @@ async def test_a_stopped_attempt_ends_by_its_exit_status(pool, script, state, at
         assert "finished by itself while being preempted" in row.message
     kinds = [e.kind for e in store.jobs.events(victim.id)]
     assert kinds.count("requeue") == (attempt - 1)
+    # The attempt says why the pool stopped it: y's guarantee, a kind, not a sentence
+    assert store.jobs.attempts(victim.id)[0].stop == "guarantee"
+    history, _ = read_entries(store, 0.0, time.time() + 1, time.time(), 3.0, 0)
+    assert next(e for e in history if e["job_id"] == victim.id)["stops"] == ["guarantee"]
     await until(scheduler, lambda: store.jobs.get(claimant.id).state == "succeeded")
+
+
+@pytest.mark.asyncio
+async def test_a_cancelled_attempt_says_it_was_cancelled(pool):
+    store, backend, scheduler = pool
+    job = submit(store, "x", "echo ready; exec sleep 60")
+    await until(scheduler, lambda: b"ready" in _log(backend, job.id))
+    was, _ = await scheduler.cancel(store.jobs.get(job.id), "an admin (root)")
+    assert was == "running"
+    await until(scheduler, lambda: store.jobs.get(job.id).state == "cancelled")
+    assert [(a.outcome, a.stop) for a in store.jobs.attempts(job.id)] == [("cancelled", "cancel")]
 
 
 @pytest.mark.asyncio
@@ -141,6 +157,7 @@ async def test_a_drained_node_starts_nothing_new_and_requeue_preempts_what_runs(
     row = store.jobs.get(running.id)
     assert row.state == "pending" and b"checkpoint" in _log(backend, running.id)
     assert "node sim-node-0 was drained by admin" in store.jobs.events(running.id)[-2].detail
+    assert [a.stop for a in store.jobs.attempts(running.id)] == ["drain"]
     for _ in range(3):  # it waits, and is told why
         await scheduler.tick()
     assert store.jobs.get(running.id).state == "pending"
@@ -178,15 +195,15 @@ async def test_a_job_within_quota_moves_so_that_a_gang_within_quota_gets_a_node(
     detail that says why, started again on the other node; n's job runs; v keeps 2 GPUs."""
     store = Store(f"sqlite:///{tmp_path / 'pool.sqlite'}")
     store.quotas.add_missing_projects([ProjectRow(name="x", quota=0, groups=["x"]),
-                                ProjectRow(name="v", quota=2 * GPU, groups=["v"]),
-                                ProjectRow(name="n", quota=2 * GPU, groups=["n"])])
+                                       ProjectRow(name="v", quota=2 * GPU, groups=["v"]),
+                                       ProjectRow(name="n", quota=2 * GPU, groups=["n"])])
     backend = TwoNodes(state_dir=str(tmp_path / "state"), run_as_service_user=True)
     scheduler = scheduler_for(store, backend, tmp_path)
 
     def add(project, gpus, script):
         return store.jobs.add(time.time(), user="u", project=project, name="", gpus=gpus * GPU,
-                             priority=0, command=["/bin/sh", "-c", script], env={},
-                             checkpoint_dir="")
+                              priority=0, command=["/bin/sh", "-c", script], env={},
+                              checkpoint_dir="")
 
     def running(job):
         row = store.jobs.get(job.id)
@@ -211,7 +228,8 @@ async def test_a_job_within_quota_moves_so_that_a_gang_within_quota_gets_a_node(
         assert preempt.detail.startswith(
             f"moved so that job {gang.id} of project n, within its quota, gets the nodes it "
             f"needs; it is requeued to start again on other GPUs")
-        assert [t.outcome for t in store.jobs.attempts(moved.id)][:1] == ["preempted"]
+        assert [(t.outcome, t.stop) for t in store.jobs.attempts(moved.id)][:1] == [
+            ("preempted", "move")]
         assert b"checkpoint" in _log(backend, moved.id, 1)
         assert store.jobs.get(a.id).state == store.jobs.get(b.id).state == "running"
     finally:

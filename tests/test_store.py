@@ -33,7 +33,7 @@ def test_jobs_attempts_and_events_survive_reopening(tmp_path):
     store = Store(url)
     store.quotas.add_missing_projects([ProjectRow(name="vision", quota=2000, groups=["vision"])])
     job = store.jobs.add(time.time(), user="alice", project="vision", name="t", gpus=2000,
-                        priority=0, command=["true"], env={"A": "1"}, checkpoint_dir="")
+                         priority=0, command=["true"], env={"A": "1"}, checkpoint_dir="")
     store.jobs.start(job.id, {"sim-node-0": 2000}, time.time())
     store.jobs.mark(job.id, time.time(), preempting=True, detail="for nlp")
     requeued = store.jobs.requeue(job.id, time.time(), "preempted")
@@ -94,7 +94,7 @@ def test_migrations_on_postgresql(postgresql):
     store = Store(url)
     assert schema_diff(store) == []
     job = store.jobs.add(time.time(), user="bob", project="nlp", name="", gpus=1000,
-                        priority=0, command=["true"], env={}, checkpoint_dir="")
+                         priority=0, command=["true"], env={}, checkpoint_dir="")
     assert Store(url).jobs.get(job.id).user == "bob"
     store.past_use.add(3600, {("nlp", 5): 1.5}, forget_before=0)
     store.past_use.add(3600, {("nlp", 5): 1.0}, forget_before=0)
@@ -152,9 +152,9 @@ def test_counts_are_not_capped_by_list_limits(tmp_path):
     store = Store(f"sqlite:///{tmp_path / 'pool.sqlite'}")
     for _ in range(3):
         store.jobs.add(time.time(), user="ann", project="a", name="", gpus=1000, priority=0,
-                      command=["true"], env={}, checkpoint_dir="")
+                       command=["true"], env={}, checkpoint_dir="")
     done = store.jobs.add(time.time(), user="ann", project="b", name="", gpus=1000,
-                         priority=0, command=["true"], env={}, checkpoint_dir="")
+                          priority=0, command=["true"], env={}, checkpoint_dir="")
     store.jobs.finish(done.id, time.time(), "succeeded")
     assert store.jobs.pending_counts() == {"a": 3}
     assert store.jobs.state_counts("ann") == {"pending": 3, "succeeded": 1}
@@ -163,8 +163,8 @@ def test_counts_are_not_capped_by_list_limits(tmp_path):
 
 def test_an_0006_database_is_upgraded_with_its_data_kept(tmp_path):
     """The audit trail and drained nodes (0007), the fair share's borrowed GPU-time (0008) and
-    departments (0009) come to a database an older version made, and its projects and jobs
-    stay."""
+    departments (0009) and each attempt's stop (0010) come to a database an older version
+    made, and its projects and jobs stay."""
     from alembic import command
     from alembic.config import Config
 
@@ -193,7 +193,7 @@ def test_an_0006_database_is_upgraded_with_its_data_kept(tmp_path):
     assert store.quotas.departments() == [] and store.quotas.project("vision").department is None
     assert schema_diff(store) == []
     with store.engine.connect() as conn:
-        assert MigrationContext.configure(conn).get_current_heads() == ("0009",)
+        assert MigrationContext.configure(conn).get_current_heads() == ("0010",)
 
 
 def test_the_fair_shares_borrowed_gpu_time_adds_up_and_old_buckets_are_forgotten(tmp_path):

@@ -152,7 +152,7 @@ class BuildPool:
 
     def _add(self, user: str, server: str, milli: int, where) -> SliceRow:
         return self.store.slices.add(time.time(), user=user, server=server, milli=milli,
-                                    node=where.node, gpu=where.gpu)
+                                     node=where.node, gpu=where.gpu)
 
     def _forget_wanted(self, now: float) -> None:
         """A server that stopped asking (its start gave up) no longer wants its GPU; a GPU

@@ -153,9 +153,13 @@ class JobStore:
                 row.handle = handles[row.id]
 
     def mark(self, job_id: str, now: float, *, preempting: bool | None = None,
-             cancel: bool | None = None, detail: str = "") -> JobRow:
+             cancel: bool | None = None, detail: str = "", stop: str | None = None) -> JobRow:
+        """A running job told to stop (``preempting``) or cancelled, with an event that says
+        why (``detail``, in words) and, on its attempt, the stop's kind (``stop``)."""
         with self.writing() as s:
             row = s.get(JobRow, job_id)
+            if stop is not None and (attempt := s.get(AttemptRow, (job_id, row.attempt))):
+                attempt.stop = str(stop)
             if preempting is not None:
                 row.preempting = preempting
                 s.add(EventRow(job_id=job_id, t=now, kind="preempt", attempt=row.attempt,

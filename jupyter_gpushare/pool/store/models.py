@@ -10,6 +10,8 @@ from sqlalchemy import (JSON, BigInteger, Boolean, Float, ForeignKey, Index, Int
                         Text, UniqueConstraint, false)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from ...policy.decisions import PreemptKind
+
 
 class Base(DeclarativeBase):
     pass
@@ -78,6 +80,12 @@ class JobRow(Base):
     request_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
+# Why the pool stopped an attempt (AttemptRow.stop): the policy's preemptions, a drain of
+# its node, a cancel
+DRAIN, CANCEL = "drain", "cancel"
+STOPS = (*(k.value for k in PreemptKind), DRAIN, CANCEL)
+
+
 class AttemptRow(Base):
     __tablename__ = "attempts"
 
@@ -88,6 +96,8 @@ class AttemptRow(Base):
     placement: Mapped[dict] = mapped_column(JSON, default=dict)
     outcome: Mapped[str] = mapped_column(String(16), default="")  # succeeded|failed|preempted|lost|cancelled
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # Why the pool stopped it (STOPS; None: it was not stopped)
+    stop: Mapped[str | None] = mapped_column(String(16), nullable=True)
 
 
 class EventRow(Base):

@@ -66,6 +66,9 @@ def read_entries(source, since: float, until: float, now: float, grace: float, h
     util = stored_utilization(source, jobs, attempts, now, horizon)
     entries = [e for j in jobs if (e := history_entry(
         j, attempts[j.id], util.get(j.id), since, now, grace)) is not None]
+    for e in entries:  # why the pool stopped each attempt it stopped, in order
+        e["stops"] = [a.stop for a in sorted(attempts[e["job_id"]], key=lambda a: a.attempt)
+                      if a.stop]
     return entries, (jobs[-1].id if len(jobs) == limit else None)
 
 

@@ -15,6 +15,7 @@ from ...backends.base import LOST, Backend, BackendError, Exit, Handle, LentGPUs
 from ...policy import (TRAIN, JobState, Node, PolicyConfig, Project, Snapshot,
                        TrainJob, cycle)
 from ...policy.admission import never_fits_gpus
+from ...policy.decisions import PreemptKind
 from ...policy.outcome import FAILED, PREEMPTED, SUCCEEDED, after_stop
 from ...policy.past_use import FairShareTime, PastUse
 from ...policy.reasons import Reason, drained_note
@@ -22,7 +23,7 @@ from ...trainjob import CANCELLED, PENDING, RUNNING
 from ..admin.changes import policy_levels
 from ..admin.department_specs import DepartmentSpec
 from ..store.database import Store
-from ..store.models import DrainRow, JobRow, ProjectRow
+from ..store.models import CANCEL, DRAIN, DrainRow, JobRow, ProjectRow
 from .cycles import CycleSignal
 
 
@@ -109,9 +110,10 @@ class Scheduler:
                 for job in self.store.jobs.active():
                     if job.state == RUNNING and node in (job.placement or {}) and \
                             not (job.preempting or job.cancel_requested):
-                        job = self.store.jobs.mark(job.id, now, preempting=True,
-                                              detail=f"node {node} was drained by {by}; "
-                                                     f"requeued to resume from its checkpoint")
+                        job = self.store.jobs.mark(
+                            job.id, now, preempting=True, stop=DRAIN,
+                            detail=f"node {node} was drained by {by}; requeued to resume "
+                                   f"from its checkpoint")
                         await self.backend.stop(job.id, job.attempt, self.grace_s)
                         stopped.append(job.id)
         self.wake()
@@ -218,7 +220,8 @@ class Scheduler:
             self._held = {p: u - quotas.get(p, 0) for p, u in result.usage.items()
                           if u > quotas.get(p, 0)}
             for p in result.preemptions:
-                row = self.store.jobs.mark(p.job, now, preempting=True, detail=p.why)
+                row = self.store.jobs.mark(p.job, now, preempting=True, detail=p.why,
+                                           stop=p.kind)
                 await self.backend.stop(p.job, row.attempt, self.grace_s)
             self.reserved = ({result.reservation.job: result.reservation.reserved}
                              if result.reservation else {})
@@ -251,10 +254,10 @@ class Scheduler:
                 continue
             self.build.took_back((node, gpu), job_id, row.project, now)
             stopping[job_id] = row.project
-            row = self.store.jobs.mark(job_id, now, preempting=True,
-                                  detail=f"GPU {gpu} of {node}, lent to train jobs, is taken "
-                                         f"back for a notebook server; requeued to resume "
-                                         f"from its checkpoint")
+            row = self.store.jobs.mark(
+                job_id, now, preempting=True, stop=PreemptKind.TAKE_BACK,
+                detail=f"GPU {gpu} of {node}, lent to train jobs, is taken back for a notebook "
+                       f"server; requeued to resume from its checkpoint")
             self.log.info("Taking back GPU %d of %s from job %s", gpu, node, job_id)
             await self.backend.stop(job_id, row.attempt, self.grace_s)
 
@@ -316,7 +319,7 @@ class Scheduler:
             handle = await self.backend.start(self.launch_for(row))
         except LentGPUsGone as e:  # notebooks took its lent GPUs back first: no fault of it
             self.store.jobs.requeue(row.id, time.time(), LOST, detail=f"{e} Requeued: the build "
-                               f"GPUs lent to it went back to notebooks first.")
+                                    f"GPUs lent to it went back to notebooks first.")
             return None
         except BackendError as e:
             self.store.jobs.finish(row.id, time.time(), FAILED, message=str(e))
@@ -333,8 +336,9 @@ class Scheduler:
             was = row.state
             if row.state == PENDING:
                 return was, self.store.jobs.finish(row.id, now, CANCELLED,
-                                              message=f"cancelled by {by}")
-            row = self.store.jobs.mark(row.id, now, cancel=True, detail=f"cancelled by {by}")
+                                                   message=f"cancelled by {by}")
+            row = self.store.jobs.mark(row.id, now, cancel=True, detail=f"cancelled by {by}",
+                                       stop=CANCEL)
             await self.backend.stop(row.id, row.attempt, self.grace_s)
             return was, row
 
@@ -350,7 +354,7 @@ class Scheduler:
         if row.cancel_requested:
             said = [e.detail for e in self.store.jobs.events(row.id) if e.kind == "cancel"]
             self.store.jobs.finish(row.id, now, CANCELLED, ex.exit_code,
-                              said[-1] if said and said[-1] else CANCELLED)
+                                   said[-1] if said and said[-1] else CANCELLED)
         elif row.preempting:
             # Ended during its grace period: by our stop (requeued), or by itself
             # (finished by its exit code, never run again): policy/outcome.py.
@@ -359,15 +363,15 @@ class Scheduler:
                 drained = sorted(n for n in row.placement or {} if n in self.drained)
                 why = f"node {', '.join(drained)} was drained" if drained else PREEMPTED
                 self.store.jobs.requeue(row.id, now, PREEMPTED,
-                                   f"{why}; requeued to resume from its checkpoint",
-                                   ex.exit_code)
+                                        f"{why}; requeued to resume from its checkpoint",
+                                        ex.exit_code)
             elif outcome == SUCCEEDED:
                 self.store.jobs.finish(row.id, now, SUCCEEDED, 0,
-                                  "finished by itself while being preempted")
+                                       "finished by itself while being preempted")
             else:
                 self.store.jobs.finish(row.id, now, FAILED, ex.exit_code,
-                                  f"exited with code {ex.exit_code} while being preempted "
-                                  f"(a stopped job exits 143 to be resumed)")
+                                       f"exited with code {ex.exit_code} while being preempted "
+                                       f"(a stopped job exits 143 to be resumed)")
         elif ex.state == LOST:
             self.store.jobs.requeue(row.id, now, LOST, ex.reason or "its process vanished")
         else:

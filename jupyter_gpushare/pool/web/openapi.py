@@ -8,6 +8,7 @@ from ... import __version__
 from ...policy.settings import PoolSettings
 from ...sim.history import MAX_GROWTH
 from ...trainjob import MAX_NAME, PRIORITY, REQUEST_ID_PATTERN, STATES
+from ..store.models import STOPS
 from ..whatif.runner import STATES as WHATIF_STATES
 
 _ERROR = {"description": "JSON {\"error\": sentence}",
@@ -350,6 +351,9 @@ SPEC = {
                            "attempts together"},
                 "queued_s": {"type": "number"}, "first_start_s": {"type": "number"},
                 "end_s": {"type": "number"}, "attempts": {"type": "integer"},
+                "stops": {"type": "array", "description": "why the pool stopped each attempt "
+                          "it stopped, in order (docs/reference/trace-format.md)",
+                          "items": {"type": "string", "enum": list(STOPS)}},
                 "state": {"type": "string"},
                 "utilization": {"type": "number", "nullable": True, "description": "as "
                                 "api/usage?by=job measured it; null where not measured"}}},
