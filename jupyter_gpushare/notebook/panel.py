@@ -79,7 +79,8 @@ STYLE = """<style>
 
 # -- what to show: pure functions of the pool's answers ----------------------------------------
 
-def gpus_text(value) -> str:
+def gpu_count(value) -> str:
+    """GPUs as the API gives them (a number of GPUs, not milli-GPUs), or ? for none."""
     return f"{value:g}" if isinstance(value, (int, float)) else "?"
 
 
@@ -127,7 +128,7 @@ def job_rows(jobs: list[dict], now: float) -> list[dict]:
         position = job.get("queue_position")
         running = job.get("state") == RUNNING
         rows.append({"id": job["id"], "name": job.get("name") or job["id"],
-                     "state": job.get("state", "?"), "gpus": gpus_text(job.get("gpus")),
+                     "state": job.get("state", "?"), "gpus": gpu_count(job.get("gpus")),
                      "position": "" if position is None else str(position),
                      "reason": job.get("reason") or "", "elapsed": elapsed(job, now),
                      "attempt": str(job.get("attempt") or 1),
