@@ -72,7 +72,7 @@ def test_a_job_on_lent_build_gpus_says_so_and_what_may_happen():
            "placement": {"build-0/lent": 1.0}, "reason": ""}
     [row] = job_rows([job], 10.0)
     said = ("on build GPUs of build-0 lent to the train pool: a notebook may take them back "
-            "(the job is then requeued and resumes from its checkpoint)")
+            "(the job is then requeued, to start again from its last checkpoint)")
     assert row["lent"] == said
     assert details_html(row).endswith(f">· {said}</span>")
     assert job_rows([{**job, "placement": 3}], 10.0)[0]["lent"] == ""

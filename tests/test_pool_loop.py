@@ -107,6 +107,10 @@ async def test_a_stopped_attempt_ends_by_its_exit_status(pool, script, state, at
     assert kinds.count("requeue") == (attempt - 1)
     # The attempt says why the pool stopped it: y's guarantee, a kind, not a sentence
     assert store.jobs.attempts(victim.id)[0].stop == "guarantee"
+    if state == "pending":  # requeued: said by its kind, promising no checkpoint it may lack
+        assert row.message == ("preempted: a project claimed its guaranteed quota back; "
+                               "requeued: it starts again from its last checkpoint, or from "
+                               "the start if it saved none")
     history, _ = read_entries(store, 0.0, time.time() + 1, time.time(), 3.0, 0)
     assert next(e for e in history if e["job_id"] == victim.id)["stops"] == ["guarantee"]
     await until(scheduler, lambda: store.jobs.get(claimant.id).state == "succeeded")

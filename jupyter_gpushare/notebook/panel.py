@@ -117,7 +117,7 @@ def lent_text(job: dict) -> str:
     if job.get("state") != RUNNING or not nodes:
         return ""
     return (f"on build GPUs of {', '.join(nodes)} lent to the train pool: a notebook may take "
-            f"them back (the job is then requeued and resumes from its checkpoint)")
+            f"them back (the job is then requeued, to start again from its last checkpoint)")
 
 
 def job_rows(jobs: list[dict], now: float) -> list[dict]:

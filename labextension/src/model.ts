@@ -337,7 +337,7 @@ export function lentText(job: Job): string {
   }
   return (
     `on build GPUs of ${nodes.join(', ')} lent to the train pool: a notebook may take ` +
-    'them back (the job is then requeued and resumes from its checkpoint)'
+    'them back (the job is then requeued, to start again from its last checkpoint)'
   );
 }
 

@@ -45,6 +45,17 @@ class Explanation:
                 self.starting)
 
 
+# A requeued job's message: why it stopped (by the stop's kind), and what happens next; the
+# pool cannot know whether the job saved a checkpoint, so it does not say it did
+STOPPED = {PreemptKind.GUARANTEE: "preempted: a project claimed its guaranteed quota back",
+           PreemptKind.FAIR: "preempted: a project below its fair share claimed idle GPUs",
+           PreemptKind.PRIORITY: "preempted for a job of higher priority in its project",
+           PreemptKind.MOVE: "moved so that a gang within its quota gets the nodes it needs",
+           PreemptKind.TAKE_BACK: "its lent build GPU was taken back for a notebook server",
+           DRAIN: "its node was drained"}
+REQUEUED = "requeued: it starts again from its last checkpoint, or from the start if it saved none"
+
+
 class Scheduler:
     def __init__(self, store: Store, backend: Backend, config: PolicyConfig, grace_s: float,
                  launch_for, log: logging.Logger | None = None, idle_jobs=lambda: set(),
@@ -361,9 +372,12 @@ class Scheduler:
             outcome = PREEMPTED if ex.state == LOST else after_stop(ex.exit_code)
             if outcome == PREEMPTED:
                 drained = sorted(n for n in row.placement or {} if n in self.drained)
-                why = f"node {', '.join(drained)} was drained" if drained else PREEMPTED
-                self.store.jobs.requeue(row.id, now, PREEMPTED,
-                                        f"{why}; requeued to resume from its checkpoint",
+                attempt = next((a for a in self.store.jobs.attempts(row.id)
+                                if a.attempt == row.attempt), None)
+                stop = attempt.stop if attempt is not None else None
+                why = f"node {', '.join(drained)} was drained" if stop == DRAIN and drained \
+                    else STOPPED.get(stop, PREEMPTED)
+                self.store.jobs.requeue(row.id, now, PREEMPTED, f"{why}; {REQUEUED}",
                                         ex.exit_code)
             elif outcome == SUCCEEDED:
                 self.store.jobs.finish(row.id, now, SUCCEEDED, 0,
