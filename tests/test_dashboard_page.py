@@ -472,8 +472,9 @@ def test_windows():
     # a young pool opens on the time since its first reading, a quarter of an hour at least
     assert choose_window(None, NOW, first=NOW - 7 * 3600) == Window("6h", NOW - 6 * 3600, NOW, 300)
     assert choose_window(None, NOW, first=NOW - 3 * 3600) == \
-        Window("", NOW - 3 * 3600, NOW, 300, young=True)
-    assert choose_window(None, NOW, first=NOW - 300) == Window("", NOW - 900, NOW, 60, young=True)
+        Window("", NOW - 3 * 3600, NOW, 300, young=True, first=NOW - 3 * 3600)
+    assert choose_window(None, NOW, first=NOW - 300) == \
+        Window("", NOW - 900, NOW, 60, young=True, first=NOW - 300)
     assert choose_window("6h", NOW, first=NOW - 300).name == "6h"  # asked for: as asked
     assert choose_window("7d", NOW).step == 7200
     for name, (span, step) in WINDOWS.items():  # about 60 to 120 buckets, whole minutes
@@ -490,8 +491,13 @@ def test_windows():
     page = render({**sample(), "window": choose_window(None, NOW, NOW - 600, NOW - 60)})
     assert "Allocation and utilization per project, Nov 20 14:36 to Nov 20 14:45" in page
     assert " class=on" not in page  # no preset is the period shown
-    young = render({**sample(), "window": choose_window(None, NOW, first=NOW - 300)})
-    assert "per project, since the pool&#x27;s first reading, Nov 20 14:31 to Nov 20 14:46" in young
+    young = render({**sample(), "window": choose_window(None, NOW, first=NOW - 1200)})
+    assert "per project, since the pool&#x27;s first reading, Nov 20 14:26 to Nov 20 14:46" in young
+    # Younger than the shortest window (a quarter of an hour): the window starts before the
+    # first reading, and says when that was instead of calling its start the first reading
+    newborn = render({**sample(), "window": choose_window(None, NOW, first=NOW - 300)})
+    assert ("per project, Nov 20 14:31 to Nov 20 14:46 (the pool&#x27;s first reading: "
+            "Nov 20 14:41)") in newborn
 
 
 def test_the_whatif_page_shows_the_form_the_progress_and_the_result():

@@ -132,6 +132,9 @@ def window_words(window: Window, offset: float) -> str:
     if window.name:
         return f"last {window.name}"
     period = f"{day_clock(window.since, offset)} to {day_clock(window.until, offset)}"
+    if window.young and window.first is not None and window.first - window.since >= 60:
+        # younger than the shortest window: it starts before the first reading; say when
+        return f"{period} (the pool's first reading: {day_clock(window.first, offset)})"
     return f"since the pool's first reading, {period}" if window.young else period
 
 

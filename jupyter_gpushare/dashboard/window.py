@@ -29,6 +29,8 @@ class Window:
     until: float
     step: int  # bucket length; whole minutes, as api/usage's step
     young: bool = False  # the default window of a pool younger than it: from its first reading
+    first: float | None = None  # a young window's first reading (it starts earlier when the
+    # pool is younger than YOUNGEST)
 
     @property
     def span(self) -> float:
@@ -57,7 +59,7 @@ def choose_window(name: str | None, now: float, since: float | None = None,
         return Window("", since, until, step_for(until - since))
     if not name and first is not None and now - first < WINDOWS[DEFAULT][0]:
         span = max(YOUNGEST, now - first)
-        return Window("", now - span, now, step_for(span), young=True)
+        return Window("", now - span, now, step_for(span), young=True, first=first)
     found = WINDOWS.get((name or DEFAULT).strip())
     if found is None:
         raise BadWindow(f"window must be one of {', '.join(WINDOWS)}, not {name[:40]!r}")
