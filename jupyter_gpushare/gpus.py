@@ -20,6 +20,7 @@ import socket
 from dataclasses import dataclass
 
 SIMULATED_NAME = "simulated GPU (no device)"
+SIMULATED_UUID = "GPU-SIMULATED-"  # the start of a simulated GPU's UUID
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,7 @@ class SimulatedInventory(Inventory):
         self._used: dict[tuple[str, int], int] = {}
 
     def gpus(self) -> list[GPUInfo]:
-        return [GPUInfo(i, f"GPU-SIMULATED-{self.node}-{i}", SIMULATED_NAME, self.memory_total)
+        return [GPUInfo(i, f"{SIMULATED_UUID}{self.node}-{i}", SIMULATED_NAME, self.memory_total)
                 for i in range(self.count)]
 
     def set_process_memory(self, uuid: str, pid: int, used: int) -> None:

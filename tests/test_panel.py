@@ -187,6 +187,12 @@ def test_slice_view():
     assert slice_view(BuildSlice(0.5), {"watchdog": None, "watchdog_off": "Watchdog off."}) == \
         {"text": "Build slice: ½ GPU. Watchdog off.", "fraction": None, "over": False}
     assert slice_view(None, None)["text"] == "No build slice: this server has no GPU of its own."
+    # The demo's simulated GPU: no NVML sentence, since there is no device to read
+    simulated = BuildSlice(0.25, "GPU-SIMULATED-sim-build-0-0", "pinned")
+    assert slice_view(simulated, {"watchdog": None, "watchdog_off": "NVML Shared Library Not "
+                                  "Found"})["text"] == (
+        "Build slice: ¼ GPU of GPU-SIMULATED-sim-build-0-0. The GPU is simulated (this machine "
+        "has none): no GPU memory to watch.")
     assert slice_view(None, None, "GPUSHARE_SLICE_GPUS must be …")["text"] == \
         "GPUSHARE_SLICE_GPUS must be …"
 

@@ -27,6 +27,7 @@ import ipywidgets as widgets
 
 from ..charts import minute_values, sparkline
 from ..client import ClientError, PoolClient
+from ..gpus import SIMULATED_UUID
 from ..policy.lending import LENT_SUFFIX
 from ..text import clock_time, duration, idle_text, memory_cell, no_jobs, sm_cell, when
 from ..trainjob import ACTIVE, CANCELLED, FAILED, PENDING, RUNNING, SUCCEEDED
@@ -217,6 +218,9 @@ def slice_view(build_slice: BuildSlice | None, answer: dict | None,
                 "over": False}
     where = f" of {build_slice.uuid}" if build_slice.uuid and "," not in build_slice.uuid else ""
     text = f"Build slice: {build_slice.label}{where}."
+    if (build_slice.uuid or "").startswith(SIMULATED_UUID):  # the demo's: no device
+        return {"text": f"{text} The GPU is simulated (this machine has none): no GPU memory "
+                        f"to watch.", "fraction": None, "over": False}
     report = (answer or {}).get("watchdog")
     if report and not report.get("problem") and report.get("limit"):
         return {"text": f"{text} {report['message']}", "over": bool(report["over"]),
