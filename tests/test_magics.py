@@ -192,6 +192,9 @@ def test_no_wait_returns_a_handle_that_waits_logs_and_brings_back_results(hub, k
     cell = kernel.run("%%train --no-wait --out answer --name later\n"
                       "import time; time.sleep(0.5)\nanswer = 6 * 7\nprint('bye')\n")
     assert cell.status == "ok" and cell.result.startswith("<Job j-"), cell.text
+    # its state as of the cell's run, said so: a saved output never claims it is still pending
+    assert re.search(r" (pending|running) at \d\d:\d\d: 1 GPU, project \w+; job.state asks "
+                     r"again>'?$", cell.result), cell.result
     cell = kernel.run("job = _\n"
                       "seen = []\n"
                       "info = job.wait(timeout=30, on_update=lambda i: seen.append(i['state']))\n"

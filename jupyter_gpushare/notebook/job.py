@@ -20,7 +20,7 @@ import time
 from typing import Callable, Iterator
 
 from ..client import ClientError, InvalidInput, PoolClient, PoolUnreachable, job_spec
-from ..text import gpu_count
+from ..text import clock_time, gpu_count
 from ..trainjob import ACTIVE, CANCELLED, FINAL, PENDING, SUCCEEDED
 from . import runner
 
@@ -110,7 +110,7 @@ class Job:
                  folder: str | None = None, out=()):
         self.id = info["id"]
         self.client = client or notebook_client()
-        self._info = info
+        self._info, self._asked = info, time.time()
         self._folder = folder  # the runner's files, removed once nothing more is needed
         self._out = tuple(out)
         self._problems: list[str] = []
@@ -125,9 +125,12 @@ class Job:
         return cls(client.job(job_id), client)
 
     def __repr__(self):
+        # A cell's output outlives the moment: the state is said as of when it was asked
+        # (a --no-wait cell would otherwise read "pending" for ever)
         info = self._info
-        return (f"<Job {self.id} {info.get('state')}: {gpu_count(info.get('gpus'))}, project "
-                f"{info.get('project')}>")
+        return (f"<Job {self.id} {info.get('state')} at {clock_time(self._asked)}: "
+                f"{gpu_count(info.get('gpus'))}, project {info.get('project')}; job.state "
+                f"asks again>")
 
     @property
     def state(self) -> str:
@@ -137,7 +140,7 @@ class Job:
     def info(self) -> dict:
         """The job as the pool describes it now (its JSON: state, attempt, queue_position,
         reason, exit_code, ...)."""
-        self._info = self.client.job(self.id)
+        self._info, self._asked = self.client.job(self.id), time.time()
         if self._info["state"] in FINAL:
             self._finished()
         return self._info
@@ -145,7 +148,7 @@ class Job:
     def cancel(self) -> dict:
         """Cancel the job: a pending job ends at once, a running one gets SIGTERM (then
         SIGKILL after the pool's grace period)."""
-        self._info = self.client.cancel(self.id)
+        self._info, self._asked = self.client.cancel(self.id), time.time()
         if self._info["state"] in FINAL:
             self._finished()
         return self._info
