@@ -171,8 +171,14 @@ def test_project_bars_name_the_department_and_draw_it_too():
     assert vision["text"] == ("vision (research): 3 of 2 guaranteed GPUs in use, 1 borrowed "
                               "beyond the quota")
     assert research["name"] == "department research"
-    assert research["text"] == ("department research: 5 GPUs in use by nlp, vision, quota 4, "
-                                "1 borrowed beyond the quota (at most 6)")
+    assert research["text"] == ("department research: 5 GPUs in use by its projects (nlp, "
+                                "vision), quota 4, 1 borrowed beyond the quota (at most 6)")
+    # a job on a lent build GPU is in use and borrowed, and said so
+    (bob,) = project_bars({"projects": [{"name": "nlp", "quota": 2.0, "in_use": 9.0,
+                                         "borrowed": 7.0, "lent": 1.0, "pending": 0}]})
+    assert bob["text"] == ("nlp: 9 of 2 guaranteed GPUs in use, 7 borrowed beyond the quota "
+                           "(1 on lent build GPUs)")
+    assert (bob["in_use"], bob["borrowed"]) == (9.0, 7.0)
 
 
 def test_slice_view():

@@ -27,6 +27,7 @@ from jupyter_gpushare.pool.store.database import Store
 from jupyter_gpushare.pool.store.models import ProjectRow
 from jupyter_gpushare.pool.train.cycles import CycleSignal
 from jupyter_gpushare.pool.train.scheduler import Scheduler
+from jupyter_gpushare.pool.web.views import project_json
 from jupyter_gpushare.spawner.reserve import Refused, reserve
 from jupyter_gpushare.text import format_pool
 from hubtest import refused_at_start
@@ -97,6 +98,10 @@ async def test_a_borrower_runs_on_lent_build_gpus_and_a_notebook_takes_one_back(
     assert store.jobs.get(first.id).placement == {"sim-node-0": 2 * GPU}
     assert store.jobs.get(lent.id).placement == {"sim-build-0/lent": 2 * GPU}
     assert store.jobs.get(waiting.id).state == "pending"
+    # x's numbers count it: 4 GPUs in use, all borrowed, 2 of them lent build GPUs
+    await scheduler.tick()
+    shown = project_json(store.quotas.project("x"), scheduler.explained, 1)
+    assert (shown["in_use"], shown["borrowed"], shown["lent"]) == (4.0, 4.0, 2.0)
     # it runs on the build GPUs themselves
     uuids = build.uuids()
     assert backend.lent_holders() == {("sim-build-0", 0): lent.id, ("sim-build-0", 1): lent.id}

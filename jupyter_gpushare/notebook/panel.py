@@ -183,7 +183,8 @@ def project_bars(quota: dict, capacity: float | None = None) -> list[dict]:
     train pool's ``capacity`` when known)."""
     bars = []
     departments = [{**d, "name": f"department {d['name']}",
-                    "by": ", ".join(d.get("projects") or []) or "no project"}
+                    "by": f"its projects ({', '.join(d['projects'])})" if d.get("projects")
+                    else "no project"}
                    for d in quota.get("departments") or []]
     for p in [*quota.get("projects", []), *departments]:
         guaranteed, in_use = p.get("quota", 0), p.get("in_use", 0)
@@ -196,6 +197,8 @@ def project_bars(quota: dict, capacity: float | None = None) -> list[dict]:
             text = f"{name}: {in_use:g} of {guaranteed:g} guaranteed GPUs in use"
         if borrowed:
             text += f", {borrowed:g} borrowed beyond the quota"
+            if p.get("lent"):
+                text += f" ({p['lent']:g} on lent build GPUs)"
         if p.get("pending"):
             text += f", {p['pending']} waiting"
         if p.get("limit") is not None:

@@ -66,8 +66,11 @@ export interface Project {
   name: string;
   quota: number;
   limit: number | null;
+  /** Every GPU its jobs hold, lent build GPUs too. */
   in_use: number;
   borrowed: number;
+  /** GPUs its jobs hold on build GPUs lent to the train pool (part of borrowed). */
+  lent?: number;
   deserved: number;
   pending: number;
   /** The department the project belongs to, null for none. */
@@ -82,6 +85,7 @@ export interface Department {
   projects: string[];
   in_use: number;
   borrowed: number;
+  lent?: number;
   deserved: number;
 }
 
@@ -409,7 +413,9 @@ export function barScale(projects: Array<Project | Department>): number {
  * what it is, their first claim on idle GPUs. */
 export function departmentBar(department: Department, scale: number): QuotaBar {
   const bar = quotaBar({ ...department, pending: 0 }, scale);
-  const by = department.projects.join(', ') || 'no project';
+  const by = department.projects.length
+    ? `its projects (${department.projects.join(', ')})`
+    : 'no project';
   const beyond = Math.max(0, milli(department.in_use) - milli(department.quota));
   bar.label =
     `${gpuAmount(department.in_use)} in use by ${by}, quota ${gpuAmount(department.quota)}` +
@@ -427,6 +433,9 @@ export function quotaBar(project: Project, scale: number): QuotaBar {
   let label = `${gpuAmount(project.in_use)} of ${gpuAmount(project.quota)} guaranteed in use`;
   if (borrowed > 0) {
     label += ` · ${gpuAmount(borrowed / 1000)} borrowed`;
+    if (project.lent) {
+      label += ` (${gpuAmount(project.lent)} on lent build GPUs)`;
+    }
   }
   if (project.pending > 0) {
     label += ` · ${project.pending} queued`;

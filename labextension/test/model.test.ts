@@ -166,7 +166,7 @@ describe('job table rows', () => {
     assert.equal(
       lent.lent,
       'on build GPUs of build-0 lent to the train pool: a notebook may take them back ' +
-        '(the job is then requeued and resumes from its checkpoint)'
+        '(the job is then requeued, to start again from its last checkpoint)'
     );
     assert.equal(jobRow(job({ state: 'running', started: 0, placement: { 'train-0': 1 } }), 5).lent, '');
     assert.equal(jobRow(job({ placement: { 'build-0/lent': 1 } }), 5).lent, '');
@@ -207,6 +207,11 @@ describe('quota bars', () => {
     assert.equal(bar.label, '4 of 2 guaranteed in use · 2 borrowed · 1 queued');
   });
 
+  test('a job on a lent build GPU is in use and borrowed, and said so', () => {
+    const bar = quotaBar(project('nlp', 2, 9, { lent: 1 }), 9);
+    assert.equal(bar.label, '9 of 2 guaranteed in use · 7 borrowed (1 on lent build GPUs)');
+  });
+
   test('one scale for all bars, so that they compare; never over 100%', () => {
     const projects = [project('a', 2, 0), project('b', 1, 6)];
     assert.equal(barScale(projects), 6);
@@ -223,7 +228,7 @@ describe('quota bars', () => {
     const research = { name: 'research', quota: 4, limit: null, projects: ['nlp', 'vision'], in_use: 6, borrowed: 2, deserved: 6 };
     const bar = departmentBar(research, barScale([research, project('vision', 2, 1)]));
     assert.deepEqual([bar.used, bar.borrowed, bar.free, bar.quotaAt], [66.7, 33.3, 0, 66.7]);
-    assert.equal(bar.label, '6 in use by nlp, vision, quota 4 · 2 borrowed');
+    assert.equal(bar.label, '6 in use by its projects (nlp, vision), quota 4 · 2 borrowed');
   });
 
   test('a project with no quota only borrows', () => {

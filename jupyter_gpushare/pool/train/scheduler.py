@@ -16,6 +16,7 @@ from ...policy import (TRAIN, JobState, Node, PolicyConfig, Project, Snapshot,
                        TrainJob, cycle)
 from ...policy.admission import never_fits_gpus
 from ...policy.decisions import PreemptKind
+from ...policy.lending import build_node_of
 from ...policy.outcome import FAILED, PREEMPTED, SUCCEEDED, after_stop
 from ...policy.past_use import FairShareTime, PastUse
 from ...policy.reasons import Reason, drained_note
@@ -35,6 +36,7 @@ class Explanation:
     reasons: dict[str, str] = field(default_factory=dict)
     deserved: dict[str, int] = field(default_factory=dict)
     usage: dict[str, int] = field(default_factory=dict)
+    lent: dict[str, int] = field(default_factory=dict)  # held on lent build GPUs (no quota)
     nodes: list[Node] = field(default_factory=list)
     starting: dict[str, str] = field(default_factory=dict)  # started jobs not yet running: why
     at: float = 0.0
@@ -243,7 +245,8 @@ class Scheduler:
             self._explain(Explanation(
                 positions={w.job: w.position for w in waits},
                 reasons={w.job: str(w.reason) + note for w in waits},
-                deserved=dict(result.deserved), usage=dict(result.usage), nodes=nodes,
+                deserved=dict(result.deserved), usage=dict(result.usage),
+                lent=_on_lent(jobs, result.starts), nodes=nodes,
                 starting=self.backend.reasons(), at=now))
             await self._start_all([(s.job, dict(s.placement)) for s in result.starts], now)
             if result.starts:  # why the jobs just started are not running yet
@@ -401,6 +404,20 @@ class Scheduler:
                         preempting=row.preempting or row.cancel_requested,
                         reserved=self.reserved.get(row.id, ()), idle=idle and running,
                         requeued=row.pending_since if row.attempt > 1 else None)
+
+
+def _on_lent(jobs, starts) -> dict[str, int]:
+    """Milli-GPUs each project holds on lent build GPUs after a cycle: its running jobs' and
+    those just started there. The policy counts them toward no quota (they are not in its
+    usage), but people see them in use."""
+    project = {j.id: j.project for j in jobs}
+    out: dict[str, int] = {}
+    held = [(j.project, j.placement) for j in jobs if j.state == JobState.RUNNING]
+    for project_name, placement in held + [(project[s.job], s.placement) for s in starts]:
+        lent = sum(m for n, m in (placement or {}).items() if build_node_of(n))
+        if lent:
+            out[project_name] = out.get(project_name, 0) + lent
+    return out
 
 
 def _drained_note(nodes: list[Node], rows: list[JobRow]) -> str:

@@ -162,7 +162,12 @@ SPEC = {
                     "priority": {"type": "integer"},
                     "job_priority_min": {"type": "integer"}, "job_priority_max": {"type": "integer"},
                     "groups": {"type": "array", "items": {"type": "string"}},
-                    "in_use": {"type": "number"}, "borrowed": {"type": "number"},
+                    "in_use": {"type": "number", "description": "GPUs its jobs hold, lent "
+                               "build GPUs too"},
+                    "borrowed": {"type": "number", "description": "GPUs its jobs hold beyond "
+                                 "its quota, lent build GPUs too"},
+                    "lent": {"type": "number", "description": "GPUs its jobs hold on build "
+                             "GPUs lent to the train pool (part of borrowed)"},
                     "deserved": {"type": "number"}, "pending": {"type": "integer"},
                     "department": {"type": "string", "nullable": True,
                                    "description": "the department the project belongs to"},
@@ -176,9 +181,12 @@ SPEC = {
                     "over_quota_weight": {"type": "integer"},
                     "limit": {"type": "number", "nullable": True},
                     "projects": {"type": "array", "items": {"type": "string"}},
-                    "in_use": {"type": "number", "description": "GPUs its projects hold"},
+                    "in_use": {"type": "number", "description": "GPUs its projects hold, "
+                               "lent build GPUs too"},
                     "borrowed": {"type": "number", "description": "GPUs its projects hold "
-                                 "beyond the department's quota"},
+                                 "beyond the department's quota, lent build GPUs too"},
+                    "lent": {"type": "number", "description": "GPUs its projects hold on "
+                             "lent build GPUs (part of borrowed)"},
                     "deserved": {"type": "number"},
                 }},
             "DepartmentList": {"type": "object", "required": ["departments"], "properties": {

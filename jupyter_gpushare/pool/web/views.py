@@ -81,12 +81,14 @@ def why_text(row: JobRow, explained: Explanation) -> str:
 
 
 def project_json(p: ProjectRow, explained: Explanation, pending: int) -> dict:
-    used = explained.usage.get(p.name, 0)
+    """A project as the API shows it. ``in_use`` is every GPU its jobs hold, on lent build
+    GPUs too (``lent``, part of ``borrowed``: only jobs beyond their quota run there)."""
+    used, lent = explained.usage.get(p.name, 0), explained.lent.get(p.name, 0)
     return {"name": p.name, "quota": p.quota / GPU, "over_quota_weight": p.over_quota_weight,
             "limit": None if p.limit is None else p.limit / GPU, "priority": p.priority,
             "job_priority_min": p.job_priority_min, "job_priority_max": p.job_priority_max,
-            "groups": list(p.groups or ()), "in_use": used / GPU,
-            "borrowed": max(0, used - p.quota) / GPU,
+            "groups": list(p.groups or ()), "in_use": (used + lent) / GPU,
+            "borrowed": (max(0, used - p.quota) + lent) / GPU, "lent": lent / GPU,
             "deserved": explained.deserved.get(p.name, 0) / GPU, "pending": pending,
             "department": p.department or None}
 
@@ -95,9 +97,11 @@ def department_json(d: DepartmentRow, members: list[str], explained: Explanation
     """A department as the API shows it: what admins set, and what its projects use and
     deserve together now."""
     used = sum(explained.usage.get(m, 0) for m in members)
+    lent = sum(explained.lent.get(m, 0) for m in members)
     return {"name": d.name, "quota": d.quota / GPU, "over_quota_weight": d.over_quota_weight,
             "limit": None if d.limit is None else d.limit / GPU, "projects": list(members),
-            "in_use": used / GPU, "borrowed": max(0, used - d.quota) / GPU,
+            "in_use": (used + lent) / GPU, "borrowed": (max(0, used - d.quota) + lent) / GPU,
+            "lent": lent / GPU,
             "deserved": sum(explained.deserved.get(m, 0) for m in members) / GPU}
 
 
