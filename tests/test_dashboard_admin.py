@@ -344,3 +344,47 @@ def test_the_forms_look(hub, browser):
     page.wait_for_selector("form.edit")
     page.screenshot(path=str(ARTIFACTS / "project-form.png"), full_page=True)
     DOCS_IMAGE.write_bytes((ARTIFACTS / "project-form.png").read_bytes())
+
+
+def test_an_admin_changes_a_departments_numbers_after_a_preview(hub, browser):
+    """Raising a project's quota beyond its department's is refused with 'raise the
+    department's quota': the dashboard changes a department's quota, limit and weight as a
+    project's (a preview, then save, audited), with the API's sentences."""
+    quotas = {p["name"]: p["quota"] for p in hub.api("GET", "api/projects", "admin")[1]["projects"]}
+    held = quotas["vision"] + quotas["nlp"]
+    status, made = hub.api("PUT", "api/departments/research", "admin",
+                           {"quota": held, "projects": ["vision", "nlp"]})
+    assert status == 200, made
+    try:
+        page = log_in(browser, hub, "admin")
+        page.get_by_role("link", name="Change department research").click()
+        page.wait_for_selector("form.edit")
+        assert page.get_by_label("Quota (GPUs)").input_value() == f"{held:g}"
+        assert "Its projects: nlp, vision" in page.locator("main").inner_text()
+        # below its projects' quotas: refused with the API's sentence, as typed, nothing stored
+        page.get_by_label("Quota (GPUs)").fill(f"{held - 1:g}")
+        page.get_by_role("button", name="Preview the change").click()
+        page.wait_for_selector("#problem")
+        assert "raise the department's quota or lower its projects'" in \
+            page.locator("#problem").inner_text()
+        assert page.get_by_label("Quota (GPUs)").input_value() == f"{held - 1:g}"
+        page.get_by_label("Quota (GPUs)").fill(f"{held + 1:g}")
+        page.get_by_label("Limit (GPUs)").fill("11")
+        page.get_by_label("Over-quota weight").fill("2")
+        page.get_by_role("button", name="Preview the change").click()
+        page.wait_for_selector("#preview")
+        assert page.locator("#preview").inner_text() == (
+            f"department research: quota {held:g} → {held + 1:g}, limit none → 11, "
+            f"weight 1 → 2")
+        assert hub.api("GET", "api/departments/research", "admin")[1]["quota"] == held
+        page.get_by_role("button", name="Save").click()
+        page.wait_for_selector("#saved")
+        page.screenshot(path=str(ARTIFACTS / "department-saved.png"), full_page=True)
+        got = hub.api("GET", "api/departments/research", "admin")[1]
+        assert (got["quota"], got["limit"], got["over_quota_weight"]) == (held + 1, 11, 2)
+        entry = hub.api("GET", "api/audit?limit=1", "admin")[1]["entries"][0]
+        assert (entry["action"], entry["target"], entry["via"]) == \
+            ("change department", "research", "dashboard")
+        assert page.errors == []
+    finally:
+        assert hub.api("DELETE", "api/departments/research", "admin")[0] == 200

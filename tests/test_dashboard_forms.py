@@ -65,6 +65,30 @@ def test_the_project_form_has_labelled_fields_the_token_and_escapes_what_was_typ
     assert 'id="f-name"' in new and "JupyterHub did not list its groups now" in new
 
 
+def test_a_departments_form_says_its_change_and_posts_the_apis_body():
+    research = {"name": "research", "quota": 8.0, "limit": None, "over_quota_weight": 1,
+                "projects": ["nlp", "vision"], "in_use": 3.0, "deserved": 8.0}
+    values = forms.department_values(research)
+    assert values == {"quota": "8", "limit": "", "over_quota_weight": "1"}
+    assert forms.department_body({**values, "quota": "10", "limit": " 12"}) == {
+        "quota": 10, "limit": 12, "over_quota_weight": 1}
+    assert forms.department_words("research", {"quota": 8.0, "limit": None},
+                                  {"quota": 10.0, "limit": 12.0}) == \
+        "department research: quota 8 → 10, limit none → 12"
+    page = form_page(forms.department_form("/p/", "admin", "tok", "research",
+                                           {**values, "quota": '9"><b>'}, research["projects"],
+                                           problem="Quota must be a number."))
+    c = check(page)
+    assert "<b>" not in page and c.scripts == [] and 'role="alert"' in page
+    assert 'action="/p/dashboard/department"' in page and 'name="_xsrf" value="tok"' in page
+    for key, _, _ in forms.DEPARTMENT_FIELDS:
+        assert f'<label for="f-{key}">' in page
+    assert "Its projects: nlp, vision" in page
+    table = forms.departments_table("/p/", [research])
+    assert 'href="/p/dashboard/department?name=research"' in table
+    assert 'aria-label="Change department research"' in table
+
+
 def test_cancel_asks_first_and_says_why_it_cannot():
     job = {"id": "j-1", "name": "big", "user": "alice", "project": "vision", "gpus": 4,
            "state": "pending"}

@@ -1,5 +1,6 @@
-"""The admin's forms: a project's settings (create, edit, preview, saved) and a job's cancel
-(confirm, done), and the dashboard's table of project settings that links to them. Pure:
+"""The admin's forms: a project's settings (create, edit, preview, saved), a department's
+(edit, preview, saved) and a job's cancel (confirm, done), and the dashboard's tables of
+project and department settings that link to them. Pure:
 plain dicts in (projects and jobs as the API shows them, GPU amounts in GPUs), HTML out.
 
 The checks are not here: ``pool/web/dashboard_forms.py`` turns a posted form into the API's body
@@ -27,6 +28,15 @@ FIELDS = (
     ("job_priority_max", "Highest job priority", ""),
 )
 NUMBERS = [name for name, _, _ in FIELDS]
+# The numbers of PUT api/departments/{name} (its projects are changed through the API)
+DEPARTMENT_FIELDS = (
+    ("quota", "Quota (GPUs)", "Its projects' first claim on idle GPUs beyond their own "
+     "quotas, which must fit in it."),
+    ("limit", "Limit (GPUs)", "The most GPUs its projects may hold together; empty: no limit."),
+    ("over_quota_weight", "Over-quota weight",
+     "Its share of idle GPUs beyond the departments' quotas, 0 to 1000."),
+)
+DEPARTMENT_NUMBERS = [name for name, _, _ in DEPARTMENT_FIELDS]
 DEFAULTS = {"quota": "0", "limit": "", "over_quota_weight": "1", "priority": "0",
             "job_priority_min": "-100", "job_priority_max": "0"}
 
@@ -110,16 +120,36 @@ def body_of(values: dict[str, str], groups: list[str], new: bool) -> dict:
     """The body of ``PUT api/projects/{name}`` that a posted form asks for. Numbers become
     numbers; anything else is passed on as typed, for the API's checks to name it. An empty
     limit is no limit. No group chosen: a new project takes the group named like it."""
-    body: dict = {}
-    for key in NUMBERS:
-        text = (values.get(key) or "").strip()
-        if key == "limit" and not text:
-            body[key] = None
-        else:
-            body[key] = _number(text)
+    body = _numbers(values, NUMBERS)
     if groups or not new:
         body["groups"] = sorted(set(groups))
     return body
+
+
+def department_body(values: dict[str, str]) -> dict:
+    """The body of ``PUT api/departments/{name}`` that the department's form asks for."""
+    return _numbers(values, DEPARTMENT_NUMBERS)
+
+
+def _numbers(values: dict[str, str], keys) -> dict:
+    body: dict = {}
+    for key in keys:
+        text = (values.get(key) or "").strip()
+        body[key] = None if key == "limit" and not text else _number(text)
+    return body
+
+
+def department_values(department: dict) -> dict[str, str]:
+    """The form's text for a department as the API shows it."""
+    return {k: "" if department.get(k) is None else f"{department[k]:g}"
+            for k in DEPARTMENT_NUMBERS}
+
+
+def department_words(name: str, before: dict, after: dict) -> str:
+    """``department research: quota 4 → 6``, in GPUs."""
+    changed = [f"{_label(k)} {_shown(k, before.get(k))} → {_shown(k, after.get(k))}"
+               for k in DEPARTMENT_NUMBERS if before.get(k) != after.get(k)]
+    return f"department {name}: {', '.join(changed) if changed else 'nothing changes'}"
 
 
 def _number(text: str):
@@ -162,15 +192,7 @@ def project_form(base: str, user: str, xsrf: str, name: str | None, values: dict
                      "'.', '_' or '-'.</span></div>")
     else:
         parts.append(hidden("name", name or ""))
-    for key, label, help_text in FIELDS:
-        kind = 'type="text" inputmode="decimal"' if key in ("quota", "limit") else \
-            'type="text" inputmode="numeric"'
-        first = " autofocus" if key == "quota" and not new else ""
-        parts.append(f'<div class="field"><label for="f-{key}">{escape(label)}</label>'
-                     f'<input {kind} id="f-{key}" name="{key}" '
-                     f'value="{escape(values.get(key, ""))}"{first}'
-                     f' aria-describedby="h-{key}">'
-                     f'<span class="help" id="h-{key}">{escape(help_text)}</span></div>')
+    parts.append(_inputs(FIELDS, values, focus=not new))
     offered = sorted(set(hub_groups or ()) | set(groups))
     boxes = "".join(f'<label><input type="checkbox" name="groups" value="{escape(g)}"'
                     f'{" checked" if g in groups else ""}> {escape(g)}</label>' for g in offered)
@@ -188,6 +210,69 @@ def project_form(base: str, user: str, xsrf: str, name: str | None, values: dict
                  f'<a href="{escape(base)}dashboard">Back without saving</a></div></form>'
                  '</section>')
     return f"GPU share: {title}", frame(base, title, "".join(parts), user)
+
+
+def _inputs(fields, values: dict[str, str], focus: bool) -> str:
+    """Labelled text fields for numbers, each with its help; ``focus``: the first has it."""
+    out = []
+    for key, label, help_text in fields:
+        kind = 'type="text" inputmode="decimal"' if key in ("quota", "limit") else \
+            'type="text" inputmode="numeric"'
+        first = " autofocus" if key == "quota" and focus else ""
+        out.append(f'<div class="field"><label for="f-{key}">{escape(label)}</label>'
+                   f'<input {kind} id="f-{key}" name="{key}" '
+                   f'value="{escape(values.get(key, ""))}"{first}'
+                   f' aria-describedby="h-{key}">'
+                   f'<span class="help" id="h-{key}">{escape(help_text)}</span></div>')
+    return "".join(out)
+
+
+def department_form(base: str, user: str, xsrf: str, name: str, values: dict[str, str],
+                    projects: list[str], problem: str = "") -> tuple[str, str]:
+    """The form for department ``name``'s numbers, filled with ``values`` (the form's text);
+    ``problem``: why the last post was refused. Returns the page's title and body."""
+    parts = [f"<section><h2>Change department {escape(name)}</h2>"]
+    if problem:
+        parts.append(f'<p class="problem" role="alert" id="problem">{escape(problem)}</p>')
+    members = ", ".join(projects) or "none"
+    parts.append(f'<p class="muted">Its projects: {escape(members)} (changed through '
+                 f'PUT api/departments/{escape(name)}).</p>'
+                 f'<form class="edit" method="post" action="{escape(base)}dashboard/department">'
+                 + hidden("_xsrf", xsrf) + hidden("name", name)
+                 + _inputs(DEPARTMENT_FIELDS, values, focus=True)
+                 + '<div class="actions"><button type="submit" name="step" value="preview">'
+                 'Preview the change</button>'
+                 f'<a href="{escape(base)}dashboard">Back without saving</a></div></form>'
+                 '</section>')
+    return (f"GPU share: department {name}",
+            frame(base, f"department {name}", "".join(parts), user))
+
+
+def department_preview(base: str, user: str, xsrf: str, name: str, words: str,
+                       values: dict[str, str]) -> tuple[str, str]:
+    """What saving would do, with Save and Change again (the same values)."""
+    keep = "".join(hidden(k, v) for k, v in values.items()) + hidden("name", name) + \
+        hidden("_xsrf", xsrf)
+    body = (f'<section><h2>Preview</h2><p class="preview" id="preview" role="status">'
+            f'{escape(words)}</p><p class="muted">Nothing is stored until you save; the pool '
+            f'checks everything again then.</p>'
+            f'<form method="post" action="{escape(base)}dashboard/department">{keep}'
+            f'<div class="actions"><button type="submit" name="step" value="save" autofocus>'
+            f'Save</button><button type="submit" class="quiet" name="step" value="edit">'
+            f'Change again</button><a href="{escape(base)}dashboard">Back without saving</a>'
+            f'</div></form></section>')
+    return (f"GPU share: preview of department {name}",
+            frame(base, f"department {name}", body, user))
+
+
+def department_saved(base: str, user: str, words: str, department: dict) -> tuple[str, str]:
+    """The change saved, and the department as the API shows it now."""
+    body = (f'<section><h2>Saved</h2><p class="done" id="saved" role="status">Saved. '
+            f'{escape(words)}.</p>' + departments_table(base, [department], change=False)
+            + f'<p><a href="{escape(base)}dashboard">Back to the pool dashboard</a></p>'
+              f'</section>')
+    return (f"GPU share: department {department['name']} saved",
+            frame(base, f"department {department['name']}", body, user))
 
 
 def preview_page(base: str, user: str, xsrf: str, change: Change, values: dict[str, str],
@@ -245,19 +330,22 @@ def settings_table(base: str, projects: list[dict]) -> str:
               f'project…</a></p>')
 
 
-def departments_table(departments: list[dict]) -> str:
+def departments_table(base: str, departments: list[dict], change: bool = True) -> str:
     """The departments over the projects: quota, limit, weight, projects and what they hold
-    together now (changed through ``PUT api/departments/{name}``)."""
+    together now, each with its Change link (``change``) to the department's form."""
     if not departments:
         return ""
     cells = [[f'<b>{escape(d["name"])}</b>', f'{d["quota"]:g}', _shown("limit", d.get("limit")),
               f'{d.get("over_quota_weight", 1):g}', f'{d.get("in_use", 0):g}',
               f'{d.get("deserved", 0):g}', escape(", ".join(d.get("projects") or []) or "–")]
+             + ([f'<a href="{escape(base)}dashboard/department?name={escape(d["name"])}" '
+                 f'aria-label="Change department {escape(d["name"])}">Change…</a>']
+                if change else [])
              for d in departments]
     return ('<h3>Departments</h3>'
             + table(["Department", "Quota", "Limit", "Weight", "In use now", "Deserved",
-                     "Projects"], cells, numeric={1, 2, 3, 4, 5}, empty="No departments.",
-                    cls="departments"))
+                     "Projects"] + ([""] if change else []), cells, numeric={1, 2, 3, 4, 5},
+                    empty="No departments.", cls="departments"))
 
 
 def cancel_link(base: str, job: dict) -> str:

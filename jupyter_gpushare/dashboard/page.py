@@ -176,7 +176,7 @@ def render(data: dict, nonce: str = "", xsrf: str = "") -> str:
         f'</section>'
         f'<section id="settings"><h2>Projects: quotas and members</h2>'
         f'{forms.settings_table(base, data.get("projects") or [])}'
-        f'{forms.departments_table(data.get("departments") or [])}</section>'
+        f'{forms.departments_table(base, data.get("departments") or [])}</section>'
         f'<section id="queue"><h2>Queue</h2>{tables.queue_table(jobs, now, cancel=base)}'
         f'</section>'
         f'<section id="culls"><h2>Culls of idle build sessions</h2>'

@@ -1,11 +1,12 @@
-"""The admin's forms in the dashboard: create or change a project (a preview first, then save)
-and cancel a job, for pool admins signed in through the hub's OAuth, as
+"""The admin's forms in the dashboard: create or change a project (a preview first, then save),
+change a department's numbers (likewise) and cancel a job, for pool admins signed in through the hub's OAuth, as
 ``web/dashboard_pages.py``'s page is.
 
 Routes under the service's prefix:
   ``dashboard/project`` (``?name=vision`` to change one; none: a new one): the form; a post
   with ``step=preview`` says what saving would do, ``step=save`` stores it, ``step=edit``
   shows the form again with the values posted;
+  ``dashboard/department?name=research``: its quota, limit and weight, as the project's;
   ``dashboard/jobs/{id}/cancel``: asks first; a post cancels;
   ``dashboard/nodes/{node}/drain``: asks first (to drain, with a box to requeue what runs
   there; to undrain a drained node); a post (``drained=1|0``, ``requeue=1``) does it.
@@ -14,7 +15,7 @@ Every post must carry the page's XSRF token (``_xsrf``, checked as JupyterHub ch
 tied to the login cookie), or it is refused (403) before anything else; a request with a
 token in its Authorization header needs none, as for the REST API. The rules and sentences
 are the API's: a project's changes go through ``admin/changes.py`` (as ``PUT
-api/projects/{name}``), a cancel through ``admin.cancel_job`` (as ``DELETE api/jobs/{id}``), a
+api/projects/{name}``), a department's too (as ``PUT api/departments/{name}``), a cancel through ``admin.cancel_job`` (as ``DELETE api/jobs/{id}``), a
 drain through ``admin.set_drained`` (as ``PUT api/nodes/{node}``). A refused change shows the form
 again with the sentence and the values as typed; nothing is stored.
 """
@@ -32,10 +33,13 @@ from ...dashboard.page import form_page
 from ...policy.model import GPU, TRAIN
 from ...trainjob import RUNNING
 from ...validate import Invalid
-from ..admin.changes import cancel_job, cancellable, change_project, project_changes, set_drained
+from ..admin.changes import (cancel_job, cancellable, change_department, change_project,
+                              department_changes, project_changes, set_drained)
+from ..admin.department_specs import DepartmentSpec
 from ..admin.project_specs import ProjectSpec, project_name
 from ..hub import HubError
 from .api_jobs import pool_json
+from .views import department_json
 from .dashboard_pages import DashboardHandler, service_zone
 
 log = logging.getLogger("gpushare.pool")
@@ -153,6 +157,60 @@ def _gpus(spec: ProjectSpec) -> dict:
             "groups": sorted(spec.groups)}
 
 
+class DepartmentFormHandler(AdminFormHandler):
+    """A department's quota, limit and weight: the form, a preview, then save."""
+
+    @web.authenticated
+    async def get(self):
+        await self.admin_only()
+        name = self.get_argument("name", "")
+        department = self.department(name)
+        self.show(forms.department_form(self.base, self.who.name, self.xsrf, name,
+                                        forms.department_values(department),
+                                        department["projects"]))
+
+    def department(self, name: str) -> dict:
+        row = self.store.quotas.department(name) if name else None
+        if row is None:
+            self.fail(404, sentence(f"there is no department {name!r}; departments are made "
+                                    f"through PUT api/departments/{{name}}"))
+        return department_json(row, self.store.quotas.members(name), self.scheduler.explained)
+
+    async def post(self):
+        self.check_form()
+        await self.admin_only()
+        name = self.get_body_argument("name", "").strip()
+        values = {k: self.get_body_argument(k, "") for k in forms.DEPARTMENT_NUMBERS}
+        department = self.department(name)
+        step = self.get_body_argument("step", "preview")
+
+        def again(problem: str = "", status: int = 200):
+            self.show(forms.department_form(self.base, self.who.name, self.xsrf, name, values,
+                                            department["projects"], problem), status)
+        if step == "edit":
+            return again()
+        try:
+            body = forms.department_body(values)
+            current, fields = department_changes(self.store, self.scheduler, name, body)
+            words = forms.department_words(name, _department_gpus(current),
+                                           _department_gpus(replace(current, **fields)))
+            if step != "save":
+                return self.show(forms.department_preview(self.base, self.who.name, self.xsrf,
+                                                          name, words, values))
+            change_department(self.store, self.scheduler, name, body, self.who.name,
+                              "dashboard", self.client_address())
+        except Invalid as e:  # the form again, as typed, with the sentence; nothing stored
+            return again(sentence(e), e.status)
+        log.info("%s changed department %s in the dashboard: %s", self.who.name, name, words)
+        self.show(forms.department_saved(self.base, self.who.name, words,
+                                         self.department(name)))
+
+
+def _department_gpus(spec: DepartmentSpec) -> dict:
+    return {"quota": spec.quota / GPU, "over_quota_weight": spec.over_quota_weight,
+            "limit": None if spec.limit is None else spec.limit / GPU}
+
+
 class CancelJobHandler(AdminFormHandler):
     @web.authenticated
     async def get(self, job_id):
@@ -226,5 +284,6 @@ def routes(prefix: str) -> list:
     p = prefix.rstrip("/")
     base = {"base": p + "/"}
     return [(rf"{p}/dashboard/project", ProjectFormHandler, base),
+            (rf"{p}/dashboard/department", DepartmentFormHandler, base),
             (rf"{p}/dashboard/jobs/([A-Za-z0-9._-]{{1,64}})/cancel", CancelJobHandler, base),
             (rf"{p}/dashboard/nodes/([^/]{{1,255}})/drain", DrainNodeHandler, base)]
