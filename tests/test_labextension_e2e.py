@@ -172,6 +172,15 @@ def page(lab, browser_path):
         browser.close()
 
 
+def luminance(png: bytes) -> float:
+    """The mean luminance (0-255) of a screenshot's pixels."""
+    import io
+
+    from PIL import Image, ImageStat
+
+    return ImageStat.Stat(Image.open(io.BytesIO(png)).convert("L")).mean[0]
+
+
 def shot(page, name: str) -> None:
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
 
@@ -398,6 +407,19 @@ def test_a_running_job_shows_whole_in_the_panel_at_1280x800_light_and_dark(page,
             time_ = row.locator(".jp-GpusharePanel-elapsed")
             assert re.fullmatch(r"\d+s|\d+m \d\ds", time_.inner_text())
             assert time_.get_attribute("title").startswith("Submitted ")
+            # vision's bar: 1 of 2 guaranteed in use, so a part of it is guaranteed and free;
+            # that part must read as room, not as use: dark on the dark theme (it was drawn
+            # near white there), light on the light one, and never like the part in use
+            free = panel.locator(".jp-GpusharePanel-quota[data-project='vision'] "
+                                 ".jp-GpusharePanel-free")
+            used = panel.locator(".jp-GpusharePanel-quota[data-project='vision'] "
+                                 ".jp-GpusharePanel-used")
+            free_lum, used_lum = luminance(free.screenshot()), luminance(used.screenshot())
+            if light == "false":
+                assert free_lum < 110, f"the free part of the quota glares: {free_lum:.0f}"
+            else:
+                assert free_lum > 150, f"the free part of the quota looks used: {free_lum:.0f}"
+            assert abs(free_lum - used_lum) > 25, (free_lum, used_lum)
             shot(page, f"8-running-job-{'light' if light == 'true' else 'dark'}")
     finally:
         page.evaluate("window.jupyterapp.commands.execute('apputils:change-theme', "

@@ -157,7 +157,8 @@ def test_project_bars_say_guaranteed_in_use_and_borrowed():
     assert nlp["text"] == "nlp: 0 of 1 guaranteed GPUs in use (at most 3)"
     drawn = bar_html(vision)
     # within the quota 2/4, borrowed 1/4 after it, the quota's mark at 2/4
-    assert "width:50.0%;height:100%;background:var(--jp-success-color1, #43a047)" in drawn
+    # in use within the quota in the brand colour, as the JupyterLab panel draws it
+    assert "width:50.0%;height:100%;background:var(--jp-brand-color1, #1976d2)" in drawn
     assert "left:50.0%;width:25.0%" in drawn and "left:50.0%;width:2px" in drawn
     assert project_bars({"projects": [dict(quota["projects"][0])]})[0]["scale"] == 3.0
 

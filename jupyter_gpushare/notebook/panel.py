@@ -45,6 +45,7 @@ def _theme(name: str, fallback: str) -> str:
 ERROR, MUTED = _theme("error-color1", "#c62828"), _theme("ui-font-color2", "#616161")
 TRACK = _theme("layout-color3", "#e0e0e0")  # the empty part of a bar
 GOOD = _theme("success-color1", "#43a047")
+USED = _theme("brand-color1", "#1976d2")  # GPUs in use within the quota, as the Lab panel
 _STATE_COLOURS = {PENDING: _theme("warn-color1", "#b26a00"),
                   RUNNING: _theme("brand-color1", "#1565c0"),
                   SUCCEEDED: _theme("success-color1", "#2e7d32"), FAILED: ERROR,
@@ -259,7 +260,7 @@ def bar_html(bar: dict) -> str:
     return (f'<div title="{html.escape(bar["text"])}">{html.escape(bar["text"])}</div>'
             f'<div style="position:relative;height:10px;background:{TRACK};border-radius:2px">'
             f'<div style="position:absolute;left:0;width:{within:.1f}%;height:100%;'
-            f'background:{GOOD}"></div>'
+            f'background:{USED}"></div>'
             f'<div style="position:absolute;left:{within:.1f}%;width:{borrowed:.1f}%;'
             f'height:100%;background:{_theme("warn-color1", "#fb8c00")}"></div>'
             f'<div style="position:absolute;left:{mark:.1f}%;width:2px;height:100%;'
