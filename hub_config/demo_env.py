@@ -36,6 +36,14 @@ import tempfile
 from pathlib import Path
 
 DEFAULT_ENV = Path("/opt/jupyter-gpushare/demo-env")
+
+
+def default_env(checkout: Path) -> Path:
+    """The environment of this checkout by default: ``DEFAULT_ENV-<digest of its path>``. Two
+    clones on one machine then each keep their own, and neither reinstalls the other's code
+    over its own at every start (a second start reuses its environment in seconds)."""
+    digest = hashlib.sha256(str(Path(os.path.realpath(checkout))).encode()).hexdigest()[:10]
+    return DEFAULT_ENV.with_name(f"{DEFAULT_ENV.name}-{digest}")
 STAMP = ".gpushare-demo.json"
 BASE_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
 

@@ -16,9 +16,10 @@ it is a one-person demo: every server and job runs as you (the service says so i
 
 Environment: GPUSHARE_DEMO_STATE (state folder), GPUSHARE_DEMO_PORT (8000),
 GPUSHARE_DEMO_HUB_PORT (8081), GPUSHARE_DEMO_PROXY_API_PORT (8001), GPUSHARE_SERVICE_PORT
-(10101), GPUSHARE_DEMO_PASSWORD, GPUSHARE_DEMO_ADMIN_PASSWORD, GPUSHARE_DEMO_ENV (/opt/jupyter-gpushare/demo-env), and
-GPUSHARE_DEMO_HOMES (servers' homes and job checkpoints in <folder>/<user>, not the accounts'
-own homes).
+(10101), GPUSHARE_DEMO_PASSWORD, GPUSHARE_DEMO_ADMIN_PASSWORD, GPUSHARE_DEMO_ENV
+(/opt/jupyter-gpushare/demo-env-<digest of the checkout's path>, one per clone), and
+GPUSHARE_DEMO_HOMES (servers' homes and job checkpoints in <folder>/<user>, not the
+accounts' own homes).
 """
 
 import os
@@ -180,8 +181,8 @@ if AS_ROOT:
         STARTUP = None  # the package the hub runs is the servers' package too
     else:
         try:
-            made = demo_env.ensure(Path(os.environ.get("GPUSHARE_DEMO_ENV",
-                                                       demo_env.DEFAULT_ENV)), HERE.parent)
+            made = demo_env.ensure(Path(os.environ.get("GPUSHARE_DEMO_ENV") or
+                                        demo_env.default_env(HERE.parent)), HERE.parent)
         except demo_env.DemoEnvError as exc:
             sys.exit(f"gpushare demo: {exc}")
         BIN = Path(made["bin"])

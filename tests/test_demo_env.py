@@ -143,3 +143,15 @@ def test_an_environment_in_a_folder_of_roots_under_a_sticky_one_is_built(top, mo
         st = folder.stat()
         assert (st.st_uid, st.st_mode & 0o7777) == (0, 0o755), folder
     assert (env / demo_env.STAMP).exists()
+
+
+def test_each_clone_has_its_own_environment_by_default(tmp_path):
+    """Two clones on one machine shared one environment, so each start reinstalled the other
+    clone's code over it (a second start took 22 s): by default the environment is the
+    checkout's own, beside the others, and the same clone always finds its own."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir(), two.mkdir()
+    assert demo_env.default_env(one) != demo_env.default_env(two)
+    assert demo_env.default_env(one) == demo_env.default_env(tmp_path / "." / "one")
+    assert demo_env.default_env(one).parent == demo_env.DEFAULT_ENV.parent
+    assert demo_env.default_env(one).name.startswith("demo-env-")
