@@ -222,13 +222,13 @@ def slice_view(build_slice: BuildSlice | None, answer: dict | None,
                 "over": False}
     where = f" of {build_slice.uuid}" if build_slice.uuid and "," not in build_slice.uuid else ""
     text = f"Build slice: {build_slice.label}{where}."
-    if (build_slice.uuid or "").startswith(SIMULATED_UUID):  # the demo's: no device
-        return {"text": f"{text} The GPU is simulated (this machine has none): no GPU memory "
-                        f"to watch.", "fraction": None, "over": False}
     report = (answer or {}).get("watchdog")
     if report and not report.get("problem") and report.get("limit"):
         return {"text": f"{text} {report['message']}", "over": bool(report["over"]),
                 "fraction": min(1.0, report["used"] / report["limit"])}
+    if (build_slice.uuid or "").startswith(SIMULATED_UUID):  # and no stand-in plays it
+        return {"text": f"{text} The GPU is simulated (this machine has none): no GPU memory "
+                        f"to watch.", "fraction": None, "over": False}
     off = (answer or {}).get("watchdog_off") or (report or {}).get("message")
     return {"text": f"{text} {off}" if off else text, "fraction": None, "over": False}
 
