@@ -410,6 +410,11 @@ def test_a_running_job_shows_whole_in_the_panel_at_1280x800_light_and_dark(page,
             # vision's bar: 1 of 2 guaranteed in use, so a part of it is guaranteed and free;
             # that part must read as room, not as use: dark on the dark theme (it was drawn
             # near white there), light on the light one, and never like the part in use
+            # (jobs of the tests before may still be ending: wait for this job alone)
+            page.wait_for_function(
+                "() => [...document.querySelectorAll(\".jp-GpusharePanel-quota[data-project="
+                "'vision'] .jp-GpusharePanel-label\")].some(e => e.textContent.startsWith("
+                "'1 of 2 guaranteed in use'))", timeout=60_000)
             free = panel.locator(".jp-GpusharePanel-quota[data-project='vision'] "
                                  ".jp-GpusharePanel-free")
             used = panel.locator(".jp-GpusharePanel-quota[data-project='vision'] "
