@@ -193,7 +193,9 @@ class KubernetesBackend(KubernetesOptions):
                     self.build_cache = watch("build nodes", functools.partial(
                         core.list_node, label_selector=_selector(self.build_node_selector))
                     ).start()
-        for reflector in (self.pods, self.node_cache):
+        # the build nodes too, with lending: until listed, none may lend (a slice or a lent
+        # job asked right after adopt found no lendable GPU)
+        for reflector in (self.pods, self.node_cache, *filter(None, [self.build_cache])):
             if not await reflector.wait_synced(self.api_retry_timeout):
                 error = reflector.last_error
                 if isinstance(error, KubeError) and error.status in (401, 403):
