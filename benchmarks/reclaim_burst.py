@@ -11,7 +11,9 @@ would (in this process, with the command's defaults), under three policies:
   reference   the policy before the victim index (tests/reference_policy), same events,
   fifo        one queue, no preemption: what a cycle costs without reclaim.
 For each it prints the decision time per cycle (p50, p99, max) and the simulator's wall time,
-and checks that ours and the reference reach the same figures.
+and checks that ours and the reference reach the same figures. The cycles counted are those
+decided: the simulator spares a cycle that could decide nothing new (``sim/engine.py``), for
+all three alike.
 
     .venv/bin/python benchmarks/reclaim_burst.py [--jobs 20000] [--projects 500] [--capacity 8000]
         [--policies guaranteed,reference,fifo] [--trace-out FILE] [--profile FILE]

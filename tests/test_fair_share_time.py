@@ -16,7 +16,7 @@ from hubtest import refused_at_start
 from jupyter_gpushare.policy import PolicyConfig, cycle
 from jupyter_gpushare.policy.model import GPU
 from jupyter_gpushare.policy.past_use import (MAX_FACTOR, MIN_FACTOR, FairShareTime, PastUse,
-                                              weight_factors)
+                                              account, borrowed, weight_factors)
 from jupyter_gpushare.sim.engine import SimConfig, Simulator
 from jupyter_gpushare.sim.metrics import borrow_gaps, fair_targets, summarize
 from jupyter_gpushare.sim.trace import TraceJob
@@ -44,6 +44,20 @@ def test_a_long_interval_is_split_into_its_buckets():
     assert added == {0: 1800.0 * 2 * GPU, 1: 3600.0 * 2 * GPU, 2: 3600.0 * 2 * GPU,
                      3: 900.0 * 2 * GPU}
     assert past.add("a", 10.0, 10.0, GPU) == {}
+
+
+def test_borrowing_is_counted_beyond_the_quota_alone():
+    """``account``, what the service's loop and the simulator count past use with: only
+    what a project holds beyond its quota, each bucket its own part."""
+    past = PastUse(FairShareTime(half_life_s=DAY, window_s=7 * DAY))  # hourly buckets
+    usage = {"a": 3 * GPU, "b": 2 * GPU, "c": GPU, "d": GPU}
+    quotas = {"a": GPU, "b": 2 * GPU, "c": 2 * GPU}  # d has none
+    assert borrowed(usage, quotas) == {"a": 2 * GPU, "d": GPU}
+    added = account(past, usage, quotas, 1800.0, 5400.0)
+    assert added == {("a", 0): 1800.0 * 2 * GPU, ("a", 1): 1800.0 * 2 * GPU,
+                     ("d", 0): 1800.0 * GPU, ("d", 1): 1800.0 * GPU}
+    assert set(past.buckets) == {"a", "d"}
+    assert account(past, usage, quotas, 5400.0, 5400.0) == {}
 
 
 def test_the_decayed_use_is_the_same_read_once_or_every_minute():

@@ -73,4 +73,4 @@ def test_lending_keeps_sessions_quick_and_the_guarantee_whole(p, demand):
     f = run.run()
     note(f"lent starts: {len(lent_starts)}, build waits: {f['build_waits']}")
     assert f["max_build_wait_s"] <= p.grace_s + p.cycle_interval_s
-    assert sim.within_quota == 0
+    assert sim.metrics.within_quota == 0

@@ -41,14 +41,15 @@ def test_culling_stops_a_server_left_open_after_idle_time_and_warning():
     p = replace(WEEK, leave_open=1.0, cull_after_s=3600.0, cull_warning_s=600.0)
     team, sim, f = run(p, "gpushare")
     by_name = {r.name: r for r in team}
-    assert f["culls"] == len(sim.held) > 0
-    for name, opened, closed in sim.held:  # each ended by a cull, 3600 + 600 s after its user left
+    assert f["culls"] == len(sim.build.held) > 0
+    # each ended by a cull, 3600 + 600 s after its user left
+    for name, opened, closed in sim.build.held:
         stretches = by_name[name].stretches
         left = max(end for start, end in stretches if end <= closed)
         assert closed - left == pytest.approx(4200.0)
         assert not any(start < closed < end for start, end in stretches)
     _, kept, g = run(p, "pooled")
-    assert g["culls"] == 0 and not kept.held  # without culling a server left open stays open
+    assert g["culls"] == 0 and not kept.build.held  # without culling a server left open stays open
 
 
 def test_a_session_waits_for_a_lent_gpu_at_most_grace_plus_a_cycle():

@@ -124,6 +124,26 @@ class PastUse:
         return {p: v / GPU for p, v in out.items() if v > 0}
 
 
+def borrowed(usage: Mapping[str, int], quotas: Mapping[str, int]) -> dict[str, int]:
+    """Milli-GPUs each project holds beyond its quota (a project missing from ``quotas`` has
+    none): what fair share over time counts as borrowed. Only the projects that borrow."""
+    return {p: u - quotas.get(p, 0) for p, u in usage.items() if u > quotas.get(p, 0)}
+
+
+def account(past: PastUse, usage: Mapping[str, int], quotas: Mapping[str, int],
+            start: float, end: float) -> dict[tuple[str, int], float]:
+    """Count in ``past`` what each project of ``usage`` borrowed from ``start`` to ``end``,
+    having held ``usage`` (milli-GPUs) all that time: the one place where borrowing becomes
+    past use. The service's loop counts the usage its last cycle left, from that cycle to
+    this one; the simulator a project's usage since it last changed. Returns the
+    milli-GPU-seconds added per (project, bucket): what the service keeps in its store."""
+    added: dict[tuple[str, int], float] = {}
+    for project, beyond in borrowed(usage, quotas).items():
+        for b, amount in past.add(project, start, end, beyond).items():
+            added[project, b] = added.get((project, b), 0.0) + amount
+    return added
+
+
 def weight_factors(hungry: Mapping[str, int], past: Mapping[str, float]) -> dict[str, float]:
     """How much the past scales each hungry project's over-quota weight: its weight's share
     of the hungry projects' weights over its share of their decayed borrowed use, within

@@ -17,8 +17,8 @@ from ...policy import (TRAIN, JobState, Node, PolicyConfig, Project, Snapshot,
 from ...policy.admission import never_fits_gpus
 from ...policy.decisions import PreemptKind
 from ...policy.lending import build_node_of
-from ...policy.outcome import FAILED, PREEMPTED, SUCCEEDED, after_stop
-from ...policy.past_use import FairShareTime, PastUse
+from ...policy.outcome import FAILED, PREEMPTED, SUCCEEDED, after_attempt
+from ...policy.past_use import FairShareTime, PastUse, account
 from ...policy.reasons import Reason, drained_note
 from ...trainjob import CANCELLED, PENDING, RUNNING
 from ..admin.changes import policy_levels
@@ -80,7 +80,9 @@ class Scheduler:
         self._wake, self._lock = self.cycles.woken, self.cycles.lock
         self.fair_share = fair_share
         self.past: PastUse | None = None  # read from the store at the first cycle
-        self._held: dict[str, int] = {}  # milli-GPUs beyond quota per project, last cycle
+        # What the last cycle left, for fair share over time: usage and quotas (milli-GPUs)
+        self._usage: dict[str, int] = {}
+        self._quotas: dict[str, int] = {}
         self._accounted: float | None = None
         self._unsaved: dict[tuple[str, int], float] = {}
         self._saved_at = -math.inf  # monotonic
@@ -229,9 +231,8 @@ class Scheduler:
             past = self._past_use(now)
             result = cycle(Snapshot(now, tuple(nodes), projects, jobs, past_use=past,
                                     departments=departments), self.config)
-            quotas = {p.name: p.quota for p in projects}
-            self._held = {p: u - quotas.get(p, 0) for p, u in result.usage.items()
-                          if u > quotas.get(p, 0)}
+            self._usage = dict(result.usage)
+            self._quotas = {p.name: p.quota for p in projects}
             for p in result.preemptions:
                 row = self.store.jobs.mark(p.job, now, preempting=True, detail=p.why,
                                            stop=p.kind)
@@ -294,10 +295,9 @@ class Scheduler:
         mono = time.monotonic()
         since, self._accounted = self._accounted, mono
         if since is not None and mono > since:
-            for project, beyond in self._held.items():
-                for b, amount in self.past.add(project, now - (mono - since), now, beyond).items():
-                    key = (project, b)
-                    self._unsaved[key] = self._unsaved.get(key, 0.0) + amount
+            added = account(self.past, self._usage, self._quotas, now - (mono - since), now)
+            for key, amount in added.items():
+                self._unsaved[key] = self._unsaved.get(key, 0.0) + amount
         if self._unsaved and mono - self._saved_at >= self.SAVE_EVERY_S:
             first = self.past.forget_before(now)
             try:
@@ -367,32 +367,34 @@ class Scheduler:
             return  # an attempt already accounted for
         if row.cancel_requested:
             said = [e.detail for e in self.store.jobs.events(row.id) if e.kind == "cancel"]
+        # What the job does now: one rule with the simulator's (policy/outcome.py).
+        outcome = after_attempt(ex.state if ex.state != LOST else FAILED, ex.exit_code,
+                                vanished=ex.state == LOST, stopping=row.preempting,
+                                cancelling=row.cancel_requested)
+        if outcome == CANCELLED:
             self.store.jobs.finish(row.id, now, CANCELLED, ex.exit_code,
                                    said[-1] if said and said[-1] else CANCELLED)
-        elif row.preempting:
-            # Ended during its grace period: by our stop (requeued), or by itself
-            # (finished by its exit code, never run again): policy/outcome.py.
-            outcome = PREEMPTED if ex.state == LOST else after_stop(ex.exit_code)
-            if outcome == PREEMPTED:
-                drained = sorted(n for n in row.placement or {} if n in self.drained)
-                attempt = next((a for a in self.store.jobs.attempts(row.id)
-                                if a.attempt == row.attempt), None)
-                stop = attempt.stop if attempt is not None else None
-                why = f"node {', '.join(drained)} was drained" if stop == DRAIN and drained \
-                    else STOPPED.get(stop, PREEMPTED)
-                self.store.jobs.requeue(row.id, now, PREEMPTED, f"{why}; {REQUEUED}",
-                                        ex.exit_code)
-            elif outcome == SUCCEEDED:
+        elif outcome == PREEMPTED:  # our stop ended it: requeued to resume
+            drained = sorted(n for n in row.placement or {} if n in self.drained)
+            attempt = next((a for a in self.store.jobs.attempts(row.id)
+                            if a.attempt == row.attempt), None)
+            stop = attempt.stop if attempt is not None else None
+            why = f"node {', '.join(drained)} was drained" if stop == DRAIN and drained \
+                else STOPPED.get(stop, PREEMPTED)
+            self.store.jobs.requeue(row.id, now, PREEMPTED, f"{why}; {REQUEUED}",
+                                    ex.exit_code)
+        elif outcome == PENDING:  # vanished while nothing stopped it: run again
+            self.store.jobs.requeue(row.id, now, LOST, ex.reason or "its process vanished")
+        elif row.preempting:  # ended by itself during its grace period: never run again
+            if outcome == SUCCEEDED:
                 self.store.jobs.finish(row.id, now, SUCCEEDED, 0,
                                        "finished by itself while being preempted")
             else:
                 self.store.jobs.finish(row.id, now, FAILED, ex.exit_code,
                                        f"exited with code {ex.exit_code} while being preempted "
                                        f"(a stopped job exits 143 to be resumed)")
-        elif ex.state == LOST:
-            self.store.jobs.requeue(row.id, now, LOST, ex.reason or "its process vanished")
         else:
-            self.store.jobs.finish(row.id, now, ex.state, ex.exit_code, ex.reason)
+            self.store.jobs.finish(row.id, now, outcome, ex.exit_code, ex.reason)
 
     def _train_job(self, row: JobRow, idle: bool = False) -> TrainJob:
         running = row.state == RUNNING
