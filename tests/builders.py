@@ -255,3 +255,19 @@ def started(result: CycleResult) -> dict[str, dict[str, int]]:
 
 def preempted(result: CycleResult) -> list[str]:
     return [p.job for p in result.preemptions]
+
+
+def burst_trace(folder, jobs: int, projects: int):
+    """``benchmarks/reclaim_burst.py``'s burst at another size, as the simulator's jobs (the
+    trace written in ``folder``)."""
+    import importlib.util
+    from pathlib import Path
+
+    from jupyter_gpushare.sim.trace import read_trace
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "reclaim_burst.py"
+    spec = importlib.util.spec_from_file_location("reclaim_burst", path)
+    burst = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(burst)
+    burst.write_burst(Path(folder) / "burst.csv", jobs, projects)
+    return read_trace(Path(folder) / "burst.csv")

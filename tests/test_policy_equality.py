@@ -11,8 +11,6 @@ in test_departments.py and test_policy_scenarios.py.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 from hypothesis import given, note, settings
@@ -23,9 +21,8 @@ from jupyter_gpushare.policy import CycleResult, PolicyConfig, cycle
 from jupyter_gpushare.policy.model import DEFAULT_MIN_RUNTIME_S
 from jupyter_gpushare.sim.engine import SimConfig, Simulator
 from jupyter_gpushare.sim.trace import apportion, proportional_quotas, read_quotas, read_trace
+from builders import burst_trace
 from test_policy_properties import configs, full_pools, snapshots
-
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def decisions(result: CycleResult) -> tuple:
@@ -65,17 +62,9 @@ def test_a_slice_of_the_philly_trace_is_decided_as_before(philly):
     assert sim.preemptions > 100, "the slice must exercise reclaim"
 
 
-def _burst(tmp_path, jobs: int, projects: int):
-    spec = importlib.util.spec_from_file_location("reclaim_burst", BENCHMARKS / "reclaim_burst.py")
-    burst = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(burst)
-    burst.write_burst(tmp_path / "burst.csv", jobs, projects)
-    return read_trace(tmp_path / "burst.csv")
-
-
 @pytest.mark.parametrize("fair", [False, True], ids=["guarantee", "fair-share-reclaim"])
 def test_a_reclaim_burst_is_decided_as_before(tmp_path, fair):
-    jobs = _burst(tmp_path, 600, 30)
+    jobs = burst_trace(tmp_path, 600, 30)
     config = PolicyConfig(min_runtime_s=DEFAULT_MIN_RUNTIME_S, reclaim_fair_share=fair,
                           consolidate=False)
     sim = TwinSimulator(jobs, proportional_quotas(jobs, 240),

@@ -5,12 +5,12 @@ attempt's end is the service's rule (``policy.outcome.after_attempt``)."""
 from __future__ import annotations
 
 import ast
-import importlib.util
 import io
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from builders import burst_trace
 
 from jupyter_gpushare.policy.lending import lent_node
 from jupyter_gpushare.policy.model import DEFAULT_MIN_RUNTIME_S, GPU, Department, Node, PolicyConfig
@@ -21,11 +21,9 @@ from jupyter_gpushare.sim.metrics import summarize
 from jupyter_gpushare.sim.team import TeamParameters, load_jobs, make_team
 from jupyter_gpushare.sim.team_run import TeamRun
 from jupyter_gpushare.sim.trace import proportional_quotas, read_quotas, read_trace
-
 from jupyter_gpushare.trainjob import CANCELLED, FAILED, PENDING, PREEMPTED, SUCCEEDED
 
 SIM = Path(__file__).resolve().parents[1] / "jupyter_gpushare" / "sim"
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 MOST = 20
 
 
@@ -34,14 +32,6 @@ class EveryCycleSimulator(Simulator):
 
     def _unchanged(self, t, snap):
         return None
-
-
-def _burst(tmp_path, jobs: int, projects: int):
-    spec = importlib.util.spec_from_file_location("reclaim_burst", BENCHMARKS / "reclaim_burst.py")
-    burst = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(burst)
-    burst.write_burst(tmp_path / "burst.csv", jobs, projects)
-    return read_trace(tmp_path / "burst.csv")
 
 
 def test_the_simulator_and_its_parts_each_hold_few_attributes(example):
@@ -119,7 +109,7 @@ CONFIGS = {
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_a_spared_cycle_changes_no_figure(tmp_path, name):
-    jobs = _burst(tmp_path, 600, 30)
+    jobs = burst_trace(tmp_path, 600, 30)
     quotas = proportional_quotas(jobs, 240)
     spared, fewer = _figures(Simulator, jobs, quotas, CONFIGS[name])
     every, cycles = _figures(EveryCycleSimulator, jobs, quotas, CONFIGS[name])
