@@ -30,7 +30,7 @@ from contextlib import contextmanager
 
 from .admission import Admission, never_fits
 from .cache import Cluster
-from .decisions import CycleResult, Preempt, Start, Wait
+from .decisions import CycleResult, Left, Preempt, Start, Wait
 from .explain import Explainer
 from .fits import FitMemo
 from .ledger import Ledger
@@ -77,7 +77,8 @@ def cycle(snapshot: Snapshot, config: PolicyConfig = PolicyConfig()) -> CycleRes
             ledger.held, reserved, tuple(admission.never),
             lambda: explainer.waits(admission.waits, admission.never, borrowers.unvisited(),  # 6
                                     reserved, admission.never_fits),
-            tuple(admission.within_quota_waiting))
+            tuple(admission.within_quota_waiting),
+            Left(ledger.free.free, ledger.releasing, ledger.claimed))
 
 
 @contextmanager

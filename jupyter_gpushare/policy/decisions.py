@@ -49,6 +49,17 @@ class Wait:
 
 
 @dataclass(frozen=True)
+class Left:
+    """The free GPUs per train node, those still being released and promised to no claimant
+    per node, and the milli-GPUs each project's claimants were promised, as a cycle left
+    them (the ledger's ``free``, ``releasing`` and ``claimed``). Read only."""
+
+    free: Mapping[str, int]
+    releasing: Mapping[str, int]
+    claimed: Mapping[str, int]
+
+
+@dataclass(frozen=True)
 class CycleResult:
     """The decisions of one cycle.
 
@@ -69,6 +80,9 @@ class CycleResult:
     within_quota_waiting: tuple[str, ...] = field(default=(), repr=False, compare=False)
     """The jobs that keep their project within quota and did not start this cycle (claiming,
     or waiting for young victims or for room): the ones the guarantee's bound is about."""
+    left: "Left | None" = field(default=None, repr=False, compare=False)
+    """What the cycle left when it was done: for a caller that asks whether one more job
+    could change anything (the simulator sparing a cycle, ``sim/engine.py``)."""
 
     @cached_property
     def waits(self) -> tuple[Wait, ...]:

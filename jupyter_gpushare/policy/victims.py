@@ -204,6 +204,19 @@ def _node_sets(gpus: int, room: FreeMap, pool: Candidates, exclude
     return sets
 
 
+def fit_without_victims(gpus: int, room: FreeMap, releasing: Mapping[str, int],
+                        exclude=frozenset()) -> dict[str, int] | None:
+    """Where a gang of ``gpus`` that the free GPUs alone do not hold goes on ``room`` (free
+    plus releasing GPUs) with no victim, or None: a gang of one node only where GPUs are
+    being released, a larger one on the freest nodes. The first question of every claim."""
+    if gpus <= room.node_size:
+        for _, name in room.ascending(gpus):
+            if name not in exclude and releasing.get(name):
+                return {name: gpus}
+        return None
+    return room.fit(gpus, exclude)
+
+
 def _greedy(gpus: int, room: FreeMap, releasing: Mapping[str, int], pool: Candidates, exclude,
             first: frozenset[str] = frozenset(), need: int = 0):
     """Take victims in contract order until the gang fits, then put back, newest choice
@@ -229,7 +242,7 @@ def _greedy(gpus: int, room: FreeMap, releasing: Mapping[str, int], pool: Candid
         def promising(changed):
             return True
 
-    placement = fit()
+    placement = fit_without_victims(gpus, room, releasing, exclude)  # fit(), none gaining yet
     removed: list[TrainJob] = []
     picker = None
     given = 0  # by the projects of ``first``

@@ -35,7 +35,7 @@ import math
 import random
 import time
 from dataclasses import replace
-from typing import IO, Callable, Iterable, Mapping, NamedTuple
+from typing import IO, Callable, Iterable, Mapping
 
 from ..policy import CycleResult, Node, Snapshot, TrainJob, cycle
 from ..policy.cycle import never_fits
@@ -52,6 +52,7 @@ from .clock import CALL, CYCLE, FINISH, RELEASE, SUBMIT, EventClock
 from .cluster import ClusterState, on_lent
 from .config import SimConfig
 from .observer import MetricsObserver
+from .quiet import Left, Quiet
 from .records import JobRecord, SimRun
 from .trace import TraceJob
 
@@ -63,17 +64,6 @@ def make_nodes(capacity_gpus: int, gpus_per_node: int) -> tuple[Node, ...]:
     sizes = [gpus_per_node] * full + ([rest] if rest else [])
     width = len(str(len(sizes) - 1))
     return tuple(Node(f"node-{i:0{width}d}", g) for i, g in enumerate(sizes))
-
-
-class Quiet(NamedTuple):
-    """The last cycle, when it changed nothing: what a cycle needs to find that it would
-    decide the same."""
-
-    t: float
-    version: int  # ``ClusterState.version`` it left, or that jobs found inert moved on to
-    past_use: Mapping[str, float]
-    result: CycleResult
-    spare: int  # milli-GPUs a start could still use: free, not held for a claimant, or lent
 
 
 def _cluster(jobs: list[TraceJob], quotas: dict[str, int], config: SimConfig,
@@ -129,6 +119,10 @@ class Simulator:
         self.metrics = MetricsObserver(self.records, events, timeline, spans)
         self.borrowing = Borrowing(self.cluster, self.metrics, config.fair_share)
         self.quiet: Quiet | None = None
+        # The priorities of the jobs and whether the projects have one: with one of each, the
+        # latest job to queue comes last (quiet.py)
+        self._ranks = {r.trace.priority for r in self.records.values()}
+        self._one_project_rank = len({p.priority for p in self.cluster.projects}) <= 1
         self.on_end: Callable[[JobRecord, float], None] | None = None
         """Hears each attempt that ends (finished, or released after a preemption)."""
         self.on_start: Callable[[JobRecord, float], None] | None = None
@@ -183,6 +177,7 @@ class Simulator:
         """Submit ``job`` at its ``submit_time``, which is now or later: demand that depends
         on what the pool did (the next experiment after the last one's result)."""
         self.records[job.id] = JobRecord(job, job.duration, util=self._util(job))
+        self._ranks.add(job.priority)
         self.clock.push(job.submit_time, SUBMIT, job.id, 1)
 
     def changed(self, t: float) -> None:
@@ -257,34 +252,55 @@ class Simulator:
             return
         self.borrowing.count(job.project, t)
         quiet = self.quiet
-        inert = quiet is not None and quiet.version == self.cluster.version and \
-            self._inert(job, quiet)
+        after = self._inert(job, quiet) if quiet is not None and \
+            quiet.version == self.cluster.version else None
         self.cluster.submit(job)
-        if inert:
-            self.quiet = quiet._replace(version=self.cluster.version)
+        if after is not None:
+            self.quiet = after._replace(version=self.cluster.version)
         self.clock.cycle_after(t)
 
-    def _inert(self, job: TrainJob, quiet: Quiet) -> bool:
-        """Whether the next cycle decides with ``job`` pending as the quiet last one did
-        without it: the job cannot start (fewer GPUs free than it asks for), claim GPUs (it
-        takes its project beyond its quota, and only a job within quota reclaims: neither
-        fair-share reclaim nor preemption within a project is on) or be found never to fit,
-        and no project's deserved share moves (its project already wants more than its share,
-        or its limit caps what it wants). The policy ranks the other jobs by their shares,
-        which stay, so it decides for them as before; a new job's wait is one of the ages
-        ``_unchanged`` checks."""
+    def _inert(self, job: TrainJob, quiet: Quiet) -> Quiet | None:
+        """``quiet`` as the next cycle would leave it with ``job`` pending too, where that
+        cycle decides as the quiet last one did without it (``quiet.py`` says when); None
+        where it might not. The job cannot start (fewer GPUs free than it asks for) or be
+        found never to fit. Where a running job is old enough to be taken back or moved, no
+        project's deserved share may move either (its project already wants more than its
+        share, or its limit caps what it wants): the policy orders victims by their
+        projects' shares. A new job's wait is one of the ages ``_unchanged`` checks."""
         cfg, c = self.policy_config, self.cluster
         if cfg.preemption and (cfg.reclaim_fair_share or cfg.preempt_within_project):
-            return False
+            return None
         p = c.project.get(job.project)
-        if p is None or job.gpus <= quiet.spare or job.gpus <= p.quota - c.usage[p.name]:
-            return False
-        if c.never_fits(job, p) is not None:
-            return False
-        wants = c.usage[p.name] + c.active.pending_gpus(p.name)
-        cap = math.inf if p.limit is None else p.limit
-        return min(wants + job.gpus, cap) == min(wants, cap) or \
-            quiet.result.deserved.get(p.name, 0) < min(wants, cap)
+        if p is None or job.gpus <= quiet.spare or c.never_fits(job, p) is not None:
+            return None
+        no_old = not c.started or c.started[0][0] > job.waiting_since - cfg.min_runtime_s
+        if not no_old:
+            wants = c.usage[p.name] + c.active.pending_gpus(p.name)
+            cap = math.inf if p.limit is None else p.limit
+            if quiet.shares_moved or (min(wants + job.gpus, cap) != min(wants, cap) and
+                                      quiet.result.deserved.get(p.name, 0) >= min(wants, cap)):
+                return None
+        else:  # shares no one reads now; the next cycle decided works them out again
+            quiet = quiet._replace(shares_moved=True)
+        left = quiet.left
+        claimed = left.claimed if left is not None else \
+            (quiet.result.left.claimed if quiet.result.left is not None else {})
+        if job.gpus > p.quota - quiet.result.usage.get(p.name, 0) - claimed.get(p.name, 0):
+            return quiet  # a borrower: only a job within quota reclaims
+        if not cfg.preemption or c.departments or len(self._ranks) > 1 or \
+                not self._one_project_rank or quiet.result.reservation is not None or \
+                quiet.result.left is None or \
+                (c.queued and c.queued[-1][0] >= job.waiting_since):
+            return None
+        if left is None:
+            left = Left(quiet.result, c.node_sizes[0] if c.node_sizes else GPU)
+            quiet = quiet._replace(left=left)
+        if left.claim(p.name, job.gpus):  # GPUs being released hold it: preempts no one
+            return quiet._replace(spare=max(sum(left.free.values()), c.free[True])) \
+                .waiting(job.id)
+        if no_old:  # no job to take back or move, whatever its size
+            return quiet.waiting(job.id)
+        return None
 
     def _attempt_ends(self, t: float, job_id: str, attempt: int, ended: str,
                       exit_code: int) -> None:
@@ -356,6 +372,7 @@ class Simulator:
         self.clock.cycle_runs(t)
         snap = self.snapshot(t)
         result = self._unchanged(t, snap)
+        kept = self.quiet if result is not None else None  # and what inert jobs claimed since
         if result is None:
             tick = time.perf_counter()
             result = self.decide(snap)
@@ -366,7 +383,8 @@ class Simulator:
         if self.cluster.version == version:
             c = self.cluster
             spare = max(c.free[False] - sum(result.held.values()), c.free[True])
-            self.quiet = Quiet(t, version, snap.past_use, result, spare)
+            self.quiet = kept._replace(t=t) if kept is not None else \
+                Quiet(t, version, snap.past_use, result, spare)
         if self.metrics.timeline is not None:
             self.metrics.point(t, self.cluster.active.view())
 
