@@ -5,6 +5,7 @@ the borrowers' queue is not visited.
 
 from __future__ import annotations
 
+import bisect
 from typing import Iterable, Mapping
 
 from . import reasons as R
@@ -64,6 +65,35 @@ class BehindClaim:
                                          job.project, c.id, c.gpus)
 
 
+def _first_at(index: Mapping[int, list[int]], sizes, j: int, n: int) -> int:
+    """The first position from ``j`` on of a job of one of ``sizes`` (``index``: each gang
+    size's positions in its queue, ascending), or ``n``."""
+    first = n
+    for gpus in sizes:
+        at = index.get(gpus)
+        if at:
+            k = bisect.bisect_left(at, j)
+            if k < len(at) and at[k] < first:
+                first = at[k]
+    return first
+
+
+class PassedOver:
+    """A run of a borrowers' queue, from ``i`` to ``end``, none of whose jobs might still get
+    GPUs this cycle (``Admission._hopeful_sizes``): its jobs wait, their reasons worked out when the waits are
+    read (explain.py), so that a cycle does not walk the whole backlog."""
+
+    __slots__ = ("queue", "i", "end", "seen")
+
+    def __init__(self, queue, i: int, end: int, seen: set[str]):
+        self.queue, self.i, self.end, self.seen = queue, i, end, seen
+
+    def waits(self, node_size: int):
+        for job in self.queue[self.i:self.end]:
+            if job.id not in self.seen:
+                yield job, None
+
+
 class Admission:
     """Admits one cycle's jobs, which the ledger starts, and keeps the rest of what it
     decided: ``waits`` (each with its reason, or None where the reason is worked out only
@@ -73,12 +103,14 @@ class Admission:
     def __init__(self, config: PolicyConfig, cluster: Cluster, node_sizes: tuple[int, ...],
                  projects: Mapping[str, Project], ledger: Ledger, order: Order, memo: FitMemo,
                  reclaimer: Reclaimer, reservation: Reservation, explainer: Explainer,
-                 sizes: Mapping[str, tuple[int, ...]] | None = None):
+                 sizes: Mapping[str, tuple[int, ...]] | None = None, positions=None):
         self.config, self.c, self.node_sizes = config, cluster, node_sizes
         self.projects, self.ledger = projects, ledger
         self.order, self.memo, self.reclaimer = order, memo, reclaimer
         self.reservation, self.explainer = reservation, explainer
         self.sizes = sizes  # the gang sizes each project's pending jobs ask for, if known
+        self.positions = positions  # (project, queue) → {gang size: its positions}, if known
+        self._all_sizes: list[int] | None = None  # every pending gang size, made at first need
         self.waits: list[tuple[TrainJob, R.Reason | None]] = []
         self.never: list[Wait] = []
         self.done: set[str] = set()
@@ -147,7 +179,9 @@ class Admission:
     # -- borrowers -------------------------------------------------------------------------
     def borrowers(self, turn: Borrowers) -> None:
         """Admit borrowers in fair-share order until no GPU is left to give; the projects
-        not visited are parked in ``turn``."""
+        not visited are parked in ``turn``. Once nothing can change any more (no free GPU
+        is left for a project that may not reclaim, or no gang size pending anywhere might
+        still get GPUs), the rest are handled at once, each as its turn would have."""
         order = self.order
         queues, smallest = order.queues, order.smallest
         beyond_limit = self.ledger.beyond_limit
@@ -161,6 +195,12 @@ class Admission:
                 continue
             if self._exhausted() and not self._may_reclaim(name):
                 turn.park()
+                if self._none_may_reclaim():  # nor may any after it
+                    self._rest_wait(turn)
+                continue
+            if self._none_hopeful_anywhere():
+                self.waits.append((None, PassedOver(queue, i, len(queue), order.seen)))
+                self._rest_wait(turn)
                 continue
             i = self._next_hopeful(queue, i)
             if i is None:
@@ -173,6 +213,59 @@ class Admission:
             else:
                 self._admit_borrower(job)
             turn.go_on(name, i + 1)
+
+    def _rest_wait(self, turn: Borrowers) -> None:
+        """The projects still to come in ``turn``, once nothing can start, claim or change
+        any more: each handled as its turn would have handled it (parked at its limit or
+        with no GPU left for it, behind its claim, or its jobs passed over), in order."""
+        queues, smallest, seen = self.order.queues, self.order.smallest, self.order.seen
+        beyond_limit = self.ledger.beyond_limit
+        for name, i, entry in turn.rest():
+            queue = queues[name]
+            if beyond_limit(name, smallest[name]) is not None:
+                turn.park_entry(entry)
+            elif name in self.claiming:
+                self._behind_claim(queue, i)
+            elif self._exhausted() and not self._may_reclaim(name):
+                turn.park_entry(entry)
+            else:
+                self.waits.append((None, PassedOver(queue, i, len(queue), seen)))
+
+    def _none_hopeful_anywhere(self) -> bool:
+        """Whether no gang size any project's pending jobs ask for might still get GPUs
+        (``_hopeful_sizes`` for every project, their limits aside), with neither fair-share
+        reclaim nor preemption within a project, which ask per project. Sizes known only."""
+        cfg = self.config
+        if self.sizes is None or (cfg.preemption and (cfg.reclaim_fair_share or
+                                                      cfg.preempt_within_project)):
+            return False
+        if self._all_sizes is None:
+            self._all_sizes = sorted({g for sizes in self.sizes.values() for g in sizes})
+        reservation = self.reservation
+        holder = reservation.holder_job
+        if holder is not None and holder.id not in self.done and \
+                self._hopeful(holder.gpus, (False,)):
+            return False  # the holder may use the reserved nodes
+        kept = (True,) if reservation.nodes else (False,)  # every other job's
+        return not any(self._hopeful(gpus, kept) for gpus in self._all_sizes)
+
+    def _hopeful(self, gpus: int, kept: tuple[bool, ...]) -> bool:
+        """Whether a gang of ``gpus`` might still fit the free GPUs (kept off the reserved
+        nodes or not, as ``kept`` has it) or lent ones."""
+        k, memo = nodes_needed(gpus, self.c.node_size), self.memo
+        return any(not memo.fails(Way.BORROWING, x, k, gpus) for x in kept) or \
+            self._may_lend(gpus)
+
+    def _kept(self, project: str) -> tuple[bool, ...]:
+        """Whether a job of ``project`` may be kept off the reserved nodes (``kept_out``):
+        the holder is not, nor is any job where there are none; with fair-share reclaim a
+        job within its share may not be either."""
+        reservation = self.reservation
+        if not reservation.nodes:
+            return (False,)
+        if reservation.holder_outranked() or project == reservation.holder_project:
+            return (False, True)
+        return (True,)
 
     def _behind_claim(self, queue, i: int) -> None:
         """A project whose job within quota claims GPUs borrows nothing this cycle: were its
@@ -197,11 +290,29 @@ class Admission:
 
     def _next_hopeful(self, queue, i: int) -> int | None:
         """The first job from ``i`` on that might still get GPUs; the ones passed over wait.
-        Their project's key does not change meanwhile, so the order is the heap's."""
+        Their project's key does not change meanwhile, so the order is the heap's. Jobs of a
+        size none of which might (``_hopeful_sizes``) are passed over without a walk: the
+        queue's positions by size (``queues.Queues.positions``) say where the next one of a
+        hopeful size is."""
         seen, memo, node_size = self.order.seen, self.memo, self.c.node_size
         kept_out, beyond_limit = self.reservation.kept_out, self.ledger.beyond_limit
-        for j in range(i, len(queue)):
+        hopeful = self._hopeful_sizes(queue[i].project)
+        index = self.positions(queue[i].project, queue) \
+            if hopeful is not None and self.positions is not None else None
+        n = len(queue)
+        j = i
+        while j < n:
+            if hopeful is not None:
+                if index is not None:
+                    nxt = _first_at(index, hopeful, j, n)
+                else:  # no positions to skip by: all of them, or none
+                    nxt = j if hopeful else n
+                if nxt > j:
+                    self.waits.append((None, PassedOver(queue, j, nxt, seen)))
+                    j = nxt
+                    continue
             job = queue[j]
+            j += 1
             if job.id in seen:
                 continue
             excluded = bool(kept_out(job))
@@ -209,27 +320,46 @@ class Admission:
             if beyond_limit(job.project, job.gpus) is not None:
                 pass  # waits for its own project (or department), whatever is free
             elif not memo.fails(Way.BORROWING, excluded, k, job.gpus) or \
-                    self._may_lend(job) or self._may_take(job, k):
-                return j
+                    self._may_lend(job.gpus) or \
+                    self._may_take(job.project, job.gpus, k, excluded):
+                return j - 1
             self.waits.append((job, None))
         return None
 
-    def _may_lend(self, job: TrainJob) -> bool:
-        """Whether lent build GPUs might still hold ``job``."""
-        return self.ledger.lent.total() >= job.gpus and \
-            not self.memo.fails(Way.LENT, False, 1, job.gpus)
+    def _hopeful_sizes(self, project: str) -> list[int] | None:
+        """The gang sizes ``project``'s pending jobs ask for that might still get GPUs,
+        whatever the job: within its (department's) limit, and fitting the free GPUs (on or
+        off the reserved nodes), lent ones, or reclaim; None where the sizes are not known.
+        A job of any other size waits."""
+        sizes = self.sizes.get(project) if self.sizes is not None else None
+        if sizes is None:
+            return None
+        node_size, kept = self.c.node_size, self._kept(project)
+        out = []
+        for gpus in sizes:
+            if self.ledger.beyond_limit(project, gpus) is not None:
+                continue
+            k = nodes_needed(gpus, node_size)
+            if self._hopeful(gpus, kept) or \
+                    any(self._may_take(project, gpus, k, x) for x in kept):
+                out.append(gpus)
+        return out
 
-    def _may_take(self, job: TrainJob, k: int) -> bool:
-        """Whether reclaim could still serve ``job`` when no free GPUs fit it."""
+    def _may_lend(self, gpus: int) -> bool:
+        """Whether lent build GPUs might still hold a gang of ``gpus``."""
+        return self.ledger.lent.total() >= gpus and not self.memo.fails(Way.LENT, False, 1, gpus)
+
+    def _may_take(self, project: str, gpus: int, k: int, excluded: bool) -> bool:
+        """Whether reclaim could still serve a gang of ``gpus`` of ``project`` when no free
+        GPUs fit it (``excluded``: kept off the reserved nodes)."""
         cfg = self.config
         if not cfg.preemption:
             return False
         if cfg.preempt_within_project:
             return True
-        if not cfg.reclaim_fair_share or not self.ledger.within_share(job.project, job.gpus):
+        if not cfg.reclaim_fair_share or not self.ledger.within_share(project, gpus):
             return False
-        excluded = bool(self.reservation.kept_out(job))
-        return not self.memo.fails(Reclaim.FAIR, excluded, k, job.gpus)
+        return not self.memo.fails(Reclaim.FAIR, excluded, k, gpus)
 
     def _exhausted(self) -> bool:
         """No borrower but the reservation holder can start on a free GPU any more."""
@@ -237,6 +367,14 @@ class Admission:
         if free.total(reservation.nodes) > 0 or self.ledger.lent.total() > 0:
             return False
         return not reservation.holder_outranked() or free.total() == 0
+
+    def _none_may_reclaim(self) -> bool:
+        """Whether no project may get GPUs by reclaiming or by a reservation any more, once
+        no free GPU is left (``_may_reclaim`` for every project)."""
+        cfg, reservation = self.config, self.reservation
+        if reservation.holder_project is not None and reservation.holder not in self.done:
+            return False
+        return not cfg.preemption or not (cfg.preempt_within_project or cfg.reclaim_fair_share)
 
     def _may_reclaim(self, project: str) -> bool:
         """Whether a job of ``project`` may still get GPUs once no free GPU is left: by the
@@ -287,7 +425,7 @@ class Admission:
     def _start_lent(self, job: TrainJob) -> bool:
         """Start a borrower on lent build GPUs alone (``lending.py``), which count toward no
         quota: its project's usage does not grow."""
-        if not self._may_lend(job):
+        if not self._may_lend(job.gpus):
             return False
         placement = self.ledger.lent.fit(job.gpus)
         if placement is None:

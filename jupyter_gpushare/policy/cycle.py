@@ -65,7 +65,8 @@ def cycle(snapshot: Snapshot, config: PolicyConfig = PolicyConfig()) -> CycleRes
                                   reverse=True))
         taken_back = cluster.lending.take_back(view.running) if cluster.lending else []
         admission = Admission(config, cluster, node_sizes, projects, ledger, order, memo,
-                              reclaimer, reservation, explainer, view.sizes)
+                              reclaimer, reservation, explainer, view.sizes,
+                              view.positions)
         admission.within_quota(order.within_quota())                                     # 4
         borrowers = order.borrowers()
         admission.borrowers(borrowers)

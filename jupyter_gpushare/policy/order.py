@@ -125,6 +125,18 @@ class Borrowers:
         """The project just handed out is not visited: its order is fixed from now on."""
         self._tail.append(self._entry)
 
+    def rest(self) -> list[tuple[str, int]]:
+        """The projects still to come, ``(project, position, entry)`` in their order, handed
+        out all at once: the caller parks each entry (``park_entry``) or not, as it would
+        have one by one."""
+        rest = sorted(self._heap)
+        self._heap.clear()
+        return [(entry[1], entry[2], entry) for entry in rest]
+
+    def park_entry(self, entry: tuple) -> None:
+        """``park`` for an entry of ``rest``."""
+        self._tail.append(entry)
+
     def unvisited(self) -> Iterator[TrainJob]:
         """The parked projects' jobs in the order they would have been visited. Read once,
         after the cycle's decisions (to explain the waits)."""

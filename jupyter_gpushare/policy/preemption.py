@@ -26,7 +26,7 @@ from .ledger import Ledger
 from .model import PolicyConfig, Project, TrainJob, gpus_text
 from .placement import nodes_needed
 from .moves import plan_moves
-from .victims import Candidates, Floor, VictimPicker, choose_victims
+from .victims import Candidates, Floor, VictimPicker, choose_victims, fit_without_victims
 
 
 class Reclaim(str, enum.Enum):
@@ -81,7 +81,8 @@ class Reclaimer:
         self.projects, self.deserved, self.ledger, self.memo = projects, deserved, ledger, memo
         self.too_young = 0
         self.moved_for: str | None = None  # the gang given room by moves this cycle, if any
-        self._pools: dict = {}  # GUARANTEE, FAIR and "any age" (moves), gathered at first need
+        self._pools: dict = {}  # GUARANTEE, FAIR and "any age" (moves), made at first need
+        self._gathered: dict = {}  # GUARANTEE and FAIR: the jobs they may look at
 
     def claim(self, job: TrainJob, rule: Reclaim, exclude: frozenset,
               at_limit: R.AtLimit | None = None) -> R.Reason | None:
@@ -96,10 +97,19 @@ class Reclaimer:
         remember = rule is not Reclaim.PRIORITY and at_limit is None
         if rule is not Reclaim.PRIORITY and self.memo.fails(rule, bool(exclude), k, job.gpus):
             return None
+        need = 0 if at_limit is None else at_limit.usage + job.gpus - at_limit.limit
+        if need == 0 and rule is not Reclaim.PRIORITY:
+            # GPUs being released that hold it need no victim, nor the pool of victims (only
+            # counted, as every claim's first look at it counts the young borrowers)
+            self._old_enough(rule)
+            placement = fit_without_victims(job.gpus, ledger.room, ledger.releasing, exclude)
+            if placement is not None:
+                ledger.hold(placement)
+                ledger.claim(job.project, job.gpus)
+                return R.Releasing(job.gpus, k)
         pool = self._pool(rule, job)
         tree = self.c.tree
         first = tree.siblings(job.project) if tree else frozenset()
-        need = 0 if at_limit is None else at_limit.usage + job.gpus - at_limit.limit
         found = choose_victims(job.gpus, ledger.room, ledger.releasing, pool, exclude, first,
                                need)
         if found is None:
@@ -205,7 +215,11 @@ class Reclaimer:
                               rule.floor(self.projects, self.deserved), self.ledger.room)
         pool = self._pools.get(rule)
         if pool is None:
-            pool = self._pools[rule] = self._watched(self._gather(rule, old_enough))
+            evicted = self.ledger.evicted  # by another rule's claims since they were gathered
+            jobs = [j for j in self._old_enough(rule) if j.id not in evicted]
+            pool = self._pools[rule] = self._watched(Candidates(
+                jobs, self.ledger.kept, self.projects, self.deserved,
+                rule.floor(self.projects, self.deserved), self.ledger.room))
         return pool
 
     def _watched(self, pool: Candidates) -> Candidates:
@@ -213,21 +227,26 @@ class Reclaimer:
         self.ledger.watch(pool)
         return pool
 
-    def _gather(self, rule: Reclaim, old_enough: float) -> Candidates:
-        """The pool of a rule that takes from other projects, once a cycle; it counts the
-        over-quota jobs it leaves out for their minimum runtime in ``too_young``, which
-        makes a waiting job's reason the minimum runtime."""
-        jobs = []
-        usage, evicted = self.ledger.usage, self.ledger.evicted
-        for j in self.c.running:
-            if j.id in evicted:
-                continue
-            if (j.start_time or 0.0) <= old_enough:
-                jobs.append(j)
-            elif usage[j.project] > self.projects[j.project].quota:
-                self.too_young += 1
-        return Candidates(jobs, self.ledger.kept, self.projects, self.deserved,
-                          rule.floor(self.projects, self.deserved), self.ledger.room)
+    def _old_enough(self, rule: Reclaim) -> list[TrainJob]:
+        """The running jobs a rule that takes from other projects may look at, gathered at
+        its first need in a cycle: old enough, not evicted. It counts the over-quota jobs it
+        leaves out for their minimum runtime in ``too_young``, which makes a waiting job's
+        reason the minimum runtime. A pool (``_pool``) is made of them when a claim needs
+        victims: the jobs it may take are what ran when they were gathered, as the victims
+        chosen since are committed to every pool."""
+        jobs = self._gathered.get(rule)
+        if jobs is None:
+            jobs = self._gathered[rule] = []
+            old_enough = self.now - self.config.min_runtime_s
+            usage, evicted = self.ledger.usage, self.ledger.evicted
+            for j in self.c.running:
+                if j.id in evicted:
+                    continue
+                if (j.start_time or 0.0) <= old_enough:
+                    jobs.append(j)
+                elif usage[j.project] > self.projects[j.project].quota:
+                    self.too_young += 1
+        return jobs
 
     def _commit(self, pool: Candidates, victims: list[TrainJob]) -> None:
         """The victims are gone from the searching pool and from every pool gathered."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from .model import JobState, TrainJob
 
@@ -32,6 +32,8 @@ class QueueView:
     smallest: Mapping[str, int]  # the smallest pending job of each project, milli-GPUs
     sizes: Mapping[str, tuple[int, ...]]  # the gang sizes a project's pending jobs ask for
     holder: str | None  # the pending job that holds a reservation, if any
+    positions: Callable[[str, tuple[TrainJob, ...]], Mapping[int, list[int]]]
+    """(project, its queue) → each gang size's positions in that queue, ascending."""
 
 
 class Queues:
@@ -46,6 +48,7 @@ class Queues:
         self._where: dict[str, TrainJob] = {}
         self._holders: set[str] = set()
         self._sizes: dict[str, dict[int, int]] = {}  # project → pending gang size → count
+        self._positions: dict[str, tuple] = {}  # project → (its queue, its positions by size)
         for job in jobs:
             self.put(job)
 
@@ -102,6 +105,7 @@ class Queues:
             if not queue[:i] + queue[i + 1:]:
                 del self._pending[job.project], self._keys[job.project], self._demand[job.project]
                 del self._sizes[job.project]
+                self._positions.pop(job.project, None)
             self._holders.discard(job_id)
         return job
 
@@ -125,4 +129,18 @@ class Queues:
         return QueueView(tuple(self._running.values()), dict(self._pending), dict(self._demand),
                          dict(self._usage), dict(self._allocated), dict(self._releasing),
                          {p: min(sizes) for p, sizes in self._sizes.items()},
-                         {p: tuple(sizes) for p, sizes in self._sizes.items()}, holder)
+                         {p: tuple(sizes) for p, sizes in self._sizes.items()}, holder,
+                         self.positions)
+
+    def positions(self, project: str, queue: tuple[TrainJob, ...]) -> Mapping[int, list[int]]:
+        """Each gang size's positions in ``queue`` (the project's queue of a view, which
+        stays as it was), ascending. Made for a queue once and kept while it is the project's
+        latest: most cycles find most queues as the last one left them."""
+        kept = self._positions.get(project)
+        if kept is not None and kept[0] is queue:
+            return kept[1]
+        index: dict[int, list[int]] = {}
+        for at, job in enumerate(queue):
+            index.setdefault(job.gpus, []).append(at)
+        self._positions[project] = (queue, index)
+        return index
