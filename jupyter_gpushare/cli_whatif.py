@@ -56,7 +56,7 @@ def cmd_from_pool(args, client) -> int:
                          "earlier --since")
     try:
         result = what_if(pool, projects, history.get("settings") or {}, history["jobs"],
-                         capacity, quotas, departments=departments)
+                         capacity, quotas, departments=departments, build=history.get("build"))
     except BadChange as e:
         raise UsageError(str(e)) from None
     result["fetch_s"] = round(fetched, 2)

@@ -9,26 +9,33 @@ The steps:
      and what was recorded of it (queueing, utilization);
   2. ``trace_jobs``: those lines as the simulator's ``TraceJob``, times from the first submit;
   3. ``replay``: the jobs run by the simulator (the pool's own policy code) on given nodes and
-     projects; ``recorded``: the same figures from what really happened;
+     projects, and where the pool lends build GPUs, its recorded notebook sessions on its
+     build pool (``replay_build.py``), so that jobs run on lent GPUs and are taken back as
+     they were; ``recorded``: the same figures from what really happened;
   4. ``compare``: recorded, today's settings and the changed ones, side by side.
 What flows out: JSON-able dicts. No I/O, no clocks.
 
 A job's run time is the sum of its attempts' run times: what it held the GPUs for. A job
 preempted and requeued is therefore replayed as one run of that length (its lost work is in
 it). Jobs still pending have no run time yet and are left out; running ones count up to
-``now``. Build slices are not in the trace format's train jobs (``kind=build`` is a fraction
-of a GPU held for a duration; the history does not give them: docs/howto/showback-and-what-if.md).
+``now``. Build sessions are the trace format's ``kind=build`` lines (``slice_history.py``
+makes them from what the pool keeps of its slices), sent apart from the train jobs in
+``api/history``'s ``build`` part, with the build pool's nodes and lending options.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from ..policy.model import GPU, Department, Node, PolicyConfig, Project, two_levels
 from ..policy.past_use import FairShareTime
 from ..policy.settings import DEFAULT_GRACE_S, PoolSettings
 from .engine import SimConfig, Simulator
 from .metrics import percentile
+from .replay_build import BadBuild, BuildSettings, RecordedBuild, Session, TakenBack, \
+    build_from, timed
+from .slice_history import MAX_SESSIONS
 from .trace import TraceJob
 
 COLUMNS = ("job_id", "submit_time", "duration", "gpus", "project", "user", "priority", "kind",
@@ -79,7 +86,9 @@ def _queued(job, attempts) -> float:
 
 
 def trace_jobs(entries: list[dict]) -> list[TraceJob]:
-    """History entries as the simulator's jobs, times from the first submit."""
+    """History entries (train jobs; build lines are left out) as the simulator's jobs, times
+    from the first submit."""
+    entries = [e for e in entries if e.get("kind", "train") == "train"]
     if not entries:
         return []
     first = min(e["submitted"] for e in entries)
@@ -104,17 +113,48 @@ class Settings:
     """Each department with its projects' names."""
     decides: PoolSettings = field(default_factory=PoolSettings)
     """What the pool said decides (``api/history``'s settings), reported with the replay."""
+    build: BuildSettings | None = None
+    """The build pool and its lending options (``api/history``'s ``build``); None: the
+    history gave none (a pool without build nodes, or one older than lending's replay)."""
 
     @property
     def capacity(self) -> int:
         return sum(n.gpus for n in self.nodes)
 
+    @property
+    def lends(self) -> bool:
+        """Whether the replay lends build GPUs: the pool does, and the history says how."""
+        return self.decides.lend_build_gpus and self.build is not None
+
+
+class Builds(NamedTuple):
+    """``api/history``'s build part, checked: the build pool, its sessions (``kind=build``
+    lines) and its take-backs."""
+
+    settings: BuildSettings | None = None
+    sessions: tuple[dict, ...] = ()
+    take_backs: tuple[dict, ...] = ()
+
+
+def recorded_builds(block) -> Builds:
+    """``api/history``'s ``build`` part (None: the history has none), checked
+    (``BadChange`` with one sentence)."""
+    if block is None:
+        return Builds()
+    try:
+        settings, sessions, backs = build_from(block)
+    except BadBuild as e:
+        raise BadChange(str(e)) from None
+    return Builds(settings, tuple(sessions), tuple(backs))
+
 
 def settings_from(pool: dict, projects: list[dict], knobs: dict,
-                  departments: list[dict] | None = None) -> Settings:
+                  departments: list[dict] | None = None,
+                  build: BuildSettings | None = None) -> Settings:
     """Settings from the API's answers: ``api/pool`` (its train nodes), ``api/projects``,
     ``api/departments`` and the settings ``api/history`` gives (``PoolSettings``: the
-    policy's knobs, the grace period, fair share over time)."""
+    policy's knobs, the grace period, fair share over time; and its build pool, ``build``
+    as ``recorded_builds`` gives it)."""
     try:
         decides = PoolSettings.from_json(knobs)
     except ValueError as e:
@@ -137,7 +177,7 @@ def settings_from(pool: dict, projects: list[dict], knobs: dict,
     # as the simulator does with no cycle interval: its knob only spaces idle cycles.
     return Settings(nodes, projs, grace_s=decides.grace_period_s,
                     policy_config=decides.policy, fair_share=decides.fair_share,
-                    departments=levels, decides=decides)
+                    departments=levels, decides=decides, build=build)
 
 
 def with_capacity(settings: Settings, change: str) -> Settings:
@@ -176,15 +216,22 @@ def with_quotas(settings: Settings, quotas: dict[str, int]) -> Settings:
     return replace(settings, projects=tuple(out))
 
 
-def replay(jobs: list[TraceJob], settings: Settings, on_progress=None):
-    """The simulator's run of ``jobs`` under ``settings`` (``engine.SimRun``)."""
+def replay(jobs: list[TraceJob], settings: Settings, on_progress=None,
+           sessions: list[Session] = (), alone: list[TakenBack] = ()):
+    """The simulator's run of ``jobs`` under ``settings`` (``engine.SimRun``); where the
+    settings lend build GPUs, with the build sessions ``sessions`` and the take-backs
+    ``alone`` that no session followed (``replay_build.timed``) on the build pool."""
     config = SimConfig(capacity_gpus=settings.capacity, grace_s=settings.grace_s,
                        cycle_interval_s=settings.cycle_interval_s,
                        cycle_delay_s=settings.cycle_delay_s,
                        policy_config=settings.policy_config, fair_share=settings.fair_share)
     fit = [j for j in jobs if j.gpus <= settings.capacity * GPU]
-    return Simulator(fit, {}, config, nodes=settings.nodes, projects=settings.projects,
-                     on_progress=on_progress, departments=dict(settings.departments)).run()
+    sim = Simulator(fit, {}, config, nodes=settings.nodes, projects=settings.projects,
+                    on_progress=on_progress, departments=dict(settings.departments))
+    if settings.lends:
+        RecordedBuild(sim, settings.nodes, settings.build, list(sessions), list(alone),
+                      True, settings.grace_s)
+    return sim.run()
 
 
 def _figures(per_job: list[tuple[str, float, float, float, float | None]], capacity: int,
@@ -244,39 +291,54 @@ def span_of(entries: list[dict], *runs) -> float:
 
 
 def compare(entries: list[dict], today: Settings, changed: Settings | None,
-            on_progress=None) -> dict:
-    """Recorded, replayed under today's settings and under the changed ones; ``on_progress``
-    hears the share done (0 to 1) now and then."""
+            on_progress=None, builds: Builds = Builds()) -> dict:
+    """Recorded, replayed under today's settings and under the changed ones (with the build
+    sessions of ``builds`` where they lend build GPUs); ``on_progress`` hears the share done
+    (0 to 1) now and then."""
     jobs = trace_jobs(entries)
+    first = min((e["submitted"] for e in entries), default=0.0)
+    sessions, alone = timed(list(builds.sessions), list(builds.take_backs), first)
     parts = 2 if changed is not None else 1
     tell = (lambda i: (lambda x: on_progress((i + x) / parts))) if on_progress else \
         (lambda i: None)
-    runs = [replay(jobs, today, tell(0))]
+    runs = [replay(jobs, today, tell(0), sessions, alone)]
     if changed is not None:
-        runs.append(replay(jobs, changed, tell(1)))
+        runs.append(replay(jobs, changed, tell(1), sessions, alone))
     span = span_of(entries, *runs)
     out = {"jobs": len(entries), "span_s": round(span, 1),
            "recorded": recorded(entries, today.capacity, span),
            "today": replayed(runs[0], entries, span)}
     if changed is not None:
         out["changed"] = replayed(runs[1], entries, span)
-    out["settings"] = {name: _describe(s) for name, s in
+    out["settings"] = {name: _describe(s, builds) for name, s in
                        (("today", today), ("changed", changed)) if s is not None}
     return out
 
 
-def _describe(s: Settings) -> dict:
+def _describe(s: Settings, builds: Builds) -> dict:
     """What a replay ran under, and what of the pool's settings it could not replay."""
-    return {"capacity_gpus": s.capacity, "nodes": len(s.nodes),
-            "decision_latency_s": round(s.cycle_delay_s, 4),
-            "quotas": {p.name: p.quota / GPU for p in s.projects},
-            "departments": {d.name: d.quota / GPU for d, _ in s.departments},
-            "replayed": s.decides.to_json(),
-            "not_replayed": NOT_REPLAYED if s.decides.lend_build_gpus else []}
+    out = {"capacity_gpus": s.capacity, "nodes": len(s.nodes),
+           "decision_latency_s": round(s.cycle_delay_s, 4),
+           "quotas": {p.name: p.quota / GPU for p in s.projects},
+           "departments": {d.name: d.quota / GPU for d, _ in s.departments},
+           "replayed": s.decides.to_json(), "not_replayed": []}
+    if s.lends:
+        out["build"] = {"gpus": s.build.gpus, "reserve": s.build.reserve,
+                        "sessions": len(builds.sessions),
+                        "take_backs": len(builds.take_backs)}
+        if s.build.sessions_left_off:
+            out["not_replayed"] = [
+                f"lend_build_gpus: {s.build.sessions_left_off} build sessions beyond the "
+                f"history's first {MAX_SESSIONS} were left off, so build GPUs were lent "
+                f"while they held slices; replay a shorter window"]
+    elif s.decides.lend_build_gpus:
+        out["not_replayed"] = NOT_REPLAYED
+    return out
 
 
-NOT_REPLAYED = ["lend_build_gpus: the history holds no build slices, so the replay lends no "
-                "build GPUs; jobs that ran on lent ones are replayed on the train pool"]
+NOT_REPLAYED = ["lend_build_gpus: the history gives no build pool (a pool older than the "
+                "replay of lending), so the replay lends no build GPUs; jobs that ran on "
+                "lent ones are replayed on the train pool"]
 
 
 # -- the changes a what-if asks for ---------------------------------------------------------
@@ -366,12 +428,13 @@ def decision_latency(entries: list[dict]) -> float:
 
 def what_if(pool: dict, projects: list[dict], knobs: dict, entries: list[dict],
             capacity: str | None, quotas: dict[str, int], on_progress=None,
-            departments: list[dict] | None = None) -> dict:
+            departments: list[dict] | None = None, build: dict | None = None) -> dict:
     """The whole what-if from the API's answers: today's settings, the changed ones, both
-    replays side by side (``compare``)."""
-    today = replace(settings_from(pool, projects, knobs, departments),
+    replays side by side (``compare``). ``build``: ``api/history``'s build part."""
+    builds = recorded_builds(build)
+    today = replace(settings_from(pool, projects, knobs, departments, builds.settings),
                     cycle_delay_s=decision_latency(entries))
     if today.capacity < 1:
         raise BadChange("the pool has no train GPUs to replay on")
     changed = changed_settings(today, capacity, quotas) if (capacity or quotas) else None
-    return compare(entries, today, changed, on_progress)
+    return compare(entries, today, changed, on_progress, builds)

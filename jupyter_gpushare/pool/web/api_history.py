@@ -4,7 +4,10 @@ by page, as JSON or CSV (paths and shapes: web/openapi.py; what a line is: ``sim
 A page lists the jobs submitted in [since, until) in order of submission, at most ``limit``;
 ``next`` names the last one, to be given back as ``after`` for the next page. Each job's
 measured utilization comes from ``api/usage``'s own sums (by job), where the usage store has
-them.
+them. Where the pool has build nodes, the first page also gives the build pool (``build``:
+its nodes, its lending options, and the notebook sessions held in the window with the
+take-backs of lent GPUs, ``sim/slice_history.py``), which a replay lends build GPUs by; in
+CSV, the sessions follow the jobs as ``kind=build`` lines.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from ...usage.rollup import HOUR
 from ...validate import Invalid, digits
 from ..admin.changes import record
 from ..store.recorded_jobs import MAX_LIMIT, all_entries, read_entries
+from ..store.recorded_slices import read_sessions
 from ..whatif.runner import KEEP, REPLAYING, Busy
 from .api_jobs import PoolHandler, pool_json
 from .api_usage import parse_window
@@ -66,6 +70,9 @@ class HistoryHandler(ServiceHandler):
             entries, nxt = await self.store.in_thread(
                 read_entries, self.store, q["since"], q["until"], now, _grace(self),
                 _horizon(self, now), q["limit"], q["after"])
+            build = None
+            if q["after"] is None:
+                build = await build_part(self, q["since"], q["until"], now)
         except Invalid as e:
             self.fail(e.status, str(e))
         if q["format"] == "csv":
@@ -73,11 +80,34 @@ class HistoryHandler(ServiceHandler):
             self.set_header("Content-Disposition", 'attachment; filename="history.csv"')
             if nxt:
                 self.set_header("Link", f'<?after={nxt}>; rel="next"')
-            self.finish(to_csv(entries))
+            self.finish(to_csv(entries + (build["sessions"] if build else [])))
             return
         knobs = self.settings.get("replay_knobs", {})
         self.reply({"since": q["since"], "until": q["until"], "jobs": entries, "next": nxt,
-                    "settings": knobs})
+                    "settings": knobs, **({"build": build} if build else {})})
+
+
+def build_settings(build) -> dict | None:
+    """The build pool's nodes and lending options as a replay reads them
+    (``sim/replay_build.build_from``); None where the pool has no build nodes."""
+    if not build.nodes:
+        return None
+    return {"nodes": [{"name": n.name, "gpus": n.gpus} for n in build.nodes],
+            "allowance": build.allowance, "lending": build.lend,
+            "reserve": build.reserve_gpus, "lend_again_after_s": build.lend_again_after_s,
+            "take_backs_per_user": build.take_backs_per_user,
+            "take_back_window_s": build.take_back_window_s}
+
+
+async def build_part(handler, since: float, until: float, now: float) -> dict | None:
+    """``api/history``'s ``build``: the build pool and its sessions in [since, until)."""
+    out = build_settings(handler.build)
+    if out is None:
+        return None
+    lines, backs, left_off = await handler.store.in_thread(
+        read_sessions, handler.store, since, until, now, _grace(handler),
+        _horizon(handler, now))
+    return {**out, "sessions": lines, "take_backs": backs, "sessions_left_off": left_off}
 
 
 def _grace(handler) -> float:
@@ -173,8 +203,13 @@ def start_whatif(handler, request: dict):
         url = handler.store.engine.url
         window = (request["since"], request["until"], now, _grace(handler),
                   _horizon(handler, now))
+        build = build_settings(handler.build)  # the worker reads its sessions with the jobs
         if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
             history = await handler.store.in_thread(all_entries, handler.store, *window)
+            if build is not None:
+                lines, backs, left_off = await handler.store.in_thread(
+                    read_sessions, handler.store, *window)
+                build.update(sessions=lines, take_backs=backs, sessions_left_off=left_off)
         else:
             history = {"db_url": url.render_as_string(hide_password=False), "window": window}
         departments = [department_json(d, handler.store.quotas.members(d.name),
@@ -182,7 +217,7 @@ def start_whatif(handler, request: dict):
                        for d in handler.store.quotas.departments()]
         return {"history": history, "pool": pool_json(handler), "projects": projects,
                 "departments": departments, "knobs": knobs, "capacity": request["capacity"],
-                "quotas": quotas}
+                "quotas": quotas, "build": build}
 
     try:
         return handler.settings["whatif"].start(request, gather)

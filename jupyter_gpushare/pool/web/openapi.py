@@ -374,7 +374,22 @@ SPEC = {
                              "(PoolSettings), whole: a replay decides by it",
                              "properties": {
                                  k: {"type": "boolean" if isinstance(v, bool) else "number"}
-                                 for k, v in PoolSettings().to_json().items()}}}},
+                                 for k, v in PoolSettings().to_json().items()}},
+                "build": {"type": "object", "description": "first page only, where the pool "
+                          "has build nodes: the build pool a replay lends GPUs from "
+                          "(sim/slice_history.py, sim/replay_build.py)", "properties": {
+                    "nodes": {"type": "array", "items": {"type": "object", "properties": {
+                        "name": {"type": "string"}, "gpus": {"type": "integer"}}}},
+                    "allowance": {"type": "number"}, "lending": {"type": "boolean"},
+                    "reserve": {"type": "integer"}, "lend_again_after_s": {"type": "number"},
+                    "take_backs_per_user": {"type": "integer"},
+                    "take_back_window_s": {"type": "number"},
+                    "sessions": {"type": "array", "description": "notebook sessions held in "
+                                 "the window, as kind=build trace lines", "items": {
+                                     "type": "object"}},
+                    "take_backs": {"type": "array", "items": {"type": "object"}},
+                    "sessions_left_off": {"type": "integer", "description": "sessions beyond "
+                                          "the bound, not listed"}}}}},
             "WhatIf": {"type": "object", "properties": {
                 "id": {"type": "string"},
                 "state": {"type": "string", "enum": list(WHATIF_STATES)},

@@ -5,7 +5,9 @@ what-if is cancelled or runs past its timeout.
 
 It reads one JSON object on stdin: ``history`` (the trace lines, or ``{"db_url", "window"}``
 to read them from the store itself), ``pool``, ``projects``, ``departments``, ``knobs``
-(the pool's settings), ``capacity`` and ``quotas`` (milli-GPUs); and writes JSON lines on stdout:
+(the pool's settings), ``build`` (the build pool and its lending options, with its sessions,
+or without them where ``history`` says where to read them; None: no build pool),
+``capacity`` and ``quotas`` (milli-GPUs); and writes JSON lines on stdout:
 ``{"progress": share}`` now and then, then ``{"result": ...}`` or ``{"error": sentence}``.
 """
 
@@ -42,12 +44,17 @@ def _say(**line) -> None:
 
 
 def run(request: dict) -> dict:
-    history = request["history"]
+    history, build = request["history"], request.get("build")
     if isinstance(history, dict):
         from ..store.recorded_jobs import all_entries, open_source
+        from ..store.recorded_slices import read_sessions
 
         source = open_source(history["db_url"])
         try:
+            if build is not None and "sessions" not in build:
+                lines, backs, left_off = read_sessions(source, *history["window"])
+                build = {**build, "sessions": lines, "take_backs": backs,
+                         "sessions_left_off": left_off}
             history = all_entries(source, *history["window"])
         finally:
             source.engine.dispose()
@@ -55,7 +62,7 @@ def run(request: dict) -> dict:
     return what_if(request["pool"], request["projects"], request["knobs"], history,
                    request["capacity"], request["quotas"],
                    lambda share: _say(progress=round(0.05 + 0.95 * share, 4)),
-                   request.get("departments"))
+                   request.get("departments"), build)
 
 
 def main() -> int:
