@@ -111,6 +111,7 @@ class Admission:
         self.sizes = sizes  # the gang sizes each project's pending jobs ask for, if known
         self.positions = positions  # (project, queue) → {gang size: its positions}, if known
         self._all_sizes: list[int] | None = None  # every pending gang size, made at first need
+        self._none_left = False  # ``_exhausted`` for the rest of the cycle
         self.waits: list[tuple[TrainJob, R.Reason | None]] = []
         self.never: list[Wait] = []
         self.done: set[str] = set()
@@ -362,11 +363,18 @@ class Admission:
         return not self.memo.fails(Reclaim.FAIR, excluded, k, gpus)
 
     def _exhausted(self) -> bool:
-        """No borrower but the reservation holder can start on a free GPU any more."""
+        """No borrower but the reservation holder can start on a free GPU any more. Once so
+        it stays so (free and lent GPUs only shrink in a cycle) but with fair-share reclaim,
+        whose holder may be outranked or not as its project gets GPUs."""
+        if self._none_left:
+            return True
         free, reservation = self.ledger.free, self.reservation
         if free.total(reservation.nodes) > 0 or self.ledger.lent.total() > 0:
             return False
-        return not reservation.holder_outranked() or free.total() == 0
+        if not reservation.holder_outranked():
+            self._none_left = not self.config.reclaim_fair_share
+            return True
+        return free.total() == 0
 
     def _none_may_reclaim(self) -> bool:
         """Whether no project may get GPUs by reclaiming or by a reservation any more, once
