@@ -52,7 +52,7 @@ from .clock import CALL, CYCLE, FINISH, RELEASE, SUBMIT, EventClock
 from .cluster import ClusterState, on_lent
 from .config import SimConfig
 from .observer import MetricsObserver
-from .quiet import Left, Quiet
+from .quiet import Quiet, RoomLeft
 from .records import JobRecord, SimRun
 from .trace import TraceJob
 
@@ -293,7 +293,7 @@ class Simulator:
                 (c.queued and c.queued[-1][0] >= job.waiting_since):
             return None
         if left is None:
-            left = Left(quiet.result, c.node_sizes[0] if c.node_sizes else GPU)
+            left = RoomLeft(quiet.result, c.node_sizes[0] if c.node_sizes else GPU)
             quiet = quiet._replace(left=left)
         if left.claim(p.name, job.gpus):  # GPUs being released hold it: preempts no one
             return quiet._replace(spare=max(sum(left.free.values()), c.free[True])) \

@@ -17,7 +17,8 @@ Where a running job is old enough to be taken back or moved, no project's deserv
 move either (its project already wants more than its share): the policy orders victims by
 their projects' shares. Where none is, no one is taken back or moved, nothing starts, and the
 shares decide nothing until the next cycle that is decided works them out again. For a job
-within quota no reservation may be held: a claim changes which jobs wait for nodes. ``Left`` keeps what the quiet cycle left of the free and releasing GPUs as
+within quota no reservation may be held: a claim changes which jobs wait for nodes.
+``RoomLeft`` keeps what the quiet cycle left of the free and releasing GPUs as
 such claims take them.
 """
 
@@ -31,7 +32,7 @@ from ..policy.placement import FreeMap
 from ..policy.victims import fit_without_victims
 
 
-class Left:
+class RoomLeft:
     """The free and releasing GPUs per train node, and what each project's claimants were
     promised, as the quiet cycle left them and the claims of jobs found inert since took
     them (as ``policy.ledger.Ledger.hold`` and ``claim`` do)."""
@@ -72,7 +73,7 @@ class Quiet(NamedTuple):
     past_use: Mapping[str, float]
     result: CycleResult
     spare: int  # milli-GPUs a start could still use: free, not held for a claimant, or lent
-    left: Left | None = None  # made when a job within quota first asks
+    left: RoomLeft | None = None  # made when a job within quota first asks
     shares_moved: bool = False  # a job found inert since changed what a project wants
 
     def waiting(self, job_id: str) -> Quiet:
